@@ -1,0 +1,38 @@
+# The two commands of the README: `make run` trains the default job, `make test` passes the whole suite.
+# Both install what is missing first (a virtual environment in .venv, reused while pyproject.toml is unchanged).
+PYTHON ?= python3
+VENV ?= .venv
+# CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "On a cluster".
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hpctrain-installed
+
+.PHONY: install run test lint bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
+	@$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/hpctrain train $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+test: $(STAMP)
+	@hpc/local-cluster install
+	$(MAKE) --no-print-directory lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

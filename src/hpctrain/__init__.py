@@ -1,0 +1,3 @@
+"""hpctrain: train PyTorch models on SLURM clusters across walltime limits without losing a step."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,51 @@
+"""The `hpctrain` command: parse the verb, hand over to hpctrain.commands.<verb>. Nothing else."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from hpctrain.errors import EXIT_BAD_INPUT, UserError
+
+VERBS = {
+    "train": "train a model (default: the debug regression job)",
+    "config": "print the resolved configuration without running (`config show`)",
+    "submit": "submit a training to SLURM through submitit (--dry-run, --local)",
+    "status": "show progress, hops and goodput of a run folder",
+    "data": "generate or inspect data sets (`data generate`, `data inspect`)",
+    "sample": "generate muon bundles from a trained model",
+    "evaluate": "compare generated bundles with the synthetic truth",
+    "report": "write PNG plots and an HTML page for a run",
+    "sync": "upload a run's offline W&B data",
+    "tb": "TensorBoard helpers (`tb merge`)",
+}
+
+
+def _usage() -> str:
+    lines = ["usage: hpctrain VERB [options]", "", "verbs:"]
+    lines += [f"  {verb:<9} {text}" for verb, text in VERBS.items()]
+    lines += ["", "`hpctrain VERB --help` describes a verb."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        if not args:
+            # No verb: the default job, as the README promises.
+            args = ["train"]
+        else:
+            print(_usage())
+            return 0
+    verb, rest = args[0], args[1:]
+    if verb.startswith("-"):
+        verb, rest = "train", args
+    if verb not in VERBS:
+        print(f"error: unknown verb {verb!r} (choose from {', '.join(VERBS)})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    module = importlib.import_module(f"hpctrain.commands.{verb}")
+    try:
+        return int(module.main(rest))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT

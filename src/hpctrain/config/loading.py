@@ -1,0 +1,217 @@
+"""Loading a configuration: YAML file -> preset -> dotted overrides -> environment -> .env, validated.
+
+Later sources win. Every mistake becomes a one-line `UserError` naming the dotted key, the value and what is
+allowed, before any work is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hpctrain.config import presets
+from hpctrain.errors import UserError
+
+ENV_PREFIX = "HPCTRAIN_"
+# Short names the sbatch templates and users pass with `--export` (values go through validation like any other).
+ENV_ALIASES = {
+    "LR": "optim.lr",
+    "BATCH_SIZE": "data.batch_size",
+    "TOTAL_UPDATES": "train.total_updates",
+    "EPOCHS": "train.epochs",
+    "SEED": "run.seed",
+}
+
+
+class DotEnv(BaseSettings):
+    """Paths and secrets from the environment or a `.env` file (the real environment wins over the file)."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", case_sensitive=True)
+    DATA_DIR: str | None = None
+    RESULTS_DIR: str | None = None
+    WANDB_API_KEY: SecretStr | None = None
+
+
+@dataclass
+class ConfigRequest:
+    """What the user asked for on the command line (the same arguments for train, config show and submit)."""
+
+    config_path: str | None = None
+    preset: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    env_file: str | None = ".env"
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"config file {path!r} not found")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"config file {path!r}: malformed YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path!r}: the top level must be a mapping of sections")
+    return data
+
+
+def parse_value(text: str) -> Any:
+    """YAML scalars (`0`, `true`, `[1, 2]`, `null`), and numbers YAML 1.1 misses (`2e-5`); else the string."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+        return float(value)
+    return value
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise UserError(f"{source}: {key!r} is not a dotted key like optim.lr")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"override {text!r} must look like key=value (e.g. optim.lr=2e-5)")
+    return key.strip(), parse_value(raw)
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    found = []
+    for name, value in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            found.append((key, parse_value(value), f"environment {name}"))
+        elif name in ENV_ALIASES and value != "":
+            found.append((ENV_ALIASES[name], parse_value(value), f"environment {name}"))
+    return found
+
+
+def _interpolate(node: Any, variables: Mapping[str, str]) -> Any:
+    """Replace ${VAR} in strings with environment/.env values; an unknown variable is an error."""
+    if isinstance(node, dict):
+        return {k: _interpolate(v, variables) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, variables) for v in node]
+    if isinstance(node, str) and "${" in node:
+
+        def repl(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in variables:
+                raise UserError(f"${{{name}}} is used in the config but not set in the environment or .env")
+            return variables[name]
+
+        return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", repl, node)
+    return node
+
+
+def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
+    parts = []
+    for error in exc.errors():
+        loc = [str(p) for p in error["loc"]]
+        # Drop the union member tag pydantic inserts (e.g. model.regression.hidden -> model.hidden).
+        if len(loc) >= 2 and loc[0] in ("model", "data") and error.get("type") != "union_tag_invalid":
+            loc = [loc[0], *loc[2:]] if len(loc) > 2 else loc
+        key = ".".join(loc)
+        value = error.get("input")
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "union_tag_invalid":
+            key = f"{key}.type" if not key.endswith("type") else key
+            expected = error.get("ctx", {}).get("expected_tags", "")
+            message = f"unknown type (allowed: {expected})"
+            value = error.get("ctx", {}).get("tag", value)
+        shown = "" if isinstance(value, dict) else f"={value!r}"
+        origin = origins.get(key)
+        parts.append(f"{key}{shown}: {message}" + (f" (from {origin})" if origin else ""))
+    return "; ".join(parts)
+
+
+def validate(cls: type[BaseModel], tree: dict[str, Any], origins: Mapping[str, str] | None = None) -> Any:
+    try:
+        return cls.model_validate(tree)
+    except ValidationError as exc:
+        raise UserError(_format_error(exc, origins or {})) from None
+
+
+def load_config(
+    request: ConfigRequest, cls: type[BaseModel], environ: Mapping[str, str] | None = None
+) -> Any:
+    """Resolve and validate a configuration from every source, later sources winning."""
+    environ = dict(os.environ if environ is None else environ)
+    dotenv = DotEnv(_env_file=request.env_file) if request.env_file else DotEnv(_env_file=None)  # type: ignore[call-arg]
+    variables = {k: v for k, v in dotenv.model_dump().items() if isinstance(v, str)}
+    variables.update(environ)
+
+    tree: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    if request.config_path:
+        tree = _interpolate(read_yaml(request.config_path), variables)
+    elif request.preset is None:
+        request = ConfigRequest(None, "debug", request.overrides, request.env_file)
+    if request.preset:
+        for key, value in presets.flat(request.preset):
+            set_dotted(tree, key, value, f"preset {request.preset}")
+            origins[key] = f"preset {request.preset}"
+    for text in request.overrides:
+        key, value = parse_override(text)
+        set_dotted(tree, key, value, f"override {text!r}")
+        origins[key] = f"override {text!r}"
+    for key, value, source in env_overrides(environ):
+        set_dotted(tree, key, value, source)
+        origins[key] = source
+    if dotenv.RESULTS_DIR:
+        set_dotted(tree, "run.out_dir", dotenv.RESULTS_DIR, "RESULTS_DIR")
+    if dotenv.WANDB_API_KEY is not None:
+        set_dotted(tree, "logging.wandb.api_key", dotenv.WANDB_API_KEY.get_secret_value(), "WANDB_API_KEY")
+
+    run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
+    if isinstance(run, dict) and not run.get("name"):
+        run["name"] = Path(request.config_path).stem if request.config_path else (request.preset or "default")
+    return validate(cls, tree, origins)
+
+
+def dump_config(cfg: BaseModel) -> dict[str, Any]:
+    """The resolved config as plain data with secrets masked (what is printed and saved)."""
+    return cfg.model_dump(mode="json")
+
+
+def config_hash(cfg: BaseModel) -> str:
+    """Hash of what defines the training (not where, how long per hop, or how it is watched)."""
+    data = dump_config(cfg)
+    for volatile in ("budget", "slurm", "logging", "checkpoint", "distributed"):
+        data.pop(volatile, None)
+    data.get("train", {}).pop("threads", None)
+    data.get("data", {}).pop("num_workers", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    return yaml.safe_dump(dump_config(cfg), sort_keys=False)

@@ -1,0 +1,317 @@
+"""Remote input URIs: which paths are remote, expanding globs, opening files, tokens, mirroring outputs.
+
+Accepted inputs: local paths and globs, `pelican://<federation>/<namespace>/...`, `osdf:///<namespace>/...`
+(the OSDF federation, or `data.pelican.federation_url`) and any other fsspec URL (https://, s3://, memory://).
+
+pelicanfs 1.5 quirks handled here:
+- `fs.glob()` on a full pelican://host:port/... URL returns []: we glob the bare namespace path instead.
+- fsspec caches one PelicanFileSystem bound to the first federation it saw: we build our own instances
+  (`skip_instance_cache=True`), one per federation.
+- `pq.read_table(path, filesystem=pelicanfs)` fails (its mtime is a string): remote files are staged to local
+  scratch first (see `hpctrain.data.staging`) and never read through pelicanfs by Arrow.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob as globlib
+import json
+import os
+import re
+import shutil
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import fsspec
+
+from hpctrain.config.remote import PelicanConfig
+
+OSDF_DISCOVERY = "pelican://osg-htc.org/"
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_MAGIC = re.compile(r"[*?\[]")
+
+
+class MissingPathError(FileNotFoundError):
+    """An input path or pattern that names no file; the message says which and what to check."""
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+    """True for a URL other than file:// (pelican://, osdf://, https://, s3://, ...)."""
+    match = _SCHEME.match(str(path))
+    return bool(match) and match.group(1).lower() != "file"
+
+
+def has_magic(path: str) -> bool:
+    return bool(_MAGIC.search(path))
+
+
+def resolve_token(pelican: PelicanConfig | None, env: dict[str, str] | None = None) -> str | None:
+    """The bearer token: data.pelican.token_file, else BEARER_TOKEN, else BEARER_TOKEN_FILE, else pelican.token."""
+    env = dict(os.environ) if env is None else env
+    if pelican is not None and pelican.token_file:
+        return _read_token_file(pelican.token_file, "data.pelican.token_file")
+    if env.get("BEARER_TOKEN", "").strip():
+        return env["BEARER_TOKEN"].strip()
+    if env.get("BEARER_TOKEN_FILE"):
+        return _read_token_file(env["BEARER_TOKEN_FILE"], "BEARER_TOKEN_FILE")
+    if pelican is not None and pelican.token is not None:
+        return pelican.token.get_secret_value().strip() or None
+    return None
+
+
+def _read_token_file(path: str, source: str) -> str:
+    try:
+        text = Path(path).expanduser().read_text().strip()
+    except OSError as err:
+        raise ValueError(f"{source}: cannot read token file {path} ({err.strerror})") from None
+    if text.startswith("{"):
+        try:
+            text = str(json.loads(text).get("access_token", "")).strip()
+        except json.JSONDecodeError:
+            raise ValueError(f"{source}: token file {path} is neither a token nor JSON") from None
+    if not text:
+        raise ValueError(f"{source}: token file {path} is empty")
+    return text
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """`text` with the secret replaced by ***, for messages that may quote a request."""
+    return text.replace(secret, "***") if secret else text
+
+
+def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
+    if ca_file is None:
+        return None
+    if not Path(ca_file).is_file():
+        raise ValueError(f"data.pelican.ca_file: {ca_file} is not a file")
+    return ssl.create_default_context(cafile=ca_file)
+
+
+async def _make_client(ssl_ctx: ssl.SSLContext | None, timeout: float, **kwargs: Any) -> aiohttp.ClientSession:
+    """fsspec's get_client with our CA and a stall timeout (no total limit: big files take long)."""
+    connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else True)
+    kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+    return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+def _webdav_factory(ssl_ctx: ssl.SSLContext) -> Any:
+    """pelicanfs get_webdav_client that trusts our CA (pelicanfs' own options never set verify_ssl)."""
+    from pelicanfs.core import get_webdav_client
+
+    @asynccontextmanager
+    async def factory(options: dict[str, Any]) -> AsyncIterator[Any]:
+        async with get_webdav_client({**options, "verify_ssl": ssl_ctx}) as client:
+            yield client
+
+    return factory
+
+
+class RemoteFiles:
+    """Opens remote URIs with one filesystem per federation/protocol; holds the token privately.
+
+    `resolve(uri)` gives (filesystem, path for that filesystem). The token goes only to Pelican/OSDF endpoints
+    (as `Authorization: Bearer ...`), never to other hosts, and is kept out of repr and messages.
+    """
+
+    def __init__(
+        self,
+        pelican: PelicanConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self._pelican = pelican or PelicanConfig()
+        self._token = resolve_token(self._pelican)
+        self._ssl = _ssl_context(self._pelican.ca_file)
+        self._storage_options = dict(storage_options or {})
+        self._timeout = timeout
+        self._fs: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"RemoteFiles(filesystems={sorted(self._fs)}, token={'set' if self._token else 'none'})"
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self._token)
+
+    def federation(self, uri: str) -> tuple[str, str, str]:
+        """(discovery URL, namespace path, canonical prefix) of a pelican:// or osdf:// URI."""
+        parts = urllib.parse.urlsplit(uri)
+        scheme = parts.scheme.lower()
+        if scheme == "pelican" and parts.netloc:
+            return f"pelican://{parts.netloc}/", parts.path, f"pelican://{parts.netloc}"
+        if scheme == "osdf" and parts.netloc:
+            # osdf://ns/file is a common typo of osdf:///ns/file; pelicanfs reads it the same way
+            path = "/" + parts.netloc + parts.path
+        else:
+            path = parts.path
+        discovery = self._pelican.federation_url or OSDF_DISCOVERY
+        return discovery, path, f"{scheme}://"
+
+    def resolve(self, uri: str) -> tuple[Any, str]:
+        scheme = uri.split("://", 1)[0].lower()
+        if scheme in ("pelican", "osdf"):
+            discovery, path, _ = self.federation(uri)
+            if not path or path == "/":
+                raise ValueError(f"{uri}: no namespace path after the federation")
+            return self._pelican_fs(discovery), path
+        key = f"url:{scheme}"
+        if key not in self._fs:
+            options = dict(self._storage_options)
+            if scheme in ("http", "https"):
+                options.setdefault("get_client", functools.partial(_make_client, self._ssl, self._timeout))
+            self._fs[key] = fsspec.filesystem(scheme, skip_instance_cache=True, **options)
+        fs = self._fs[key]
+        return fs, fs._strip_protocol(uri) if scheme not in ("http", "https") else uri
+
+    def _pelican_fs(self, discovery: str) -> Any:
+        if discovery not in self._fs:
+            from pelicanfs import PelicanFileSystem
+
+            options: dict[str, Any] = {
+                "get_client": functools.partial(_make_client, self._ssl, self._timeout),
+            }
+            if self._ssl is not None:
+                options["get_webdav_client"] = _webdav_factory(self._ssl)
+            if self._token:
+                options["headers"] = {"Authorization": f"Bearer {self._token}"}
+            # our own instance per federation: fsspec's cached one stays bound to the first federation
+            self._fs[discovery] = PelicanFileSystem(discovery, skip_instance_cache=True, **options)
+        return self._fs[discovery]
+
+    def canonical(self, uri: str, fs: Any, path: str) -> str:
+        """The URI for a path that `resolve(uri)`'s filesystem returned (globs, listings)."""
+        scheme = uri.split("://", 1)[0].lower()
+        if scheme in ("pelican", "osdf"):
+            return self.federation(uri)[2] + "/" + path.lstrip("/")
+        return path if "://" in path else str(fs.unstrip_protocol(path))
+
+    def expand(self, uri: str) -> list[str]:
+        """Files a remote URI names: a glob's matches, a folder's files (URI ending in /), else the URI."""
+        fs, path = self.resolve(uri)
+        if not has_magic(path) and not uri.endswith("/"):
+            return [uri]
+        try:
+            if has_magic(path):
+                found = fs.glob(path, detail=True)
+            else:
+                found = fs.find(path, detail=True)
+        except FileNotFoundError:
+            raise MissingPathError(f"{uri}: no such remote folder") from None
+        except Exception as err:  # a listing can fail in many ways; name the URI, keep the token out
+            raise RuntimeError(
+                f"listing {uri} failed: {type(err).__name__}: {self.scrub(str(err))}"
+            ) from None
+        files = [self.canonical(uri, fs, p) for p, info in found.items() if info.get("type") != "directory"]
+        if not files:
+            raise MissingPathError(f"{uri}: no remote file matches")
+        return files
+
+
+def _missing_local(path: str) -> MissingPathError:
+    parent = Path(path).absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return MissingPathError(
+        f"{path}: no such file or directory (nearest existing folder: {parent}); if the data lives on a shared "
+        f"or scratch volume, check it is mounted on this node"
+    )
+
+
+def _expand_local(path: str) -> list[str]:
+    path = os.path.expanduser(path.removeprefix("file://"))
+    if has_magic(path):
+        found = [p for p in globlib.glob(path, recursive=True) if os.path.isfile(p)]
+        if not found:
+            base = re.split(r"[*?\[]", path, maxsplit=1)[0]
+            if not os.path.exists(os.path.dirname(base) or "."):
+                raise _missing_local(path)
+            raise MissingPathError(f"{path}: no file matches this pattern")
+        return [os.path.abspath(p) for p in found]
+    if os.path.isdir(path):
+        found = [
+            os.path.join(root, name)
+            for root, dirs, names in os.walk(path)
+            for name in names
+            if not name.startswith(".")
+        ]
+        if not found:
+            raise MissingPathError(f"{path}: folder holds no file")
+        return [os.path.abspath(p) for p in found]
+    if not os.path.exists(path):
+        raise _missing_local(path)
+    return [os.path.abspath(path)]
+
+
+def expand_paths(
+    paths: list[str],
+    pelican: PelicanConfig | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """Sorted, de-duplicated files named by local paths/globs/folders and remote URIs/globs.
+
+    Remote URIs without a wildcard are kept as given (checked when staged); a remote URI ending in "/" means
+    every file under it. Raises MissingPathError naming a path that matches nothing.
+    """
+    if isinstance(paths, str):
+        raise ValueError("data.paths must be a list of paths, not a string")
+    remote = None
+    out: set[str] = set()
+    for path in paths:
+        path = str(path)
+        if is_remote(path):
+            remote = remote or RemoteFiles(pelican, storage_options)
+            out.update(remote.expand(path))
+        else:
+            out.update(_expand_local(path))
+    return sorted(out)
+
+
+def mirror(local_path: str | os.PathLike[str], dest: str, storage_options: dict[str, Any] | None = None) -> str:
+    """Copy a file or folder to `dest/<name>` (a local folder or an fsspec URL); returns the copy's path.
+
+    A local copy appears atomically: it is written under a temporary name and renamed, so a reader of the
+    mirror never sees half a checkpoint. A folder copy replaces an older copy of the same name.
+    """
+    src = Path(local_path)
+    if not src.exists():
+        raise MissingPathError(f"mirror: {src} does not exist")
+    name = src.name
+    if is_remote(dest):
+        target = dest.rstrip("/") + "/" + name
+        fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
+        if src.is_dir():
+            fs.put(str(src), path, recursive=True)
+        else:
+            fs.put_file(str(src), path)
+        return target
+    dest_dir = Path(dest.removeprefix("file://")).expanduser()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / name
+    tmp = dest_dir / f".{name}.tmp-{os.getpid()}"
+    if tmp.is_dir():
+        shutil.rmtree(tmp)
+    if src.is_dir():
+        shutil.copytree(src, tmp, copy_function=_copy_synced)
+        old = dest_dir / f".{name}.old-{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old.exists():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        _copy_synced(str(src), str(tmp))
+        if final.is_dir():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    return str(final)
+
+
+def _copy_synced(src: str, dst: str) -> str:
+    shutil.copy2(src, dst)
+    with open(dst, "rb+") as fh:
+        os.fsync(fh.fileno())
+    return dst

@@ -1,0 +1,528 @@
+"""Stage remote input files to node-local scratch just ahead of use, and delete them after.
+
+    with Stager(uris, cfg, local_rank=env.local_rank, local_world_size=env.local_world_size,
+                job_id=env.job_id, pelican=data.pelican) as st:
+        for i in range(len(uris)):
+            path = st.get(i)        # blocks until file i is local; time spent is added to st.wait_seconds
+            read(path)
+            st.release(i)           # done with it: deleted once every local rank released it
+
+Every local rank builds a Stager over the SAME ordered list. Local rank 0 downloads (a background thread
+keeps `ahead` files in advance within `max_files`/`max_bytes`); the other local ranks never download: they
+wait for the file to appear under its final name. Ranks talk through small files in `<root>/ctl/`: each rank
+publishes the lowest index it may still read ("floor") and the index it waits for; rank 0 deletes files below
+every rank's floor. A file appears under its final name only when complete (temporary name in the same folder,
+size check against the remote size, fsync, rename), so a complete final file left by a killed job is reused
+after a requeue; leftover temporary files are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import getpass
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hpctrain.config.remote import PelicanConfig, StagingConfig
+from hpctrain.data.remote import RemoteFiles, is_remote
+
+log = logging.getLogger("hpctrain.staging")
+CHUNK = 16 << 20
+_GENERATIONS: dict[tuple[str, str, int], int] = {}
+_GEN_LOCK = threading.Lock()
+
+
+class BadFileError(RuntimeError):
+    """A file that cannot be staged (missing, refused, or still failing after the retries)."""
+
+    def __init__(self, uri: str, reason: str) -> None:
+        super().__init__(f"{uri}: {reason}")
+        self.uri, self.reason = uri, reason
+
+
+class StagingError(RuntimeError):
+    """Staging itself failed (scratch full, unwritable, another rank not answering)."""
+
+
+class _Transient(Exception):
+    pass
+
+
+def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, str] | None = None) -> Path:
+    """<dir or SLURM_TMPDIR or TMPDIR or /tmp>/hpctrain-<user>/job-<id>/<node>, each level 0700 and ours."""
+    env = dict(os.environ) if env is None else env
+    base = Path(cfg.dir or env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp").expanduser()
+    job = job_id or env.get("SLURM_JOB_ID") or "local"
+    parts = [f"hpctrain-{getpass.getuser()}", f"job-{job}", socket.gethostname().split(".")[0]]
+    path = base
+    for part in parts:
+        path = path / re.sub(r"[^A-Za-z0-9._-]", "_", part)
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+        # in a shared /tmp someone else could have made the folder (or a symlink) first
+        if path.is_symlink() or st.st_uid != os.getuid():
+            raise StagingError(f"staging folder {path} is not a folder owned by you; set data.staging.dir")
+        if st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    return path
+
+
+def local_name(uri: str) -> str:
+    """A flat, unique, safe file name for a URI: hash prefix + sanitised base name (no '/', no '..')."""
+    base = uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")[-80:] or "file"
+    return f"{hashlib.sha1(uri.encode()).hexdigest()[:12]}-{base}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Stager:
+    """Stages `uris` (in reading order) to node-local scratch; local paths pass through untouched."""
+
+    def __init__(
+        self,
+        uris: list[str],
+        cfg: StagingConfig | None = None,
+        *,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        job_id: str | None = None,
+        pelican: PelicanConfig | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if not 0 <= local_rank < local_world_size:
+            raise ValueError(f"local_rank {local_rank} is not in [0, local_world_size={local_world_size})")
+        self.cfg = cfg or StagingConfig()
+        self.uris = [str(u) for u in uris]
+        self.local_rank, self.local_world_size = local_rank, local_world_size
+        self.wait_seconds = 0.0
+        self.stats = {"downloaded": 0, "downloaded_bytes": 0, "reused": 0, "retries": 0, "evicted": 0}
+        self._remote = [is_remote(u) for u in self.uris]
+        self._names = [local_name(u) for u in self.uris]
+        self._files = RemoteFiles(pelican, storage_options, timeout=self.cfg.timeout) if any(self._remote) else None
+        self.root = staging_root(self.cfg, job_id) if any(self._remote) else Path(".")
+        self._ctl = self.root / "ctl"
+        self._tag = hashlib.sha1("\n".join(self.uris).encode()).hexdigest()[:12]
+        key = (str(self.root), self._tag, local_rank)
+        with _GEN_LOCK:
+            self._gen = _GENERATIONS.get(key, 0)
+            _GENERATIONS[key] = self._gen + 1
+        n = len(self.uris)
+        self._state = ["pending" if r else "local" for r in self._remote]
+        self._size: list[int | None] = [None] * n
+        self._errors: dict[int, BaseException] = {}
+        self._requested: set[int] = set()
+        self._max_req = -1
+        self._demanded: set[int] = set()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._fatal: BaseException | None = None
+        self._warned_budget = False
+        self._thread: threading.Thread | None = None
+        if not any(self._remote):
+            return
+        self._ctl.mkdir(mode=0o700, exist_ok=True)
+        self._publish()
+        if local_rank == 0:
+            self._clean_leftovers()
+            self._thread = threading.Thread(target=self._run, name="hpctrain-stager", daemon=True)
+            self._thread.start()
+            log.info("staging %d remote files to %s (ahead=%d)", sum(self._remote), self.root, self.cfg.ahead)
+
+    def __repr__(self) -> str:
+        return f"Stager({len(self.uris)} files, root={self.root}, local_rank={self.local_rank})"
+
+    def __enter__(self) -> Stager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def path(self, i: int) -> Path:
+        """Where file i is (or will be) staged; the input path itself for a local file."""
+        if not self._remote[i]:
+            return Path(self.uris[i].removeprefix("file://"))
+        return self.root / self._names[i]
+
+    # -- public API: every local rank --------------------------------------------------------------------------
+    def get(self, i: int) -> Path:
+        """Block until file i is local and return its path; raises BadFileError if it cannot be staged."""
+        if not self._remote[i]:
+            local = self.path(i)
+            if not local.exists():
+                raise BadFileError(self.uris[i], "no such local file")
+            return local
+        start = time.monotonic()
+        try:
+            return self._get_rank0(i) if self.local_rank == 0 else self._get_waiting(i)
+        finally:
+            self.wait_seconds += time.monotonic() - start
+
+    def release(self, i: int) -> None:
+        """This rank is done with file i: it may be deleted once every local rank is done with it."""
+        if not self._remote[i]:
+            return
+        with self._cond:
+            self._requested.discard(i)
+            if self.local_rank == 0:
+                self._evict(self._node_view()[0], force=False)
+                self._cond.notify_all()
+        if self.local_rank != 0:
+            self._publish()
+
+    def close(self) -> None:
+        """Stop staging. Rank 0 keeps serving until the other local ranks closed (bounded by wait_timeout)."""
+        if self._thread is None:
+            if any(self._remote) and not self._closing:
+                self._closing = True
+                self._publish(closed=True)
+            return
+        deadline = time.monotonic() + self.cfg.wait_timeout
+        while self.local_world_size > 1 and time.monotonic() < deadline and self._thread.is_alive():
+            if all(view.get("closed") for view in self._peers()):
+                break
+            time.sleep(0.05)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._thread = None
+        with self._cond:
+            self._evict(self._node_view()[0], force=False)
+        self._publish(closed=True)
+
+    # -- rank 0 --------------------------------------------------------------------------------------------------
+    def _get_rank0(self, i: int) -> Path:
+        with self._cond:
+            self._requested.add(i)
+            self._max_req = max(self._max_req, i)
+            if self._state[i] == "deleted":
+                self._state[i] = "pending"
+            self._demanded.add(i)
+            self._cond.notify_all()
+            try:
+                while self._state[i] == "pending":
+                    if self._fatal is not None or self._thread is None:
+                        raise StagingError("the staging thread is not running") from self._fatal
+                    self._cond.wait(0.5)
+            finally:
+                self._demanded.discard(i)
+            if i in self._errors:
+                raise self._errors[i]
+            return self.path(i)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._closing:
+                        return
+                    floor, max_want, demanded = self._node_view()
+                    self._evict(floor, force=False)
+                    j = self._next(floor, max_want, demanded)
+                    if j is None:
+                        self._cond.wait(0.05 if self.local_world_size > 1 else 0.5)
+                        continue
+                    self._state[j] = "pending"
+                self._stage(j, j in demanded)
+        except BaseException as err:  # a bug, or scratch failing: wake waiting readers with it
+            with self._cond:
+                self._fatal = err
+                self._cond.notify_all()
+            log.error("staging thread failed: %s", self._files.scrub(str(err)) if self._files else err)
+
+    def _next(self, floor: float, max_want: int, demanded: set[int]) -> int | None:
+        for j in sorted(demanded):
+            if self._state[j] in ("pending", "deleted"):
+                return j
+        for j in range(max(0, int(min(floor, len(self.uris)))), min(len(self.uris), max_want + self.cfg.ahead + 1)):
+            if self._state[j] == "pending" and self._fits(j, False):
+                return j
+        return None
+
+    def _fits(self, j: int, demanded: bool) -> bool:
+        """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
+        ready = {self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"}
+        size = self._size[j] or 0
+
+        def ok() -> bool:
+            files = len(ready) + 1 <= (self.cfg.max_files or 1 << 62)
+            return files and sum(ready.values()) + size <= (self.cfg.max_bytes or 1 << 62)
+
+        if ok():
+            return True
+        self._evict(self._node_view()[0], force=True)
+        ready = {self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"}
+        if ok() or not ready:
+            return True
+        if demanded and not self._warned_budget:
+            self._warned_budget = True
+            log.warning("staging budget (max_files/max_bytes) too small: fetching a needed file over it")
+        return demanded
+
+    def _evict(self, floor: float, force: bool) -> None:
+        """Delete staged files below every rank's floor (delete_after_use, or `force` to make room)."""
+        if not (self.cfg.delete_after_use or force):
+            return
+        last: dict[str, int] = {}
+        for k, name in enumerate(self._names):
+            last[name] = k
+        for k in range(min(int(min(floor, len(self.uris))), len(self.uris))):
+            if self._state[k] == "ready" and last[self._names[k]] < floor:
+                self.path(k).unlink(missing_ok=True)
+                self._state[k] = "deleted"
+                self.stats["evicted"] += 1
+
+    def _node_view(self) -> tuple[float, int, set[int]]:
+        """(lowest index any local rank may still read, highest index asked for, indices someone waits on)."""
+        floor: float = min([*self._requested, self._max_req + 1])
+        max_want, demanded = max(self._max_req, 0), set(self._demanded)
+        for view in self._peers():
+            floor = min(floor, view["floor"])
+            max_want = max(max_want, view["max_req"])
+            if view.get("waiting") is not None:
+                demanded.add(int(view["waiting"]))
+        return floor, max_want, demanded
+
+    def _peers(self) -> list[dict[str, Any]]:
+        """The other local ranks' published state; a rank that has not started yet may read from 0."""
+        views = []
+        for rank in range(1, self.local_world_size):
+            try:
+                view = json.loads((self._ctl / f"{self._tag}.rank{rank}").read_text())
+            except (OSError, ValueError):
+                view = {"gen": self._gen}
+            if view.get("gen", -1) < self._gen:
+                view = {"floor": 0, "max_req": -1}
+            elif view["gen"] > self._gen or view.get("closed"):
+                view = {"floor": float("inf"), "max_req": -1, "closed": True}
+            view.setdefault("floor", 0)
+            view.setdefault("max_req", -1)
+            views.append(view)
+        return views
+
+    def _stage(self, j: int, demanded: bool) -> None:
+        uri = self.uris[j]
+        try:
+            size, reused = self._fetch(j, demanded)
+        except BadFileError as err:
+            (self._ctl / f"{self._tag}.{self._names[j]}.bad").write_text(err.reason)
+            log.warning("cannot stage %s", err)
+            with self._cond:
+                self._errors[j], self._state[j] = err, "bad"
+                self._cond.notify_all()
+            return
+        except _Deferred:
+            with self._cond:
+                self._state[j] = "pending"
+                self._cond.wait(0.05)
+            return
+        with self._cond:
+            self._size[j], self._state[j] = size, "ready"
+            self.stats["reused" if reused else "downloaded"] += 1
+            self.stats["downloaded_bytes"] += 0 if reused else size
+            self._cond.notify_all()
+        log.debug("staged %s (%d bytes%s)", uri, size, ", reused" if reused else "")
+
+    def _fetch(self, j: int, demanded: bool) -> tuple[int, bool]:
+        """Download file j under a temporary name, check, fsync, rename; retries transient failures."""
+        assert self._files is not None
+        uri, final = self.uris[j], self.path(j)
+        tmp = self.root / f".{self._names[j]}.part-{os.getpid()}-{threading.get_ident()}"
+        fs, path = self._files.resolve(uri)
+        attempt, written, size = 0, 0, None
+        out = None
+        try:
+            while True:
+                try:
+                    opts = {"block_size": CHUNK, "cache_type": "none"} if _is_http(fs) else {}
+                    with fs.open(path, "rb", **opts) as remote:
+                        new_size = getattr(remote, "size", None)
+                        new_size = int(new_size if new_size is not None else fs.size(path))
+                        if size is None:
+                            with self._cond:
+                                self._size[j] = new_size
+                                if not self._fits(j, demanded):
+                                    raise _Deferred()
+                            if final.exists() and final.stat().st_size == new_size:
+                                return new_size, True
+                        if new_size != size or out is None:
+                            out = out or open(tmp, "wb")  # noqa: SIM115 (kept open across retries)
+                            out.seek(0)
+                            out.truncate()
+                            size, written = new_size, 0
+                        if written:
+                            remote.seek(written)
+                        while written < size:
+                            buf = remote.read(min(CHUNK, size - written))
+                            if not buf:
+                                raise _Transient(f"transfer ended after {written} of {size} bytes")
+                            _write(out, buf, tmp)
+                            written += len(buf)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    if os.fstat(out.fileno()).st_size != size:
+                        raise _Transient(f"got {os.fstat(out.fileno()).st_size} bytes, expected {size}")
+                    out.close()
+                    os.replace(tmp, final)
+                    return size, False
+                except (_Deferred, StagingError):
+                    raise
+                except Exception as err:
+                    transient, reason = self._classify(err, fs, path)
+                    if not transient:
+                        raise BadFileError(uri, reason) from None
+                    attempt += 1
+                    if attempt > self.cfg.retries:
+                        raise BadFileError(uri, f"gave up after {attempt} attempts: {reason}") from None
+                    self.stats["retries"] += 1
+                    delay = min(self.cfg.backoff_cap, self.cfg.backoff_base * 2 ** (attempt - 1))
+                    log.warning("staging %s: %s; retry %d in %.2f s", uri, reason, attempt, delay)
+                    with self._cond:
+                        if self._cond.wait_for(lambda: self._closing, delay):
+                            raise BadFileError(uri, "staging closed during retries") from None
+        finally:
+            if out is not None and not out.closed:
+                out.close()
+            tmp.unlink(missing_ok=True)
+
+    def _classify(self, err: BaseException, fs: Any, path: str) -> tuple[bool, str]:
+        """(transient?, reason without secrets) of a failed transfer."""
+        from aiowebdav2 import exceptions as dav
+        from pelicanfs.exceptions import BadDirectorResponse, NoAvailableSource, PelicanException
+
+        status = getattr(err, "status", None) or getattr(err, "code", None)
+        if isinstance(err, (FileNotFoundError, dav.RemoteResourceNotFoundError)) or status in (404, 410):
+            return False, "not found (HTTP 404)"
+        if isinstance(err, (dav.AccessDeniedError, dav.UnauthorizedError)) or status in (401, 403):
+            return False, f"access denied (HTTP {status or 403}): check data.pelican.token_file / BEARER_TOKEN"
+        if isinstance(err, NoAvailableSource):
+            return _probe(fs, path)
+        if isinstance(status, int) and (status >= 500 or status in (408, 429)):
+            return True, f"HTTP {status}"
+        if isinstance(status, int) and status >= 400:
+            return False, f"HTTP {status}"
+        reason = f"{type(err).__name__}: {self._files.scrub(str(err)) if self._files else err}"[:300]
+        transient = (
+            aiohttp.ClientConnectionError,
+            aiohttp.ClientPayloadError,
+            asyncio.TimeoutError,
+            TimeoutError,
+            ConnectionError,
+            _Transient,
+            dav.NoConnectionError,
+            dav.ConnectionExceptionError,
+        )
+        if isinstance(err, transient) or (isinstance(err, PelicanException) and not isinstance(err, BadDirectorResponse)):
+            return True, reason
+        if isinstance(err, OSError) and err.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT):
+            return True, reason
+        return False, reason
+
+    # -- other local ranks -----------------------------------------------------------------------------------
+    def _get_waiting(self, i: int) -> Path:
+        self._requested.add(i)
+        self._max_req = max(self._max_req, i)
+        self._publish(waiting=i)
+        final, bad = self.path(i), self._ctl / f"{self._tag}.{self._names[i]}.bad"
+        deadline, pause = time.monotonic() + self.cfg.wait_timeout, 0.005
+        try:
+            while not final.exists():
+                if bad.exists():
+                    raise BadFileError(self.uris[i], bad.read_text())
+                if time.monotonic() > deadline:
+                    raise StagingError(
+                        f"local rank {self.local_rank} waited {self.cfg.wait_timeout:.0f} s for local rank 0 to "
+                        f"stage {self.uris[i]}; does local rank 0 run a Stager over the same file list?"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
+        finally:
+            self._publish()
+        return final
+
+    def _publish(self, waiting: int | None = None, closed: bool = False) -> None:
+        """Write this rank's state for local rank 0 (atomically: readers never see half a file)."""
+        if self.local_world_size == 1 or self.local_rank == 0:
+            return
+        floor = min([*self._requested, self._max_req + 1])
+        state = {"gen": self._gen, "floor": floor, "max_req": self._max_req, "waiting": waiting, "closed": closed}
+        target = self._ctl / f"{self._tag}.rank{self.local_rank}"
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, target)
+
+    def _clean_leftovers(self) -> None:
+        """Remove temporary files of dead processes (a killed job) and this list's stale error markers."""
+        for tmp in self.root.glob(".*.part-*"):
+            match = re.search(r"\.part-(\d+)-", tmp.name)
+            if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+                tmp.unlink(missing_ok=True)
+                log.info("removed leftover partial file %s", tmp.name)
+        for marker in self._ctl.glob(f"{self._tag}.*.bad"):
+            marker.unlink(missing_ok=True)
+
+
+class _Deferred(Exception):
+    """No room in the scratch budget yet for a file nobody waits for."""
+
+
+def _is_http(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return bool({"http", "https", "pelican", "osdf"} & set(protocol))
+
+
+def _write(out: Any, buf: bytes, tmp: Path) -> None:
+    try:
+        out.write(buf)
+    except OSError as err:  # scratch full or gone: not the file's fault, stop with a clear message
+        raise StagingError(f"cannot write {tmp}: {err.strerror}; check data.staging.dir and its free space") from None
+
+
+def _probe(fs: Any, path: str) -> tuple[bool, str]:
+    """Why no cache would serve `path`: ask the director and the caches it names (pelicanfs hides the status)."""
+    from fsspec.asyn import sync
+    from pelicanfs.dir_header_parser import parse_director_response
+
+    async def statuses() -> tuple[list[str], list[int | None]]:
+        servers = parse_director_response(await fs.get_director_headers(path)).object_servers
+        session = await fs.http_file_system.set_session()
+        headers = fs.http_file_system.kwargs.get("headers", {})
+        out: list[int | None] = []
+        for url in servers:
+            try:
+                async with session.head(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    out.append(resp.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                out.append(None)
+        return servers, out
+
+    try:
+        servers, codes = sync(fs.loop, statuses)
+    except Exception as err:  # the director itself is unreachable: try again later
+        return True, f"no cache available and the director did not answer ({type(err).__name__})"
+    if not servers:
+        return False, "no namespace of the federation serves this path (the director lists no cache)"
+    usable = [c for c in codes if c is not None and (c < 400 or c == 404)]
+    if not usable and any(c in (401, 403) for c in codes):
+        return False, "access denied (HTTP 403) by every cache: check data.pelican.token_file / BEARER_TOKEN"
+    return True, f"no cache available (cache answers: {codes})"

@@ -1,0 +1,13 @@
+"""Exit codes and the error type for user mistakes (shared by every layer; imports nothing)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+# EX_TEMPFAIL: stopped early on purpose (time budget or signal) and resumable: resubmit to continue.
+EXIT_RESUMABLE = 75
+
+
+class UserError(ValueError):
+    """A mistake in the user's input: printed as one line, exit code 2, before any work is done."""

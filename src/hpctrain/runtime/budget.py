@@ -1,0 +1,143 @@
+"""Time budget and stop signals.
+
+Signal handlers only set a flag. The trainer asks `TimeBudget.local_stop_reason()` at each step boundary, all
+ranks agree through one collective, and the stop (with a save first) happens there. Never save in a handler.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from hpctrain.config.schema import BudgetConfig, parse_duration
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.slurm import job_end_time
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+# Reason codes shared by all ranks through a max-reduction: a higher code wins.
+REASONS = {0: None, 1: "early_stop", 2: "time_budget", 3: "signal"}
+CODES = {reason: code for code, reason in REASONS.items() if reason}
+
+
+class StopSignals:
+    """Installs flag-setting handlers for USR1, USR2, TERM and INT; restores the old ones on close."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            # A second Ctrl-C means "now": give the default behaviour back.
+            raise KeyboardInterrupt
+
+    def install(self) -> StopSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def close(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def ignore_stop_signals() -> None:
+    """For DataLoader workers: the main process decides when to stop."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class DurationEstimate:
+    """A cautious estimate of a recurring duration: the largest of the recent observations."""
+
+    def __init__(self, initial: float, window: int = 20) -> None:
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.initial = initial
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        self.count += 1
+        self.total += seconds
+
+    @property
+    def value(self) -> float:
+        return max(self.recent) if self.recent else self.initial
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent": list(self.recent), "initial": self.initial}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.recent.extend(state.get("recent", []))
+
+
+class TimeBudget:
+    """Knows the deadline and how long steps, evaluations and saves take; says when to stop."""
+
+    def __init__(
+        self,
+        cfg: BudgetConfig,
+        env: ClusterEnv,
+        signals: StopSignals | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.signals = signals or StopSignals()
+        self.clock = clock
+        self.started = clock()
+        self.step = DurationEstimate(initial=0.0)
+        self.eval = DurationEstimate(initial=0.0)
+        self.save = DurationEstimate(initial=5.0)
+        self._deadline_checked = 0.0
+        self.deadline: float | None = None
+        self.deadline_source = "none"
+        self.refresh_deadline(force=True)
+
+    def refresh_deadline(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._deadline_checked < self.cfg.refresh_seconds:
+            return
+        self._deadline_checked = now
+        if self.env.under_slurm and self.env.job_id:
+            end = job_end_time(self.env.job_id)
+            if end is not None:
+                self.deadline, self.deadline_source = end, f"SLURM job {self.env.job_id} end time"
+                return
+        if self.cfg.time_limit:
+            self.deadline = self.started + parse_duration(self.cfg.time_limit)
+            self.deadline_source = f"budget.time_limit={self.cfg.time_limit}"
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - self.clock()
+
+    def local_stop_reason(self, eval_next: bool) -> str | None:
+        """This rank's view: a signal arrived, or the next step (and eval) plus a save would not fit."""
+        if self.signals.received:
+            return "signal"
+        self.refresh_deadline()
+        remaining = self.remaining()
+        if remaining is None:
+            return None
+        need = self.step.value + (self.eval.value if eval_next else 0.0) + self.save.value
+        return "time_budget" if remaining < need + self.cfg.margin_seconds else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step.state_dict(), "eval": self.eval.state_dict(), "save": self.save.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Earlier hops' timings make the first decisions of this hop informed."""
+        for name in ("step", "eval", "save"):
+            if name in state:
+                getattr(self, name).load_state_dict(state[name])

@@ -1,0 +1,95 @@
+"""Process-group set-up and the few collectives the trainer needs. At world size 1 they do nothing.
+
+Every decision that changes control flow (stop now, early stop) goes through `agree_max` so that all ranks take
+it together: a decision on one rank followed by a collective on the others is a deadlock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as torch_dist
+
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.slurm import expand_hostnames, node_address
+
+
+def _rendezvous(env: ClusterEnv) -> None:
+    """MASTER_ADDR/PORT from the environment, else derived from the SLURM node list and job id."""
+    if not os.environ.get("MASTER_ADDR"):
+        head = expand_hostnames(env.node_list)[0] if env.node_list else "127.0.0.1"
+        os.environ["MASTER_ADDR"] = node_address(head)
+    if not os.environ.get("MASTER_PORT"):
+        job = int(env.job_id) if env.job_id and env.job_id.isdigit() else 0
+        os.environ["MASTER_PORT"] = str(20000 + job % 20000)
+    os.environ.setdefault("RANK", str(env.rank))
+    os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+
+
+def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: float) -> None:
+    """Join the process group (no-op at world size 1)."""
+    if not env.distributed or torch_dist.is_initialized():
+        return
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    _rendezvous(env)
+    kwargs = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    torch_dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_seconds),
+        **kwargs,
+    )
+
+
+def teardown() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def active() -> bool:
+    return torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1
+
+
+def _device() -> torch.device:
+    if torch_dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_max(values: list[float]) -> list[float]:
+    """Element-wise maximum over ranks: a flag set on any rank is set on all."""
+    if not active():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_device())
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def sum_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sum each tensor over ranks (one collective for all of them)."""
+    if not active() or not tensors:
+        return tensors
+    keys = sorted(tensors)
+    flat = torch.stack([tensors[k].detach().double().reshape(()) for k in keys]).to(_device())
+    torch_dist.all_reduce(flat, op=torch_dist.ReduceOp.SUM)
+    return {k: flat[i].cpu() for i, k in enumerate(keys)}
+
+
+def barrier() -> None:
+    if active():
+        torch_dist.barrier()
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    if not active():
+        return obj
+    holder = [obj]
+    torch_dist.broadcast_object_list(holder, src=src)
+    return holder[0]

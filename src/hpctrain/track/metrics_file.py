@@ -1,0 +1,69 @@
+"""metrics.jsonl: one JSON object per logged update, exactly once per update across resumed hops."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _clean(value: float) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+class MetricsFile:
+    name = "metrics"
+
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = path
+        if resume_step is not None:
+            self.truncate_after(resume_step)
+        elif path.exists():
+            path.unlink()
+        self._handle = open(path, "a", buffering=1)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of updates after the checkpoint we resume from: they will be done again."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill
+            if record.get("step", 0) <= step:
+                kept.append(line)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        record: dict[str, Any] = {"step": step}
+        record.update({k: _clean(float(v)) for k, v in scalars.items()})
+        self._handle.write(json.dumps(record) + "\n")
+
+    def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records

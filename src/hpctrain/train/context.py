@@ -1,0 +1,72 @@
+"""The UpdateContext the trainer lends a task: precision, DDP gradient sync, optimizer steps with clipping."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Context:
+    def __init__(
+        self,
+        device: torch.device,
+        modules: dict[str, nn.Module],
+        raw_modules: dict[str, nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        precision: str,
+        clip_norm: float,
+    ) -> None:
+        self.device = device
+        self.modules = modules
+        self.raw_modules = raw_modules
+        self.optimizers = optimizers
+        self.clip_norm = clip_norm
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        # fp16 needs loss scaling (CUDA only; the trainer refuses fp16 on CPU); bf16 does not.
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.grad_norms: dict[str, torch.Tensor] = {}
+        self._params = {
+            name: [p for group in opt.param_groups for p in group["params"]] for name, opt in optimizers.items()
+        }
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    @contextlib.contextmanager
+    def no_sync(self, name: str, last: bool) -> Iterator[None]:
+        """Skip the DDP all-reduce on all but the last micro-batch of an update."""
+        module = self.modules[name]
+        ddp = getattr(module, "_orig_mod", module)
+        if last or not isinstance(ddp, DistributedDataParallel):
+            yield
+        else:
+            with ddp.no_sync():
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def zero_grad(self, name: str) -> None:
+        self.optimizers[name].zero_grad(set_to_none=True)
+
+    def optimizer_step(self, name: str) -> None:
+        optimizer = self.optimizers[name]
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if self.clip_norm > 0:
+            self.grad_norms[name] = torch.nn.utils.clip_grad_norm_(self._params[name], self.clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

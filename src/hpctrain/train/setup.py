@@ -1,0 +1,94 @@
+"""Devices, wrappers (DDP, torch.compile), optimizers and the update count: what the trainer builds once."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hpctrain.errors import UserError
+from hpctrain.runtime import dist
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.optim import build_optimizer, effective_lr
+from hpctrain.train.task import BatchStream, Task
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(choice: str, env: ClusterEnv) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device='cuda' but no CUDA device is visible (use auto or cpu)")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = env.local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+class Setup:
+    def __init__(self, cfg: Any, task: Task, env: ClusterEnv) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.env = env
+        train = cfg.train
+        self.device = pick_device(train.device, env)
+        if train.precision == "fp16" and self.device.type != "cuda":
+            raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
+        if train.threads:
+            torch.set_num_threads(train.threads)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
+            torch.backends.cudnn.allow_tf32 = train.allow_tf32
+        dist.init(env, cfg.distributed.backend, self.device, cfg.distributed.timeout_seconds)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per update over all ranks: per-GPU batch x world size x accumulation."""
+        return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
+
+    def wrap(self, raw: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        wrapped: dict[str, nn.Module] = {}
+        for name, module in raw.items():
+            out: nn.Module = module
+            trainable = any(p.requires_grad for p in module.parameters())
+            if dist.active() and trainable:
+                ids = [self.device.index] if self.device.type == "cuda" else None
+                out = DistributedDataParallel(module, device_ids=ids)
+            if self.should_compile(name):
+                out = torch.compile(out)  # type: ignore[assignment]
+            wrapped[name] = out
+        return wrapped
+
+    def should_compile(self, name: str) -> bool:
+        chooser = getattr(self.task, "compile_module", None)
+        return bool(chooser(name)) if chooser is not None else bool(self.cfg.train.compile)
+
+    def optimizers(
+        self, raw: dict[str, nn.Module]
+    ) -> tuple[dict[str, torch.optim.Optimizer], dict[str, float]]:
+        optimizers, base_lrs = {}, {}
+        for name, members in self.task.optimizer_groups(list(raw)).items():
+            optim_cfg = self.cfg.optim.model_copy(update=self.task.optimizer_overrides(name))
+            lr = effective_lr(optim_cfg, self.global_batch)
+            params = [p for member in members for p in raw[member].parameters()]
+            optimizers[name] = build_optimizer(params, optim_cfg, lr)
+            base_lrs[name] = lr
+        return optimizers, base_lrs
+
+    def total_updates(self, stream: BatchStream) -> int:
+        """train.total_updates, or train.epochs converted with the data set's size."""
+        epochs = self.cfg.train.epochs
+        if epochs is None:
+            return int(self.cfg.train.total_updates)
+        per_epoch = stream.samples_per_epoch
+        if not per_epoch:
+            raise UserError("train.epochs needs a data set of known size; set train.total_updates instead")
+        updates = max(1, math.ceil(epochs * per_epoch / self.global_batch))
+        if self.env.is_main:
+            print(f"train.epochs={epochs:g} x {per_epoch} samples / {self.global_batch} per update "
+                  f"= {updates} updates", flush=True)
+        return updates

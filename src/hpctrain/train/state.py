@@ -1,0 +1,145 @@
+"""What a checkpoint holds, and putting it back: the trainer's state in and out of the commit protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from hpctrain.config.loading import config_hash, dump_config
+from hpctrain.errors import UserError
+from hpctrain.runtime import dist
+from hpctrain.runtime.seeding import rng_state, set_rng_state
+from hpctrain.train.checkpoint import FORMAT_VERSION, load_verified, strip_prefixes
+
+if TYPE_CHECKING:
+    from hpctrain.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def params_sha256(modules: dict[str, nn.Module]) -> str:
+    """SHA-256 over every network's state dict, networks by name, tensors in key order."""
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        for key, tensor in modules[name].state_dict().items():
+            digest.update(f"{name}.{key}".encode())
+            data = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _gather_rng() -> list[dict[str, Any]]:
+    """Every rank's RNG state (each rank draws its own dropout/sampling stream)."""
+    mine = rng_state()
+    if not dist.active():
+        return [mine]
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+class StateKeeper:
+    def __init__(self, trainer: Trainer) -> None:
+        self.t = trainer
+
+    def state(self) -> dict[str, Any]:
+        t = self.t
+        return {
+            "format": FORMAT_VERSION,
+            "modules": {name: m.state_dict() for name, m in t.raw_modules.items()},
+            "optimizers": {name: o.state_dict() for name, o in t.optimizers.items()},
+            "scaler": t.ctx.scaler.state_dict() if t.ctx.scaler is not None else None,
+            "counters": {
+                "step": t.step,
+                "samples": t.samples,
+                "total_updates": t.total_updates,
+                "finished": t.finished,
+                "best": t.best,
+                "evals_without_improvement": t.evals_without_improvement,
+                "world_size": t.env.world_size,
+            },
+            "rng": _gather_rng(),
+            "data": t.train_stream.state_dict(),
+            "task": t.task.state_dict(),
+            "budget": t.budget.state_dict(),
+            "trackers": t.trackers.state_dict(),
+            "config": dump_config(t.cfg),
+            "config_hash": config_hash(t.cfg),
+        }
+
+    def save(self, best: bool = False) -> None:
+        state = self.state()  # a collective inside: every rank builds it
+        if self.t.env.is_main:
+            path = self.t.store.save(state, self.t.step, best=best)
+            self.t.trackers.flush()
+            mirror = self.t.cfg.checkpoint.mirror_to
+            if mirror:
+                from hpctrain.data.remote import mirror as mirror_copy
+
+                mirror_copy(str(path.parent), mirror)
+        dist.barrier()
+
+    # ---- resume -------------------------------------------------------------------------------------------
+
+    def resume(self) -> str:
+        t = self.t
+        t.resumed_step = None
+        mode = t.cfg.checkpoint.resume
+        loaded = None if mode == "never" else t.store.load_latest()
+        if loaded is not None:
+            state, path = loaded
+            self._restore_full(state)
+            return f"resumed from {path} at update {t.step}"
+        if mode not in ("auto", "never"):
+            state = load_verified(Path(mode))
+            if state is None:
+                raise UserError(f"checkpoint.resume={mode!r}: not a readable hpctrain checkpoint")
+            if t.cfg.checkpoint.restart:
+                self._restore_full(state)
+                return f"restored everything from {mode} at update {t.step}"
+            self._restore_modules(state)
+            return f"fine-tuning from the weights of {mode} (fresh optimizer and schedule)"
+        return "starting a new run"
+
+    def _restore_modules(self, state: dict[str, Any]) -> None:
+        for name, module in self.t.raw_modules.items():
+            if name not in state["modules"]:
+                raise UserError(f"checkpoint has no network {name!r} (it has {sorted(state['modules'])})")
+            module.load_state_dict(strip_prefixes(state["modules"][name]))
+
+    def _restore_full(self, state: dict[str, Any]) -> None:
+        t = self.t
+        self._restore_modules(state)
+        for name, optimizer in t.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        if t.ctx.scaler is not None and state.get("scaler"):
+            t.ctx.scaler.load_state_dict(state["scaler"])
+        counters = state["counters"]
+        t.step = int(counters["step"])
+        t.resumed_step = t.step
+        t.samples = int(counters["samples"])
+        t.finished = bool(counters.get("finished"))
+        t.best = counters.get("best")
+        t.evals_without_improvement = int(counters.get("evals_without_improvement", 0))
+        t.train_stream.load_state_dict(state["data"])
+        t.task.load_state_dict(state.get("task", {}))
+        t.budget.load_state_dict(state.get("budget", {}))
+        t.tracker_state = state.get("trackers", {})
+        rngs = state["rng"]
+        if len(rngs) == t.env.world_size:
+            set_rng_state(rngs[t.env.rank])
+        else:
+            warnings.warn(
+                f"checkpoint was written by {len(rngs)} ranks, this run has {t.env.world_size}: random streams "
+                "restart from the seed (the data position is still exact)",
+                stacklevel=2,
+            )
+        if state.get("config_hash") != config_hash(t.cfg) and t.env.is_main:
+            log.warning("the configuration changed since this checkpoint was written; continuing with the new one")

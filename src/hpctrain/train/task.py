@@ -1,0 +1,175 @@
+"""The task interface: everything model-specific, so the trainer knows no model.
+
+A workload provides a `Task`: it builds its networks and data, and computes one optimizer update from the
+micro-batches the trainer hands it, through an `UpdateContext` that owns precision, DDP and the optimizers.
+`SupervisedTask` covers the common case (one network, one loss); GANs implement `train_step` themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+
+class BatchStream(Protocol):
+    """An endless, resumable stream of this rank's batches (epochs follow one another).
+
+    `state_dict()` describes the position after the last batch HANDED OUT (not prefetched), so that a resumed
+    stream continues with the very next sample, also with another number of workers or ranks.
+    """
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    @property
+    def samples_per_epoch(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class MicroBatch:
+    """A piece of one update's data; `weight` is its share of the update's samples (weights sum to 1)."""
+
+    data: Any
+    weight: float
+    samples: int
+
+
+@dataclass
+class StepOutput:
+    """What one update reports: `loss` (a tensor, not synchronised), other metrics, and sample counts."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    samples: int = 0
+    extra_counts: dict[str, int] = field(default_factory=dict)
+
+
+class UpdateContext(Protocol):
+    """What the trainer lends a task for one update."""
+
+    device: torch.device
+    modules: dict[str, nn.Module]  # wrapped (DDP/compiled) networks: call these in train_step
+    raw_modules: dict[str, nn.Module]  # the plain networks (for no-grad uses and state)
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def no_sync(self, name: str, last: bool) -> contextlib.AbstractContextManager[None]: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def optimizer_step(self, name: str) -> None: ...
+
+    def zero_grad(self, name: str) -> None: ...
+
+
+class Task(ABC):
+    """Base of every workload's task. Subclasses receive the validated config and the ClusterEnv."""
+
+    def __init__(self, cfg: Any, env: Any) -> None:
+        self.cfg = cfg
+        self.env = env
+
+    @abstractmethod
+    def build_modules(self) -> dict[str, nn.Module]:
+        """The networks, by name (initialised from the seeded torch RNG)."""
+
+    def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
+        """Optimizer name -> the networks it updates. One optimizer over everything by default."""
+        return {"main": list(names)}
+
+    def optimizer_overrides(self, name: str) -> dict[str, Any]:
+        """Per-optimizer changes to the `optim` section (e.g. a critic's own lr)."""
+        return {}
+
+    @abstractmethod
+    def build_data(self, split: str, seed: int) -> BatchStream:
+        """A stream of batches for split 'train' or 'val' (val streams are finite per epoch)."""
+
+    def split(self, batch: Any) -> list[MicroBatch]:
+        """Cut a batch into micro-batches (e.g. under a memory cap). One piece by default."""
+        n = self.batch_samples(batch)
+        return [MicroBatch(batch, 1.0, n)]
+
+    @abstractmethod
+    def batch_samples(self, batch: Any) -> int:
+        """Number of samples (events, maps, rows) in a batch."""
+
+    def to_device(self, batch: Any, device: torch.device) -> Any:
+        return _move(batch, device)
+
+    @abstractmethod
+    def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
+        """One optimizer update from these micro-batches (accumulate, then step through ctx)."""
+
+    @abstractmethod
+    def eval_step(self, batch: Any, ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        """SUMS over the batch (e.g. {'loss_sum':..., 'count':...}); the trainer adds them over batches and
+        ranks and calls `finish_eval`."""
+
+    def finish_eval(self, sums: dict[str, float]) -> dict[str, float]:
+        """Turn summed evaluation figures into metrics (default: every *_sum divided by count)."""
+        count = max(sums.get("count", 1.0), 1.0)
+        return {f"val_{k[:-4]}": v / count for k, v in sums.items() if k.endswith("_sum")}
+
+    def histograms(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Values worth a histogram (e.g. primaries, multiplicities); empty by default."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Task state beyond networks and optimizers (e.g. normalisation statistics, EMA)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _move(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_move(v, device) for v in batch)
+    return batch
+
+
+class SupervisedTask(Task):
+    """One network `model`, one optimizer, a loss per micro-batch; accumulation done here."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Mean loss over the batch and extra (mean) metrics."""
+
+    def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
+        model = ctx.modules["model"]
+        total = torch.zeros((), device=ctx.device)
+        extras: dict[str, torch.Tensor] = {}
+        for i, micro in enumerate(micro_batches):
+            with ctx.no_sync("model", last=i == len(micro_batches) - 1):
+                with ctx.autocast():
+                    loss, metrics = self.loss(model, micro.data)
+                ctx.backward(loss * micro.weight)
+            total += loss.detach().float() * micro.weight
+            for key, value in metrics.items():
+                extras[key] = extras.get(key, 0.0) + value.detach().float() * micro.weight
+        ctx.optimizer_step("main")
+        return StepOutput(total, extras, sum(m.samples for m in micro_batches))
+
+    def eval_step(self, batch: Any, ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        with ctx.autocast():
+            loss, metrics = self.loss(ctx.raw_modules["model"], batch)
+        n = float(self.batch_samples(batch))
+        sums = {"loss_sum": loss.detach().float() * n, "count": torch.tensor(n)}
+        sums.update({f"{k}_sum": v.detach().float() * n for k, v in metrics.items()})
+        return sums

@@ -1,0 +1,76 @@
+"""name -> workload. Each folder under workloads/ with a `spec.py` defining WORKLOAD is found automatically.
+
+Specs hold only pydantic configs and dotted paths to the task factories, so building the full config type
+(for validation on a login node, in `submit`) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+
+DEFAULT_WORKLOAD = "regression"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    # model.type -> (its pydantic model config, "module:TaskClass")
+    models: dict[str, tuple[type[BaseModel], str]]
+    data: list[type[BaseModel]]
+    # Optional verbs' helpers as dotted paths (e.g. data generators), looked up by commands.
+    extras: dict[str, str] = field(default_factory=dict)
+
+
+@cache
+def workloads() -> dict[str, WorkloadSpec]:
+    import hpctrain.workloads as package
+
+    found = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            continue
+        try:
+            module = importlib.import_module(f"hpctrain.workloads.{info.name}.spec")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"hpctrain.workloads.{info.name}.spec":
+                continue  # a folder without a spec is not a workload
+            raise
+        spec: WorkloadSpec = module.WORKLOAD
+        found[spec.name] = spec
+    return found
+
+
+@cache
+def config_model() -> type[BaseModel]:
+    """The full configuration type: every workload's model and data configs in discriminated unions."""
+    from hpctrain.config.schema import build_config_model
+
+    models = [cls for spec in workloads().values() for cls, _ in spec.models.values()]
+    data = [cls for spec in workloads().values() for cls in spec.data]
+    return build_config_model(models, data, DEFAULT_WORKLOAD)
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def task_factory(model_type: str) -> Callable[..., Any]:
+    for spec in workloads().values():
+        if model_type in spec.models:
+            return _load(spec.models[model_type][1])  # type: ignore[no-any-return]
+    raise ValueError(f"model.type={model_type!r} has no registered workload")
+
+
+def extra(workload: str, name: str) -> Callable[..., Any]:
+    spec = workloads().get(workload)
+    if spec is None or name not in spec.extras:
+        raise ValueError(f"workload {workload!r} has no {name!r}")
+    return _load(spec.extras[name])  # type: ignore[no-any-return]

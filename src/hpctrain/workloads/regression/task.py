@@ -1,0 +1,100 @@
+"""The regression task: synthetic data with a known smooth target, an MLP, MSE/MAE/RMSE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hpctrain.data.loader import IndexedStream, eval_batches
+from hpctrain.train.task import SupervisedTask
+
+
+def make_dataset(n: int, in_features: int, noise: float, seed: int, split: int = 0) -> TensorSamples:
+    """x ~ N(0, 1); y = sin(x.w1) + 0.5 (x.w2)^2 + noise. The target (w1, w2) is fixed by `seed`; the
+    samples by (seed, split), so validation samples never repeat training ones."""
+    w = torch.randn(2, in_features, generator=torch.Generator().manual_seed(seed)) / in_features**0.5
+    generator = torch.Generator().manual_seed(seed * 1000 + 1 + split)
+    x = torch.randn(n, in_features, generator=generator)
+    y = torch.sin(x @ w[0]) + 0.5 * (x @ w[1]) ** 2 + noise * torch.randn(n, generator=generator)
+    return TensorSamples(x, y.unsqueeze(1))  # x: (n, d), y: (n, 1)
+
+
+class TensorSamples(TensorDataset):
+    """In-memory samples fetched a whole batch at a time (one gather, no per-sample collate)."""
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.as_tensor(indices)
+        return tuple(t[index] for t in self.tensors)
+
+
+def as_batch(batch: Any) -> Any:
+    """collate_fn for data sets that return whole batches already."""
+    return batch
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, hidden: list[int], activation: str, dropout: float) -> None:
+        super().__init__()
+        act = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}[activation]
+        layers: list[nn.Module] = []
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), act()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # (B, 1)
+
+
+class RegressionTask(SupervisedTask):
+    def build_modules(self) -> dict[str, nn.Module]:
+        m, d = self.cfg.model, self.cfg.data
+        return {"model": MLP(d.in_features, m.hidden, m.activation, m.dropout)}
+
+    def _dataset(self, split: str) -> TensorSamples:
+        d = self.cfg.data
+        n = d.n_train if split == "train" else d.n_val
+        return make_dataset(n, d.in_features, d.noise, d.data_seed, split=0 if split == "train" else 1)
+
+    def build_data(self, split: str, seed: int) -> Any:
+        d = self.cfg.data
+        if split == "train":
+            return IndexedStream(
+                self._dataset("train"), d.batch_size, seed, self.env.rank, self.env.world_size,
+                num_workers=d.num_workers, shuffle=d.shuffle, collate_fn=as_batch, prefetch_factor=d.prefetch_factor,
+                persistent_workers=d.persistent_workers, pin_memory=d.pin_memory and torch.cuda.is_available(),
+            )
+        if d.n_val == 0:
+            return None
+        return eval_batches(self._dataset("val"), d.batch_size, self.env.rank, self.env.world_size)
+
+    def batch_samples(self, batch: Any) -> int:
+        return int(batch[0].shape[0])
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x, y = batch
+        pred = model(x).float()
+        err = pred - y
+        mse = (err**2).mean()
+        metrics = {"mse": mse.detach(), "mae": err.abs().mean().detach()}
+        kind = self.cfg.model.loss
+        if kind == "mse":
+            loss = mse
+        elif kind == "mae":
+            loss = err.abs().mean()
+        else:
+            loss = torch.sqrt(mse + 1e-12)
+        return loss, metrics
+
+    def finish_eval(self, sums: dict[str, float]) -> dict[str, float]:
+        metrics = super().finish_eval(sums)
+        if "val_mse" in metrics:
+            metrics["val_rmse"] = metrics["val_mse"] ** 0.5
+        return metrics

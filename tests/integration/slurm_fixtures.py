@@ -1,0 +1,189 @@
+"""A real local SLURM cluster (hpc/local-cluster) as a session-scoped pytest fixture.
+
+Use it from another test module with (the fixture's name is `slurm_cluster`; importing it under this
+other name keeps ruff's F811 quiet about the test parameters):
+
+    from tests.integration.slurm_fixtures import slurm_cluster_fixture  # noqa: F401
+
+    def test_something(slurm_cluster, tmp_path):
+        job = slurm_cluster.sbatch(["-N1", "--gres=gpu:1", "job.sh"], cwd=tmp_path)
+        assert slurm_cluster.wait(job, timeout=30) == "COMPLETED"
+
+The cluster has 2 nodes c1, c2 (partition `debug`), 4 GPUs (gres), 16 CPUs and 64000 MB each, real
+accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Jobs inherit `slurm_cluster.env` (sbatch's
+default --export=ALL), whose PATH starts with this interpreter's bin folder, so `python` and `hpctrain`
+inside a job are the venv's. Node names do not resolve: use `node_addr("c1")` (127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_CLUSTER = REPO / "hpc" / "local-cluster"
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
+# States in which a job still holds (or waits for) resources; cancel_all waits for these to clear.
+ACTIVE_STATES = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING,REQUEUED,RESIZING,SIGNALING,STAGE_OUT"
+
+
+@dataclass
+class SlurmCluster:
+    """Handle on a running local cluster. All commands run with `env` (SLURM_CONF, PATH)."""
+
+    state_dir: Path
+    env: dict[str, str]
+
+    def run(self, argv: list[str], check: bool = True, timeout: float = 30, cwd: str | Path | None = None):
+        """Run a SLURM client command against this cluster; returns the CompletedProcess (text)."""
+        res = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=cwd)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.strip()}")
+        return res
+
+    def sbatch(self, args: list[str], cwd: str | Path | None = None) -> str:
+        """Submit (options before the script, as sbatch wants them); returns the job id."""
+        out = self.run(["sbatch", "--parsable", *args], cwd=cwd).stdout.strip()
+        return out.split(";")[0]  # "id" or "id;cluster"
+
+    def scontrol(self, *args: str, check: bool = True) -> str:
+        """`scontrol ARGS...` on this cluster; returns stdout."""
+        return self.run(["scontrol", *args], check=check).stdout
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o` as a dict ({} once the controller forgot the job, MinJobAge=10 s)."""
+        res = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        if res.returncode != 0:
+            return {}
+        return dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
+
+    def sacct_state(self, job_id: str) -> str | None:
+        """State of the job's allocation in accounting (lags the controller by up to ~1 s)."""
+        res = self.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", str(job_id)], check=False)
+        lines = res.stdout.split()
+        return lines[0].split()[0] if res.returncode == 0 and lines else None  # "CANCELLED by 0" -> CANCELLED
+
+    def state(self, job_id: str) -> str | None:
+        """Current state: from the controller while it knows the job, else from accounting."""
+        info = self.job_info(job_id)
+        return info.get("JobState") or self.sacct_state(job_id)
+
+    def wait(
+        self, job_id: str, states: Iterable[str] = TERMINAL_STATES, timeout: float = 60, poll: float = 0.2
+    ) -> str:
+        """Wait until the job is in one of `states` (or any terminal state); return that state.
+
+        Raises TimeoutError after `timeout` seconds, naming the last state seen.
+        """
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            state = self.state(job_id)
+            if state in wanted or state in TERMINAL_STATES:
+                return state
+            time.sleep(poll)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout:.0f} s (waiting for {sorted(wanted)})")
+
+    def wait_sacct(self, job_id: str, state: str = "COMPLETED", timeout: float = 15) -> str:
+        """Wait until accounting (sacct) reports a terminal state for the job; return it."""
+        deadline = time.monotonic() + timeout
+        seen = None
+        while time.monotonic() < deadline:
+            seen = self.sacct_state(job_id)
+            if seen == state or seen in TERMINAL_STATES:
+                return seen
+            time.sleep(0.2)
+        raise TimeoutError(f"sacct still says {seen} for job {job_id} after {timeout:.0f} s")
+
+    def node_addr(self, node: str) -> str:
+        """The address a node listens on (node names like c1 do not resolve on this machine)."""
+        info = self.run(["scontrol", "show", "node", "-o", node]).stdout
+        return dict(tok.split("=", 1) for tok in info.split() if "=" in tok)["NodeAddr"]
+
+    def active_jobs(self) -> list[str]:
+        return self.run(["squeue", "-h", "-t", ACTIVE_STATES, "-o", "%A"]).stdout.split()
+
+    def cancel_all(self, timeout: float = 20) -> None:
+        """Cancel every job of THIS cluster (no other cluster is touched) and wait until none is active."""
+        jobs = self.active_jobs()
+        if jobs:
+            self.run(["scancel", *jobs], check=False)
+        deadline = time.monotonic() + timeout
+        while jobs and time.monotonic() < deadline:
+            time.sleep(0.2)
+            jobs = self.active_jobs()
+        if jobs:
+            raise TimeoutError(f"jobs {jobs} still active {timeout:.0f} s after scancel")
+
+
+def local_cluster(
+    *args: str, timeout: float = 180, check_rc: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run hpc/local-cluster; raise with its stderr when it fails (never skip: CI starts with nothing)."""
+    res = subprocess.run(
+        [sys.executable, str(LOCAL_CLUSTER), *args], capture_output=True, text=True, timeout=timeout
+    )
+    if check_rc and res.returncode != 0:
+        raise RuntimeError(f"hpc/local-cluster {' '.join(args)} failed:\n{res.stderr}{res.stdout}")
+    return res
+
+
+def cluster_env(state_dir: Path, conf: str) -> dict[str, str]:
+    """os.environ plus SLURM_CONF, with the venv's bin (and the sacct shim, if any) first on PATH."""
+    path = [str(Path(sys.executable).parent)]
+    shim = state_dir / "bin"
+    if (shim / "sacct").exists():
+        path.insert(0, str(shim))
+    return dict(os.environ, SLURM_CONF=conf, PATH=os.pathsep.join([*path, os.environ.get("PATH", "")]))
+
+
+def start_cluster(state_dir: Path, *up_args: str) -> SlurmCluster:
+    """install + up in `state_dir`; returns the handle. The caller must `stop_cluster` it."""
+    local_cluster("install")
+    res = local_cluster("up", "--state-dir", str(state_dir), *up_args)
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith("export SLURM_CONF="), res.stdout
+    return SlurmCluster(state_dir=state_dir, env=cluster_env(state_dir, last.split("=", 1)[1]))
+
+
+def stop_cluster(cluster: SlurmCluster) -> None:
+    """Cancel leftovers, then stop the daemons (down waits for them to exit)."""
+    try:
+        cluster.cancel_all()
+    finally:
+        local_cluster("down", "--state-dir", str(cluster.state_dir), timeout=60)
+
+
+@pytest.fixture(scope="session", name="slurm_cluster")
+def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A 2-node local SLURM cluster for the whole test session; torn down at the end."""
+    cluster = start_cluster(tmp_path_factory.mktemp("slurm"), "--nodes", "2")
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster)
+
+
+# The same fixture under its own name. Importing this one makes ruff flag every test parameter called
+# `slurm_cluster` (F811); import `slurm_cluster_fixture` instead, which pytest registers as `slurm_cluster`.
+slurm_cluster = slurm_cluster_fixture

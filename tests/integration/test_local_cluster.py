@@ -1,0 +1,137 @@
+"""The local SLURM cluster behaves like a real one: multi-node steps, GPU gres, requeue, signals, teardown."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.slurm_fixtures import (
+    SlurmCluster,
+    local_cluster,
+    slurm_cluster_fixture,  # noqa: F401
+    start_cluster,
+    stop_cluster,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def wait_file(path: Path, pattern: str, timeout: float) -> str:
+    """Wait until `path` contains `pattern` (a regex); return the text."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.1)
+    raise TimeoutError(f"{path} has no {pattern!r} after {timeout:.0f} s: {text!r}")
+
+
+def test_two_node_step_completes_and_is_accounted(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = write_script(tmp_path / "hosts.sh", "srun bash -c 'echo \"$SLURMD_NODENAME $SLURM_PROCID\"'\n")
+    job = slurm_cluster.sbatch(["-N2", "--ntasks-per-node=1", "-o", "out.txt", str(script)], cwd=tmp_path)
+    assert slurm_cluster.wait(job, timeout=30) == "COMPLETED"
+    lines = sorted((tmp_path / "out.txt").read_text().split("\n"))
+    assert [line for line in lines if line] == ["c1 0", "c2 1"]
+    assert slurm_cluster.wait_sacct(job, timeout=15) == "COMPLETED"
+
+
+def test_gpu_gres_sets_cuda_visible_devices(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    # The templates' default request must fit one node: 4 GPUs, 8 CPUs per task, 16G.
+    script = write_script(tmp_path / "gpu.sh", 'echo "CVD=$CUDA_VISIBLE_DEVICES"\n')
+    job = slurm_cluster.sbatch(
+        ["--gres=gpu:2", "--cpus-per-task=8", "--mem=16G", "-o", "out.txt", str(script)], cwd=tmp_path
+    )
+    assert slurm_cluster.wait(job, timeout=30) == "COMPLETED"
+    assert (tmp_path / "out.txt").read_text().strip() == "CVD=0,1"
+    big = slurm_cluster.sbatch(["-N2", "--gres=gpu:4", "--mem=16G", "--wrap", "true"], cwd=tmp_path)
+    assert slurm_cluster.wait(big, timeout=30) == "COMPLETED"
+
+
+def test_requeued_job_runs_again(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    log = tmp_path / "runs.txt"
+    script = write_script(
+        tmp_path / "rq.sh",
+        f'echo "restart=${{SLURM_RESTART_COUNT:-0}}" >> {log}\n'
+        '[ "${SLURM_RESTART_COUNT:-0}" = 0 ] && sleep 300\nexit 0\n',
+    )
+    job = slurm_cluster.sbatch(["--requeue", "-o", "/dev/null", str(script)], cwd=tmp_path)
+    try:
+        wait_file(log, "restart=0", timeout=15)
+        t0 = time.monotonic()
+        slurm_cluster.scontrol("requeue", job)
+        assert slurm_cluster.wait(job, timeout=20) == "COMPLETED"
+        assert time.monotonic() - t0 < 15
+        assert log.read_text().split() == ["restart=0", "restart=1"]
+        assert slurm_cluster.job_info(job)["Restarts"] == "1"
+    finally:
+        slurm_cluster.cancel_all()
+
+
+def test_signal_before_time_limit_reaches_batch_trap(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    marker = tmp_path / "signal.txt"
+    script = write_script(
+        tmp_path / "sig.sh",
+        f"trap 'echo got-USR1 > {marker}; exit 0' USR1\n"
+        # bash runs a trap only between commands: short sleeps keep it responsive.
+        "for i in $(seq 1000); do sleep 0.2; done\n",
+    )
+    job = slurm_cluster.sbatch(
+        ["--time=1", "--signal=B:USR1@50", "-o", "/dev/null", str(script)], cwd=tmp_path
+    )
+    try:
+        # The controller checks time limits every ~30 s, so the signal comes 0-30 s early.
+        assert slurm_cluster.wait(job, timeout=45) == "COMPLETED"
+        assert marker.read_text().strip() == "got-USR1"
+    finally:
+        slurm_cluster.cancel_all()
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def daemon_pids(state_dir: Path) -> dict[str, int]:
+    return {p.stem: int(p.read_text().split()[0]) for p in (state_dir / "run" / "pids").glob("*.pid")}
+
+
+def test_second_cluster_side_by_side_then_down(slurm_cluster: SlurmCluster, tmp_path_factory) -> None:
+    """A second cluster (no accounting: sacct shim) runs next to the session one; down stops all of it."""
+    other = start_cluster(tmp_path_factory.mktemp("slurm2"), "--nodes", "1", "--gpus-per-node", "0",
+                          "--no-accounting")  # fmt: skip
+    pids = daemon_pids(other.state_dir)
+    try:
+        assert set(pids) == {"munged", "slurmctld", "slurmd-c1"}
+        conf_a = Path(slurm_cluster.env["SLURM_CONF"]).read_text()
+        conf_b = Path(other.env["SLURM_CONF"]).read_text()
+
+        def keys(conf: str, key: str) -> str:
+            return re.search(rf"^{key}=(\S+)", conf, re.M).group(1)
+
+        for key in ("ClusterName", "SlurmctldPort", "StateSaveLocation"):
+            assert keys(conf_a, key) != keys(conf_b, key)
+        job = other.sbatch(["--wrap", "true"], cwd=other.state_dir)
+        assert other.wait(job, timeout=30) == "COMPLETED"
+        assert other.sacct_state(job) == "COMPLETED"  # the shim, answering from squeue
+    finally:
+        stop_cluster(other)
+    alive = [name for name, pid in pids.items() if running(pid)]
+    assert alive == [], f"still running after down: {alive}"
+    status = local_cluster("status", "--state-dir", str(other.state_dir), check_rc=False)
+    assert status.returncode != 0
+    # The session cluster is untouched.
+    assert slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() == ["c1", "c2"]
