@@ -1,4 +1,4 @@
-"""Config sections for remote data: Pelican/OSDF access (`data.pelican`) and staging to scratch (`data.staging`)."""
+"""Config sections for remote data: Pelican/OSDF access (`data.pelican`) and staging (`data.staging`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,17 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
 
 
 def parse_bytes(value: int | str) -> int:
@@ -25,22 +35,22 @@ class PelicanConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     token_file: str | None = Field(
-        None,
+        default=None,
         description="File holding the bearer token (raw, or JSON with 'access_token'). Takes precedence over "
         "BEARER_TOKEN, BEARER_TOKEN_FILE and `token`.",
     )
     token: SecretStr | None = Field(
-        None,
+        default=None,
         description="Bearer token itself (prefer token_file or the BEARER_TOKEN environment): never printed, "
         "sent only to Pelican/OSDF endpoints as an Authorization header.",
     )
     federation_url: str | None = Field(
-        None,
+        default=None,
         description="Discovery URL of the federation for osdf:/// and host-less pelican:/// URIs "
         "(default: pelican://osg-htc.org, the OSDF). pelican://host/... URIs name their own federation.",
     )
     ca_file: str | None = Field(
-        None,
+        default=None,
         description="PEM bundle of certificate authorities to trust for HTTPS (federation, caches and "
         "https:// sources) instead of the system store; e.g. a site or test CA.",
     )
@@ -52,33 +62,46 @@ class StagingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     dir: str | None = Field(
-        None,
+        default=None,
         description="Scratch folder; default SLURM_TMPDIR, else TMPDIR, else /tmp. Files go to a per-user, "
         "per-job, per-node subfolder created 0700.",
     )
-    ahead: int = Field(2, ge=0, description="Files fetched ahead of the one being read, by a background thread.")
+    ahead: int = Field(
+        default=2, ge=0, description="Files fetched ahead of the one being read, by a background thread."
+    )
     max_files: int | None = Field(
-        None, ge=1, description="At most this many staged files on the node's scratch (None: no limit)."
+        default=None,
+        ge=1,
+        description="At most this many staged files on the node's scratch (None: no limit).",
     )
     max_bytes: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Scratch budget in bytes (or '20GB', '500MiB'); prefetching waits for room. A file a "
         "reader is waiting for is fetched even over budget (with a warning).",
     )
     delete_after_use: bool = Field(
-        True, description="Delete a staged file as soon as every local rank released it (else keep it for reuse)."
+        default=True,
+        description="Delete a staged file as soon as every local rank released it (else keep it for reuse).",
     )
-    retries: int = Field(5, ge=0, description="Retries of a transient failure (refused, reset, timeout, 5xx).")
-    backoff_base: float = Field(1.0, gt=0, description="First retry delay in seconds; doubles each retry.")
-    backoff_cap: float = Field(30.0, gt=0, description="Longest delay between two retries, in seconds.")
+    retries: int = Field(
+        default=5, ge=0, description="Retries of a transient failure (refused, reset, timeout, 5xx)."
+    )
+    backoff_base: float = Field(
+        default=1.0, gt=0, description="First retry delay in seconds; doubles each retry."
+    )
+    backoff_cap: float = Field(
+        default=30.0, gt=0, description="Longest delay between two retries, in seconds."
+    )
     timeout: float = Field(
-        60.0, gt=0, description="Seconds to connect, or without receiving data, before a transfer counts as failed."
+        default=60.0,
+        gt=0,
+        description="Seconds to connect, or without receiving data, before a transfer counts as failed.",
     )
     wait_timeout: float = Field(
-        3600.0,
+        default=3600.0,
         gt=0,
-        description="Seconds a local rank other than 0 waits for local rank 0 to stage a file before giving up.",
+        description="Seconds a local rank other than 0 waits for local rank 0 to stage a file, then fails.",
     )
 
     @field_validator("max_bytes", mode="before")

@@ -43,7 +43,7 @@ class MissingPathError(FileNotFoundError):
 def is_remote(path: str | os.PathLike[str]) -> bool:
     """True for a URL other than file:// (pelican://, osdf://, https://, s3://, ...)."""
     match = _SCHEME.match(str(path))
-    return bool(match) and match.group(1).lower() != "file"
+    return match is not None and match.group(1).lower() != "file"
 
 
 def has_magic(path: str) -> bool:
@@ -51,7 +51,7 @@ def has_magic(path: str) -> bool:
 
 
 def resolve_token(pelican: PelicanConfig | None, env: dict[str, str] | None = None) -> str | None:
-    """The bearer token: data.pelican.token_file, else BEARER_TOKEN, else BEARER_TOKEN_FILE, else pelican.token."""
+    """The bearer token: data.pelican.token_file, else BEARER_TOKEN, BEARER_TOKEN_FILE, data.pelican.token."""
     env = dict(os.environ) if env is None else env
     if pelican is not None and pelican.token_file:
         return _read_token_file(pelican.token_file, "data.pelican.token_file")
@@ -92,7 +92,9 @@ def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=ca_file)
 
 
-async def _make_client(ssl_ctx: ssl.SSLContext | None, timeout: float, **kwargs: Any) -> aiohttp.ClientSession:
+async def _make_client(
+    ssl_ctx: ssl.SSLContext | None, timeout: float, **kwargs: Any
+) -> aiohttp.ClientSession:
     """fsspec's get_client with our CA and a stall timeout (no total limit: big files take long)."""
     connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else True)
     kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
@@ -216,8 +218,8 @@ def _missing_local(path: str) -> MissingPathError:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     return MissingPathError(
-        f"{path}: no such file or directory (nearest existing folder: {parent}); if the data lives on a shared "
-        f"or scratch volume, check it is mounted on this node"
+        f"{path}: no such file or directory (nearest existing folder: {parent}); if the data lives on a "
+        f"shared or scratch volume, check that it is mounted on this node"
     )
 
 
@@ -270,7 +272,9 @@ def expand_paths(
     return sorted(out)
 
 
-def mirror(local_path: str | os.PathLike[str], dest: str, storage_options: dict[str, Any] | None = None) -> str:
+def mirror(
+    local_path: str | os.PathLike[str], dest: str, storage_options: dict[str, Any] | None = None
+) -> str:
     """Copy a file or folder to `dest/<name>` (a local folder or an fsspec URL); returns the copy's path.
 
     A local copy appears atomically: it is written under a temporary name and renamed, so a reader of the

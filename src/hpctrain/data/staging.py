@@ -19,6 +19,7 @@ after a requeue; leftover temporary files are removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import getpass
 import hashlib
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -63,6 +65,8 @@ def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, s
     """<dir or SLURM_TMPDIR or TMPDIR or /tmp>/hpctrain-<user>/job-<id>/<node>, each level 0700 and ours."""
     env = dict(os.environ) if env is None else env
     base = Path(cfg.dir or env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp").expanduser()
+    if not base.is_dir():
+        raise StagingError(f"staging folder {base} does not exist (data.staging.dir, SLURM_TMPDIR or TMPDIR)")
     job = job_id or env.get("SLURM_JOB_ID") or "local"
     parts = [f"hpctrain-{getpass.getuser()}", f"job-{job}", socket.gethostname().split(".")[0]]
     path = base
@@ -118,7 +122,9 @@ class Stager:
         self.stats = {"downloaded": 0, "downloaded_bytes": 0, "reused": 0, "retries": 0, "evicted": 0}
         self._remote = [is_remote(u) for u in self.uris]
         self._names = [local_name(u) for u in self.uris]
-        self._files = RemoteFiles(pelican, storage_options, timeout=self.cfg.timeout) if any(self._remote) else None
+        self._files = (
+            RemoteFiles(pelican, storage_options, timeout=self.cfg.timeout) if any(self._remote) else None
+        )
         self.root = staging_root(self.cfg, job_id) if any(self._remote) else Path(".")
         self._ctl = self.root / "ctl"
         self._tag = hashlib.sha1("\n".join(self.uris).encode()).hexdigest()[:12]
@@ -163,7 +169,7 @@ class Stager:
             return Path(self.uris[i].removeprefix("file://"))
         return self.root / self._names[i]
 
-    # -- public API: every local rank --------------------------------------------------------------------------
+    # -- public API: every local rank ------------------------------------------------------------------------
     def get(self, i: int) -> Path:
         """Block until file i is local and return its path; raises BadFileError if it cannot be staged."""
         if not self._remote[i]:
@@ -210,7 +216,7 @@ class Stager:
             self._evict(self._node_view()[0], force=False)
         self._publish(closed=True)
 
-    # -- rank 0 --------------------------------------------------------------------------------------------------
+    # -- rank 0 ----------------------------------------------------------------------------------------------
     def _get_rank0(self, i: int) -> Path:
         with self._cond:
             self._requested.add(i)
@@ -222,7 +228,7 @@ class Stager:
             try:
                 while self._state[i] == "pending":
                     if self._fatal is not None or self._thread is None:
-                        raise StagingError("the staging thread is not running") from self._fatal
+                        raise StagingError(f"staging stopped: {self._fatal_message()}") from self._fatal
                     self._cond.wait(0.5)
             finally:
                 self._demanded.discard(i)
@@ -248,20 +254,37 @@ class Stager:
             with self._cond:
                 self._fatal = err
                 self._cond.notify_all()
-            log.error("staging thread failed: %s", self._files.scrub(str(err)) if self._files else err)
+            log.error("staging failed: %s", self._fatal_message())
+            with contextlib.suppress(OSError):
+                (self._ctl / f"{self._tag}.fatal").write_text(self._fatal_message())
+
+    def _fatal_message(self) -> str:
+        if self._fatal is None:
+            return "closed"
+        text = (
+            str(self._fatal)
+            if isinstance(self._fatal, StagingError)
+            else f"{type(self._fatal).__name__}: {self._fatal}"
+        )
+        return self._files.scrub(text) if self._files else text
 
     def _next(self, floor: float, max_want: int, demanded: set[int]) -> int | None:
         for j in sorted(demanded):
             if self._state[j] in ("pending", "deleted"):
                 return j
-        for j in range(max(0, int(min(floor, len(self.uris)))), min(len(self.uris), max_want + self.cfg.ahead + 1)):
-            if self._state[j] == "pending" and self._fits(j, False):
-                return j
+        for j in range(
+            max(0, int(min(floor, len(self.uris)))), min(len(self.uris), max_want + self.cfg.ahead + 1)
+        ):
+            if self._state[j] == "pending":
+                # in order: a later, smaller file must not overtake one that waits for room
+                return j if self._fits(j, False) else None
         return None
 
     def _fits(self, j: int, demanded: bool) -> bool:
         """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
-        ready = {self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"}
+        ready = {
+            self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"
+        }
         size = self._size[j] or 0
 
         def ok() -> bool:
@@ -271,7 +294,9 @@ class Stager:
         if ok():
             return True
         self._evict(self._node_view()[0], force=True)
-        ready = {self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"}
+        ready = {
+            self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"
+        }
         if ok() or not ready:
             return True
         if demanded and not self._warned_budget:
@@ -388,8 +413,10 @@ class Stager:
                 except (_Deferred, StagingError):
                     raise
                 except Exception as err:
-                    transient, reason = self._classify(err, fs, path)
-                    if not transient:
+                    kind, reason = self._classify(err, fs, path)
+                    if kind == "fatal":
+                        raise StagingError(f"{uri}: {reason}") from None
+                    if kind == "bad":
                         raise BadFileError(uri, reason) from None
                     attempt += 1
                     if attempt > self.cfg.retries:
@@ -405,23 +432,33 @@ class Stager:
                 out.close()
             tmp.unlink(missing_ok=True)
 
-    def _classify(self, err: BaseException, fs: Any, path: str) -> tuple[bool, str]:
-        """(transient?, reason without secrets) of a failed transfer."""
+    def _classify(self, err: BaseException, fs: Any, path: str) -> tuple[str, str]:
+        """("transient" | "bad" | "fatal", reason without secrets) of a failed transfer."""
         from aiowebdav2 import exceptions as dav
-        from pelicanfs.exceptions import BadDirectorResponse, NoAvailableSource, PelicanException
+        from pelicanfs.exceptions import InvalidMetadata, NoAvailableSource
 
+        if isinstance(err, FileNotFoundError) and isinstance(err.__cause__, Exception):
+            # fsspec's HTTP info turns ANY failure of its HEAD and GET (a 503, a reset) into FileNotFoundError
+            return self._classify(err.__cause__, fs, path)
         status = getattr(err, "status", None) or getattr(err, "code", None)
+        status = status if isinstance(status, int) else None
         if isinstance(err, (FileNotFoundError, dav.RemoteResourceNotFoundError)) or status in (404, 410):
-            return False, "not found (HTTP 404)"
+            return "bad", "not found (HTTP 404)"
         if isinstance(err, (dav.AccessDeniedError, dav.UnauthorizedError)) or status in (401, 403):
-            return False, f"access denied (HTTP {status or 403}): check data.pelican.token_file / BEARER_TOKEN"
+            return (
+                "bad",
+                f"access denied (HTTP {status or 403}): check data.pelican.token_file / BEARER_TOKEN",
+            )
         if isinstance(err, NoAvailableSource):
             return _probe(fs, path)
-        if isinstance(status, int) and (status >= 500 or status in (408, 429)):
-            return True, f"HTTP {status}"
-        if isinstance(status, int) and status >= 400:
-            return False, f"HTTP {status}"
+        if status is not None and (status >= 500 or status in (408, 429)):
+            return "transient", f"HTTP {status}"
+        if status is not None and status >= 400:
+            return "bad", f"HTTP {status}"
         reason = f"{type(err).__name__}: {self._files.scrub(str(err)) if self._files else err}"[:300]
+        if isinstance(err, (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError)):
+            # every file would fail the same way: not a bad file, a setup to fix
+            return "fatal", f"{reason}; trust the server's CA with data.pelican.ca_file"
         transient = (
             aiohttp.ClientConnectionError,
             aiohttp.ClientPayloadError,
@@ -431,12 +468,13 @@ class Stager:
             _Transient,
             dav.NoConnectionError,
             dav.ConnectionExceptionError,
+            InvalidMetadata,  # discovery answered, but not 200
         )
-        if isinstance(err, transient) or (isinstance(err, PelicanException) and not isinstance(err, BadDirectorResponse)):
-            return True, reason
+        if isinstance(err, transient):
+            return "transient", reason
         if isinstance(err, OSError) and err.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT):
-            return True, reason
-        return False, reason
+            return "transient", reason
+        return "bad", reason
 
     # -- other local ranks -----------------------------------------------------------------------------------
     def _get_waiting(self, i: int) -> Path:
@@ -444,15 +482,18 @@ class Stager:
         self._max_req = max(self._max_req, i)
         self._publish(waiting=i)
         final, bad = self.path(i), self._ctl / f"{self._tag}.{self._names[i]}.bad"
+        fatal = self._ctl / f"{self._tag}.fatal"
         deadline, pause = time.monotonic() + self.cfg.wait_timeout, 0.005
         try:
             while not final.exists():
                 if bad.exists():
                     raise BadFileError(self.uris[i], bad.read_text())
+                if fatal.exists():
+                    raise StagingError(f"local rank 0 stopped staging: {fatal.read_text()}")
                 if time.monotonic() > deadline:
                     raise StagingError(
-                        f"local rank {self.local_rank} waited {self.cfg.wait_timeout:.0f} s for local rank 0 to "
-                        f"stage {self.uris[i]}; does local rank 0 run a Stager over the same file list?"
+                        f"local rank {self.local_rank} waited {self.cfg.wait_timeout:.0f} s for local rank 0 "
+                        f"to stage {self.uris[i]}; does local rank 0 run a Stager over the same file list?"
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 0.1)
@@ -465,7 +506,13 @@ class Stager:
         if self.local_world_size == 1 or self.local_rank == 0:
             return
         floor = min([*self._requested, self._max_req + 1])
-        state = {"gen": self._gen, "floor": floor, "max_req": self._max_req, "waiting": waiting, "closed": closed}
+        state = {
+            "gen": self._gen,
+            "floor": floor,
+            "max_req": self._max_req,
+            "waiting": waiting,
+            "closed": closed,
+        }
         target = self._ctl / f"{self._tag}.rank{self.local_rank}"
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(state))
@@ -478,7 +525,7 @@ class Stager:
             if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
                 tmp.unlink(missing_ok=True)
                 log.info("removed leftover partial file %s", tmp.name)
-        for marker in self._ctl.glob(f"{self._tag}.*.bad"):
+        for marker in [*self._ctl.glob(f"{self._tag}.*.bad"), self._ctl / f"{self._tag}.fatal"]:
             marker.unlink(missing_ok=True)
 
 
@@ -495,11 +542,13 @@ def _write(out: Any, buf: bytes, tmp: Path) -> None:
     try:
         out.write(buf)
     except OSError as err:  # scratch full or gone: not the file's fault, stop with a clear message
-        raise StagingError(f"cannot write {tmp}: {err.strerror}; check data.staging.dir and its free space") from None
+        raise StagingError(
+            f"cannot write {tmp}: {err.strerror}; check data.staging.dir and its free space"
+        ) from None
 
 
-def _probe(fs: Any, path: str) -> tuple[bool, str]:
-    """Why no cache would serve `path`: ask the director and the caches it names (pelicanfs hides the status)."""
+def _probe(fs: Any, path: str) -> tuple[str, str]:
+    """Why no cache serves `path`: ask the director and the caches it names (pelicanfs hides the status)."""
     from fsspec.asyn import sync
     from pelicanfs.dir_header_parser import parse_director_response
 
@@ -519,10 +568,10 @@ def _probe(fs: Any, path: str) -> tuple[bool, str]:
     try:
         servers, codes = sync(fs.loop, statuses)
     except Exception as err:  # the director itself is unreachable: try again later
-        return True, f"no cache available and the director did not answer ({type(err).__name__})"
+        return "transient", f"no cache available and the director did not answer ({type(err).__name__})"
     if not servers:
-        return False, "no namespace of the federation serves this path (the director lists no cache)"
+        return "bad", "no namespace of the federation serves this path (the director lists no cache)"
     usable = [c for c in codes if c is not None and (c < 400 or c == 404)]
     if not usable and any(c in (401, 403) for c in codes):
-        return False, "access denied (HTTP 403) by every cache: check data.pelican.token_file / BEARER_TOKEN"
-    return True, f"no cache available (cache answers: {codes})"
+        return "bad", "access denied (HTTP 403) by every cache: check data.pelican.token_file / BEARER_TOKEN"
+    return "transient", f"no cache available (cache answers: {codes})"

@@ -1,0 +1,88 @@
+"""Config of the fields workload (pydantic only: importable on login nodes without torch or NumPy)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hpctrain.config.schema import DataConfigBase, ModelConfigBase
+from hpctrain.workloads.registry import WorkloadSpec
+
+PARAMETERS = ("omega_m", "sigma_8")
+
+
+class FieldsData(DataConfigBase):
+    type: Literal["fields"] = "fields"
+    kind: Literal["gaussian", "lognormal", "lpt"] = Field(
+        "gaussian",
+        description="Generator: a Gaussian random field, its lognormal transform, or 1st+2nd order LPT "
+        "particles binned to a density map (see docs/fields.md).",
+    )
+    size: int = Field(64, ge=8, description="Map side in pixels (even; maps are size x size).")
+    box_size: float = Field(1000.0, gt=0, description="Map side in Mpc/h (sets the k range the map sees).")
+    omega_m: tuple[float, float] = Field((0.1, 0.5), description="Prior box of Omega_m: uniform in [lo, hi].")
+    sigma_8: tuple[float, float] = Field((0.6, 1.0), description="Prior box of sigma_8: uniform in [lo, hi].")
+    n_train: int = Field(16384, ge=1, description="Training maps (generated on the fly from data_seed).")
+    n_val: int = Field(1024, ge=0, description="Validation maps (0 = no validation).")
+    n_test: int = Field(1024, ge=0, description="Test maps (held out; never seen by training or validation).")
+    data_seed: int = Field(2024, ge=0, description="Seed of the maps; each map's stream is (seed, split, index).")
+    path: str | None = Field(
+        None,
+        description="Folder written by `hpctrain data generate --kind fields` (with train/, val/, test/); "
+        "when set, maps are read from its shards instead of generated, and kind/size/box/prior come from it.",
+    )
+    cache_val: bool = Field(True, description="Keep the validation maps in memory after the first evaluation.")
+
+    @field_validator("size")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError("must be even (real FFTs of the map)")
+        return value
+
+    @field_validator("omega_m", "sigma_8")
+    @classmethod
+    def _box(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not 0 < lo < hi:
+            raise ValueError(f"prior box must satisfy 0 < lo < hi, got [{lo}, {hi}]")
+        return value
+
+
+class FieldCNNConfig(ModelConfigBase):
+    type: Literal["field_cnn"] = "field_cnn"
+    widths: list[int] = Field([16, 32, 64], description="Channels per stage; each stage after the first halves "
+                              "the resolution.")
+    blocks: int = Field(1, ge=1, description="Residual blocks per stage.")
+    groups: int = Field(8, ge=1, description="GroupNorm groups (each width must be divisible by it).")
+    head_hidden: int = Field(64, ge=1, description="Width of the hidden layer of the regression head.")
+    targets: list[Literal["omega_m", "sigma_8"]] = Field(
+        ["omega_m", "sigma_8"], description="Parameters to predict (scaled to [-1, 1] over the prior box)."
+    )
+    loss: Literal["gaussian_nll", "mse", "mae", "rmse"] = Field(
+        "gaussian_nll", description="gaussian_nll predicts a mean and a log-variance per parameter."
+    )
+    channels_last: bool = Field(True, description="channels-last memory format on GPU (ignored on CPU).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FieldCNNConfig:
+        if not self.widths:
+            raise ValueError("widths must name at least one stage")
+        bad = [w for w in self.widths if w % self.groups]
+        if bad:
+            raise ValueError(f"widths {bad} are not divisible by groups={self.groups}")
+        if not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"targets must be a non-empty list without repeats, got {self.targets}")
+        return self
+
+
+WORKLOAD = WorkloadSpec(
+    name="fields",
+    models={"field_cnn": (FieldCNNConfig, "hpctrain.workloads.fields.task:FieldTask")},
+    data=[FieldsData],
+    extras={
+        "generate": "hpctrain.workloads.fields.generate:generate",
+        "generate_args": "hpctrain.workloads.fields.generate:generate_args",
+    },
+)

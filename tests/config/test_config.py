@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main as cli_main
+from hpctrain.config import presets
+from hpctrain.config.loading import ConfigRequest, dump_config, load_config
+from hpctrain.config.schema import OptimConfig, ScheduleConfig
+from hpctrain.errors import UserError
+from hpctrain.train.optim import LRSchedule, effective_lr
+from hpctrain.workloads.registry import config_model
+from tests.conftest import ROOT, clean_env, hpctrain
+
+
+def load(*overrides: str, config: str | None = None, preset: str | None = None, environ=None, env_file=None):
+    request = ConfigRequest(config, preset, list(overrides), env_file)
+    return load_config(request, config_model(), environ=environ or {})
+
+
+def test_no_arguments_is_the_debug_yaml():
+    default = dump_config(load())
+    from_yaml = dump_config(load(config=str(ROOT / "configs" / "debug.yaml")))
+    assert default == from_yaml
+    assert default["run"]["name"] == "debug"
+    assert default["model"]["type"] == "regression"
+
+
+def test_overrides_are_typed_and_zero_is_kept():
+    cfg = load("optim.lr=2e-5", "optim.momentum=0", "optim.name=sgd", "train.total_updates=1000", "optim.lr_scaling=sqrt")
+    assert cfg.optim.lr == pytest.approx(2e-5)
+    assert cfg.optim.momentum == 0.0
+    assert cfg.train.total_updates == 1000
+    assert load("optim.lr=0").optim.lr == 0.0
+
+
+def test_sources_later_wins(tmp_path: Path):
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text("optim:\n  lr: 0.1\ndata:\n  batch_size: 8\ntrain:\n  total_updates: 7\n")
+    cfg = load(config=str(yaml_file))
+    assert (cfg.optim.lr, cfg.data.batch_size, cfg.train.total_updates, cfg.run.name) == (0.1, 8, 7, "exp")
+    # preset over YAML
+    cfg = load(config=str(yaml_file), preset="multi_gpu")
+    assert cfg.slurm.gpus_per_node == 4 and cfg.optim.lr == 0.1
+    # command line over preset
+    cfg = load("data.batch_size=16", config=str(yaml_file), preset="debug")
+    assert cfg.data.batch_size == 16
+    # environment (long form and sbatch aliases) over the command line
+    environ = {"HPCTRAIN_OPTIM__LR": "0.5", "BATCH_SIZE": "4", "TOTAL_UPDATES": "9", "SEED": "3"}
+    cfg = load("optim.lr=0.2", config=str(yaml_file), environ=environ)
+    assert (cfg.optim.lr, cfg.data.batch_size, cfg.train.total_updates, cfg.run.seed) == (0.5, 4, 9, 3)
+    assert load(environ={"LR": "2e-5"}).optim.lr == pytest.approx(2e-5)
+
+
+def test_dotenv_paths_and_masked_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    env_file = tmp_path / ".env"
+    env_file.write_text("RESULTS_DIR=/scratch/results\nDATA_DIR=/data/muons\nWANDB_API_KEY=supersecret123\n")
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text("run:\n  name: exp\ndata:\n  type: regression\n")
+    cfg = load(config=str(yaml_file), env_file=str(env_file))
+    assert cfg.run.out_dir == "/scratch/results"
+    assert cfg.logging.wandb.api_key.get_secret_value() == "supersecret123"
+    assert "supersecret123" not in str(dump_config(cfg))
+    code = cli_main(["config", "show", "--config", str(yaml_file), "--env-file", str(env_file)])
+    out = capsys.readouterr().out
+    assert code == 0 and "supersecret123" not in out and "/scratch/results" in out
+
+
+def test_yaml_interpolates_paths_from_env(tmp_path: Path):
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text("run:\n  out_dir: ${RESULTS}/runs\n")
+    assert load(config=str(yaml_file), environ={"RESULTS": "/r"}).run.out_dir == "/r/runs"
+    with pytest.raises(UserError, match=r"\$\{RESULTS\}"):
+        load(config=str(yaml_file))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["optim.lr=abc"], "optim.lr='abc'"),
+        (["foo.bar=1"], "foo: unknown key"),
+        (["train.total_updates=-5"], "train.total_updates=-5"),
+        (["optim.nme=sgd"], "optim.nme='sgd': unknown key"),
+        (["model.type=nope"], "model.type"),
+        (["optim.name=lamb"], "optim.name='lamb'"),
+        (["budget.time_limit=1:99:00"], "budget.time_limit"),
+        (["schedule.stages=[{type: cosine, num_updates: 0}]"], "num_updates"),
+        (["lr2e-5"], "key=value"),
+        (["--config", "does/not/exist.yaml"], "'does/not/exist.yaml' not found"),
+        (["--preset", "huge"], "--preset 'huge' is unknown"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]):
+    code = cli_main(["config", "show", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert expected in err
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: [1, 2\ntrain: {}\n")
+    assert cli_main(["config", "show", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "malformed YAML" in err and "line" in err
+
+
+def test_bad_input_from_the_real_command_does_no_work(tmp_path: Path):
+    done = hpctrain("train", "optim.lr=abc", "run.out_dir=out", cwd=tmp_path)
+    assert done.code == 2
+    assert "optim.lr='abc'" in done.err and len(done.err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    done = hpctrain("train", "run.out_dir=out", cwd=tmp_path, env=clean_env(LR="fast"))
+    assert done.code == 2 and "environment LR" in done.err
+
+
+def test_presets_are_importable_and_valid():
+    for name, factory in presets.PRESETS.items():
+        assert isinstance(factory(), dict)
+        cfg = load(preset=name)
+        assert cfg.run.name == name
+    assert load(preset="multi_node").slurm.nodes == 2
+
+
+def test_schedule_milestones_are_cumulative():
+    sched = ScheduleConfig.model_validate(
+        {
+            "stages": [
+                {"type": "linear", "num_updates": 10, "start_factor": 0.0, "end_factor": 1.0},
+                {"type": "cosine", "num_updates": -1, "start_factor": 1.0, "end_factor": 0.1},
+                {"type": "linear", "num_updates": 20, "start_factor": 0.1, "end_factor": 0.0},
+            ]
+        }
+    )
+    lr = LRSchedule(sched, total_updates=1000)
+    factors = [lr.factor(u) for u in range(1000)]
+    assert factors[0] == 0.0 and factors[5] == pytest.approx(0.5)
+    assert factors[10] == pytest.approx(1.0)  # the cosine starts where warmup ended
+    assert factors[979] == pytest.approx(0.1, abs=1e-3)  # cosine ends at 980 (1000 - 20 of cooldown)
+    assert factors[980] == pytest.approx(0.1)
+    assert factors[990] == pytest.approx(0.05)
+    # never sits at 0 in the middle (the per-stage milestone bug of the seed project)
+    assert min(factors[1:990]) > 0.04
+    assert all(not math.isnan(f) for f in factors)
+
+
+def test_lr_scaling_with_global_batch():
+    cfg = OptimConfig(lr=1e-3, lr_scaling="linear", base_batch_size=64)
+    assert effective_lr(cfg, 256) == pytest.approx(4e-3)
+    cfg = OptimConfig(lr=1e-3, lr_scaling="sqrt", base_batch_size=64)
+    assert effective_lr(cfg, 256) == pytest.approx(2e-3)
+    assert effective_lr(OptimConfig(lr=1e-3), 256) == 1e-3
