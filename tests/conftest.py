@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.integration.slurm_fixtures"]
+
 ROOT = Path(__file__).resolve().parents[1]
 # Variables that would leak the developer's or CI's settings into a test's configuration.
 _LEAKY = ("LR", "BATCH_SIZE", "TOTAL_UPDATES", "EPOCHS", "SEED", "RESULTS_DIR", "DATA_DIR", "WANDB_API_KEY")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "SLURM_")) and k not in _LEAKY}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "SLURM_")) and k not in _LEAKY
+    }
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     env["PYTHONUNBUFFERED"] = "1"

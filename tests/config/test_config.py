@@ -11,13 +11,13 @@ from hpctrain.config.loading import ConfigRequest, dump_config, load_config
 from hpctrain.config.schema import OptimConfig, ScheduleConfig
 from hpctrain.errors import UserError
 from hpctrain.train.optim import LRSchedule, effective_lr
-from hpctrain.workloads.registry import config_model
+from hpctrain.workloads.registry import config_model, fill_default_types
 from tests.conftest import ROOT, clean_env, hpctrain
 
 
 def load(*overrides: str, config: str | None = None, preset: str | None = None, environ=None, env_file=None):
     request = ConfigRequest(config, preset, list(overrides), env_file)
-    return load_config(request, config_model(), environ=environ or {})
+    return load_config(request, config_model(), environ=environ or {}, prepare=fill_default_types)
 
 
 def test_no_arguments_is_the_debug_yaml():
@@ -29,7 +29,13 @@ def test_no_arguments_is_the_debug_yaml():
 
 
 def test_overrides_are_typed_and_zero_is_kept():
-    cfg = load("optim.lr=2e-5", "optim.momentum=0", "optim.name=sgd", "train.total_updates=1000", "optim.lr_scaling=sqrt")
+    cfg = load(
+        "optim.lr=2e-5",
+        "optim.momentum=0",
+        "optim.name=sgd",
+        "train.total_updates=1000",
+        "optim.lr_scaling=sqrt",
+    )
     assert cfg.optim.lr == pytest.approx(2e-5)
     assert cfg.optim.momentum == 0.0
     assert cfg.train.total_updates == 1000

@@ -109,21 +109,21 @@ def daemon_pids(state_dir: Path) -> dict[str, int]:
     return {p.stem: int(p.read_text().split()[0]) for p in (state_dir / "run" / "pids").glob("*.pid")}
 
 
-def test_second_cluster_side_by_side_then_down(slurm_cluster: SlurmCluster, tmp_path_factory) -> None:
+def test_second_cluster_side_by_side_then_down(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """A second cluster (no accounting: sacct shim) runs next to the session one; down stops all of it."""
-    other = start_cluster(tmp_path_factory.mktemp("slurm2"), "--nodes", "1", "--gpus-per-node", "0",
-                          "--no-accounting")  # fmt: skip
+    shape = ["--nodes", "1", "--gpus-per-node", "0", "--no-accounting"]
+    other = start_cluster(tmp_path_factory.mktemp("slurm2"), *shape)
     pids = daemon_pids(other.state_dir)
     try:
         assert set(pids) == {"munged", "slurmctld", "slurmd-c1"}
         conf_a = Path(slurm_cluster.env["SLURM_CONF"]).read_text()
         conf_b = Path(other.env["SLURM_CONF"]).read_text()
 
-        def keys(conf: str, key: str) -> str:
-            return re.search(rf"^{key}=(\S+)", conf, re.M).group(1)
-
         for key in ("ClusterName", "SlurmctldPort", "StateSaveLocation"):
-            assert keys(conf_a, key) != keys(conf_b, key)
+            pattern = rf"^{key}=(\S+)"
+            assert re.findall(pattern, conf_a, re.M) != re.findall(pattern, conf_b, re.M)
         job = other.sbatch(["--wrap", "true"], cwd=other.state_dir)
         assert other.wait(job, timeout=30) == "COMPLETED"
         assert other.sacct_state(job) == "COMPLETED"  # the shim, answering from squeue
@@ -135,3 +135,10 @@ def test_second_cluster_side_by_side_then_down(slurm_cluster: SlurmCluster, tmp_
     assert status.returncode != 0
     # The session cluster is untouched.
     assert slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() == ["c1", "c2"]
+
+
+def test_install_is_a_quick_noop_when_installed(slurm_cluster: SlurmCluster) -> None:
+    # `make test` runs it every time; the session fixture has installed everything already.
+    t0 = time.monotonic()
+    local_cluster("install")
+    assert time.monotonic() - t0 < 1.0

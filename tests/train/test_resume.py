@@ -16,7 +16,7 @@ from hpctrain.commands.train import run
 from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.workloads.registry import config_model
+from hpctrain.workloads.registry import config_model, fill_default_types
 from hpctrain.workloads.regression.task import RegressionTask
 from tests.conftest import clean_env, read_jsonl
 
@@ -35,7 +35,11 @@ BASE = [
 
 
 def make_cfg(out: Path, *extra: str):
-    return load_config(ConfigRequest(None, None, [*BASE, f"run.out_dir={out}", *extra], None), config_model())
+    return load_config(
+        ConfigRequest(None, None, [*BASE, f"run.out_dir={out}", *extra], None),
+        config_model(),
+        prepare=fill_default_types,
+    )
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -105,10 +109,19 @@ def test_resume_with_other_worker_count_continues_the_data_exactly(
 
 def test_sigterm_from_outside_stops_with_75_and_the_same_command_finishes(tmp_path: Path, reference):
     """A real process, a real signal at an arbitrary moment, workers on: the last line names the hash."""
-    args = [sys.executable, "-m", "hpctrain", "train", *BASE, "run.out_dir=out", "data.num_workers=2",
-            "train.total_updates=300"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    args = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "train",
+        *BASE,
+        "run.out_dir=out",
+        "data.num_workers=2",
+        "train.total_updates=300",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     metrics = tmp_path / "out" / "t" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:

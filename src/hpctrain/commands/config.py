@@ -7,7 +7,9 @@ from hpctrain.config.loading import to_yaml
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgParser(prog="hpctrain config", description="Print the resolved configuration (secrets masked).")
+    parser = ArgParser(
+        prog="hpctrain config", description="Print the resolved configuration (secrets masked)."
+    )
     parser.add_argument("action", choices=["show"], help="show: print the resolved config")
     add_config_arguments(parser)
     args = parser.parse_args(argv)

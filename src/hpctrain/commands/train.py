@@ -63,14 +63,23 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         trainer.start_tracking()
         result = trainer.fit()
         if result.status == "already_finished":
-            say(f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
-                "raise train.total_updates to train further", flush=True)
+            say(
+                f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
+                "raise train.total_updates to train further",
+                flush=True,
+            )
         elif result.status == "stopped":
-            say(f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "
-                f"command again to continue. params_sha256={result.params_sha256}", flush=True)
+            say(
+                f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "
+                f"command again to continue. params_sha256={result.params_sha256}",
+                flush=True,
+            )
         else:
-            say(f"finished at update {result.step}/{trainer.total_updates}. "
-                f"params_sha256={result.params_sha256}", flush=True)
+            say(
+                f"finished at update {result.step}/{trainer.total_updates}. "
+                f"params_sha256={result.params_sha256}",
+                flush=True,
+            )
         return result.exit_code
     finally:
         if trainer is not None:
@@ -80,7 +89,9 @@ def run(cfg: Any, env: ClusterEnv) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgParser(prog="hpctrain train", description="Train a model (default: the debug regression job).")
+    parser = ArgParser(
+        prog="hpctrain train", description="Train a model (default: the debug regression job)."
+    )
     add_config_arguments(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)

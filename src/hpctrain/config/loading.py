@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,12 +143,14 @@ def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+        elif error["type"] == "union_tag_not_found":
+            key, value, message = f"{key}.type", None, "missing: say which type this section is"
         elif error["type"] == "union_tag_invalid":
             key = f"{key}.type" if not key.endswith("type") else key
             expected = error.get("ctx", {}).get("expected_tags", "")
             message = f"unknown type (allowed: {expected})"
             value = error.get("ctx", {}).get("tag", value)
-        shown = "" if isinstance(value, dict) else f"={value!r}"
+        shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
         origin = origins.get(key)
         parts.append(f"{key}{shown}: {message}" + (f" (from {origin})" if origin else ""))
     return "; ".join(parts)
@@ -162,7 +164,10 @@ def validate(cls: type[BaseModel], tree: dict[str, Any], origins: Mapping[str, s
 
 
 def load_config(
-    request: ConfigRequest, cls: type[BaseModel], environ: Mapping[str, str] | None = None
+    request: ConfigRequest,
+    cls: type[BaseModel],
+    environ: Mapping[str, str] | None = None,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Resolve and validate a configuration from every source, later sources winning."""
     environ = dict(os.environ if environ is None else environ)
@@ -195,6 +200,8 @@ def load_config(
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
     if isinstance(run, dict) and not run.get("name"):
         run["name"] = Path(request.config_path).stem if request.config_path else (request.preset or "default")
+    if prepare is not None:
+        prepare(tree)
     return validate(cls, tree, origins)
 
 

@@ -69,6 +69,11 @@ class StagingConfig(BaseModel):
     ahead: int = Field(
         default=2, ge=0, description="Files fetched ahead of the one being read, by a background thread."
     )
+    parallel: int = Field(
+        default=2,
+        ge=1,
+        description="Files local rank 0 downloads at the same time (overlaps network and disk).",
+    )
     max_files: int | None = Field(
         default=None,
         ge=1,

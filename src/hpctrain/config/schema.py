@@ -62,13 +62,17 @@ class DataConfigBase(Section):
     """Fields every data source shares; workloads subclass it with a `type` literal."""
 
     batch_size: int = Field(64, ge=1, description="Samples (events, maps) per batch PER GPU/process.")
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank (0 = in the main one).")
+    num_workers: int = Field(
+        0, ge=0, description="DataLoader worker processes per rank (0 = in the main one)."
+    )
     prefetch_factor: int = Field(2, ge=1, description="Batches each worker prepares ahead (num_workers > 0).")
     persistent_workers: bool = Field(False, description="Keep workers alive across epochs.")
     pin_memory: bool = Field(True, description="Pin host memory for faster copies (only used on CUDA).")
     shuffle: bool = Field(True, description="Shuffle the order of samples each epoch (seeded, resumable).")
     pelican: PelicanConfig = Field(default_factory=PelicanConfig, description="Pelican/OSDF access.")
-    staging: StagingConfig = Field(default_factory=StagingConfig, description="Staging to node-local scratch.")
+    staging: StagingConfig = Field(
+        default_factory=StagingConfig, description="Staging to node-local scratch."
+    )
 
 
 class ModelConfigBase(Section):
@@ -150,15 +154,26 @@ class TrainConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every: int = Field(0, ge=0, description="Also save every N updates (0 = only before stops and at the end).")
-    keep_last: int = Field(2, ge=1, description="Step checkpoints kept (plus `best`); never the last good one.")
-    resume: str = Field("auto", description="auto (continue the run in its folder), never, or a checkpoint path.")
+    every: int = Field(
+        0, ge=0, description="Also save every N updates (0 = only before stops and at the end)."
+    )
+    keep_last: int = Field(
+        2, ge=1, description="Step checkpoints kept (plus `best`); never the last good one."
+    )
+    resume: str = Field(
+        "auto", description="auto (continue the run in its folder), never, or a checkpoint path."
+    )
     restart: bool = Field(
-        True, description="true: restore everything; false: fine-tune (weights only, fresh optimizer/schedule)."
+        True,
+        description="true: restore everything; false: fine-tune (weights only, fresh optimizer/schedule).",
     )
     best_metric: str = Field("val_loss", description="Evaluation metric that selects the `best` checkpoint.")
-    best_mode: Literal["min", "max"] = Field("min", description="Whether lower or higher best_metric is better.")
-    mirror_to: str | None = Field(None, description="Copy each committed checkpoint here (folder or fsspec URL).")
+    best_mode: Literal["min", "max"] = Field(
+        "min", description="Whether lower or higher best_metric is better."
+    )
+    mirror_to: str | None = Field(
+        None, description="Copy each committed checkpoint here (folder or fsspec URL)."
+    )
 
 
 class BudgetConfig(Section):
@@ -187,7 +202,9 @@ class TensorBoardConfig(Section):
 
 class WandbConfig(Section):
     enabled: bool = Field(False, description="Log to Weights & Biases.")
-    mode: Literal["online", "offline", "disabled"] = Field("offline", description="offline suits compute nodes.")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "offline", description="offline suits compute nodes."
+    )
     project: str = Field("hpctrain", description="W&B project.")
     entity: str | None = Field(None, description="W&B entity (team or user).")
     group: str | None = Field(None, description="W&B group.")
@@ -208,7 +225,9 @@ class LoggingConfig(Section):
 class DistributedConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on CUDA, gloo on CPU.")
     timeout_seconds: float = Field(
-        300.0, gt=0, description="A collective waiting longer (e.g. a dead rank) fails the job instead of hanging."
+        300.0,
+        gt=0,
+        description="A collective waiting longer (e.g. a dead rank) fails the job instead of hanging.",
     )
 
 
@@ -219,7 +238,9 @@ class SlurmConfig(Section):
     constraint: str | None = Field(None, description="Node feature constraint (-C).")
     nodes: int = Field(1, ge=1, description="Nodes per job.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node (one task each; 0 = CPU job).")
-    tasks_per_node: int | None = Field(None, ge=1, description="Tasks per node (default: GPUs per node or 1).")
+    tasks_per_node: int | None = Field(
+        None, ge=1, description="Tasks per node (default: GPUs per node or 1)."
+    )
     cpus_per_task: int = Field(4, ge=1, description="CPUs per task.")
     mem: str | None = Field("16G", description="Memory per node (e.g. 16G; None = site default).")
     time: str = Field("01:00:00", description="Wall time per job hop, HH:MM:SS or D-HH:MM:SS.")
@@ -227,7 +248,9 @@ class SlurmConfig(Section):
     resubmit: Literal["requeue", "afterany", "none"] = Field("requeue", description="How a chain continues.")
     max_resubmits: int = Field(20, ge=0, description="Most hops after the first.")
     max_hops_without_progress: int = Field(2, ge=1, description="Stop a chain after this many idle hops.")
-    launcher: Literal["srun", "torchrun"] = Field("srun", description="One task per GPU, or torchrun per node.")
+    launcher: Literal["srun", "torchrun"] = Field(
+        "srun", description="One task per GPU, or torchrun per node."
+    )
     extra_args: list[str] = Field(default_factory=list, description="Extra #SBATCH options, verbatim.")
 
     @field_validator("time")
@@ -262,6 +285,12 @@ def build_config_model(
     return create_model(  # type: ignore[call-overload,no-any-return]
         "HpctrainConfig",
         __base__=ConfigBase,
-        model=(union(model_types), Field(default_factory=lambda: {"type": default_type}, validate_default=True)),
-        data=(union(data_types), Field(default_factory=lambda: {"type": default_type}, validate_default=True)),
+        model=(
+            union(model_types),
+            Field(default_factory=lambda: {"type": default_type}, validate_default=True),
+        ),
+        data=(
+            union(data_types),
+            Field(default_factory=lambda: {"type": default_type}, validate_default=True),
+        ),
     )

@@ -134,7 +134,11 @@ class TimeBudget:
         return "time_budget" if remaining < need + self.cfg.margin_seconds else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step.state_dict(), "eval": self.eval.state_dict(), "save": self.save.state_dict()}
+        return {
+            "step": self.step.state_dict(),
+            "eval": self.eval.state_dict(),
+            "save": self.save.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Earlier hops' timings make the first decisions of this hop informed."""

@@ -75,7 +75,9 @@ class ClusterEnv:
             values[field] = int(raw) if field in _INTS else raw
         env = cls(**values)  # type: ignore[arg-type]
         if not 0 <= env.rank < env.world_size:
-            raise ValueError(f"rank {env.rank} is outside world size {env.world_size} (check RANK/WORLD_SIZE)")
+            raise ValueError(
+                f"rank {env.rank} is outside world size {env.world_size} (check RANK/WORLD_SIZE)"
+            )
         return env
 
     @property

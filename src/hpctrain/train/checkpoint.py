@@ -41,7 +41,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
-        pause = os.environ.get("HPCTRAIN_FAULT_SAVE_PAUSE")
+        pause = os.environ.get("_HPCTRAIN_FAULT_SAVE_PAUSE")
         if pause and path.suffix == ".pt":
             # Fault-injection hook for tests: a window in which the file is written but not committed.
             time.sleep(float(pause))

@@ -30,7 +30,8 @@ class Context:
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.grad_norms: dict[str, torch.Tensor] = {}
         self._params = {
-            name: [p for group in opt.param_groups for p in group["params"]] for name, opt in optimizers.items()
+            name: [p for group in opt.param_groups for p in group["params"]]
+            for name, opt in optimizers.items()
         }
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:

@@ -61,7 +61,9 @@ class LRSchedule:
                 if stage.type == "linear":
                     return a + (b - a) * progress
                 return b + (a - b) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.stages[-1].end_factor if self.stages[-1].type != "constant" else self.stages[-1].start_factor
+        return (
+            self.stages[-1].end_factor if self.stages[-1].type != "constant" else self.stages[-1].start_factor
+        )
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> float:

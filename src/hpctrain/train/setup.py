@@ -89,6 +89,9 @@ class Setup:
             raise UserError("train.epochs needs a data set of known size; set train.total_updates instead")
         updates = max(1, math.ceil(epochs * per_epoch / self.global_batch))
         if self.env.is_main:
-            print(f"train.epochs={epochs:g} x {per_epoch} samples / {self.global_batch} per update "
-                  f"= {updates} updates", flush=True)
+            print(
+                f"train.epochs={epochs:g} x {per_epoch} samples / {self.global_batch} per update "
+                f"= {updates} updates",
+                flush=True,
+            )
         return updates

@@ -142,4 +142,6 @@ class StateKeeper:
                 stacklevel=2,
             )
         if state.get("config_hash") != config_hash(t.cfg) and t.env.is_main:
-            log.warning("the configuration changed since this checkpoint was written; continuing with the new one")
+            log.warning(
+                "the configuration changed since this checkpoint was written; continuing with the new one"
+            )

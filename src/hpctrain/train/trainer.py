@@ -93,8 +93,12 @@ class Trainer:
         self.modules = self.setup.wrap(self.raw_modules)
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
         self.ctx = Context(
-            self.device, self.modules, self.raw_modules, self.optimizers,
-            self.cfg.train.precision, self.cfg.optim.grad_clip_norm,
+            self.device,
+            self.modules,
+            self.raw_modules,
+            self.optimizers,
+            self.cfg.train.precision,
+            self.cfg.optim.grad_clip_norm,
         )
         self.train_stream = self.task.build_data("train", self.cfg.run.seed)
         self.total_updates = self.setup.total_updates(self.train_stream)
@@ -169,7 +173,9 @@ class Trainer:
         micro = [m for m in micro if m.samples > 0]
         if total == 0:
             return None
-        return [MicroBatch(self.task.to_device(m.data, self.device), m.samples / total, m.samples) for m in micro]
+        return [
+            MicroBatch(self.task.to_device(m.data, self.device), m.samples / total, m.samples) for m in micro
+        ]
 
     def _set_lr(self) -> None:
         factor = self.schedule.factor(self.step)
@@ -242,7 +248,9 @@ class Trainer:
                 break
             out = self.task.eval_step(self.task.to_device(batch, self.device), self.ctx)
             for key, value in out.items():
-                sums[key] = sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
+                sums[key] = (
+                    sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
+                )
         for module in self.raw_modules.values():
             module.train()
         # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
@@ -274,7 +282,9 @@ class Trainer:
         hist_every = self.cfg.logging.tensorboard.hist_every
         if hist_every and self.step % hist_every == 0:
             values = self.task.histograms(micro[0].data)
-            self.trackers.log_histograms(self.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()})
+            self.trackers.log_histograms(
+                self.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
+            )
         if self.console is not None:
             self.console.update(self.step, scalars)
         self.timers.reset_window()

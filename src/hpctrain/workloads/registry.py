@@ -57,6 +57,20 @@ def config_model() -> type[BaseModel]:
     return build_config_model(models, data, DEFAULT_WORKLOAD)
 
 
+def fill_default_types(tree: dict[str, Any]) -> None:
+    """`model.type` defaults to the default workload's; `data.type` to the data type of model.type's workload."""
+    model = tree.setdefault("model", {})
+    data = tree.setdefault("data", {})
+    if not isinstance(model, dict) or not isinstance(data, dict):
+        return  # validation will name the section
+    model.setdefault("type", DEFAULT_WORKLOAD)
+    if "type" not in data:
+        for spec in workloads().values():
+            if model["type"] in spec.models and spec.data:
+                data["type"] = spec.data[0].model_fields["type"].default
+                break
+
+
 def _load(path: str) -> Any:
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)

@@ -67,9 +67,17 @@ class RegressionTask(SupervisedTask):
         d = self.cfg.data
         if split == "train":
             return IndexedStream(
-                self._dataset("train"), d.batch_size, seed, self.env.rank, self.env.world_size,
-                num_workers=d.num_workers, shuffle=d.shuffle, collate_fn=as_batch, prefetch_factor=d.prefetch_factor,
-                persistent_workers=d.persistent_workers, pin_memory=d.pin_memory and torch.cuda.is_available(),
+                self._dataset("train"),
+                d.batch_size,
+                seed,
+                self.env.rank,
+                self.env.world_size,
+                num_workers=d.num_workers,
+                shuffle=d.shuffle,
+                collate_fn=as_batch,
+                prefetch_factor=d.prefetch_factor,
+                persistent_workers=d.persistent_workers,
+                pin_memory=d.pin_memory and torch.cuda.is_available(),
             )
         if d.n_val == 0:
             return None

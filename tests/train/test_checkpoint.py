@@ -1,0 +1,135 @@
+"""The commit protocol: atomic files, `latest` moved last, pruning, fallbacks, a SIGKILL during a save."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.train.checkpoint import CheckpointStore, load_verified, strip_prefixes
+from tests.conftest import clean_env, hpctrain
+
+
+def fake_state(value: float) -> dict:
+    return {
+        "format": 1,
+        "modules": {"model": {"w": torch.full((3,), value)}},
+        "counters": {"step": int(value)},
+    }
+
+
+def test_save_moves_latest_and_prunes(tmp_path: Path):
+    store = CheckpointStore(tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        store.save(fake_state(step), step)
+    assert (tmp_path / "latest").read_text().strip() == "step_00000003.pt"
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_00000002.pt", "step_00000003.pt"]
+    state, path = store.load_latest()
+    assert path.name == "step_00000003.pt" and state["counters"]["step"] == 3
+    store.save(fake_state(4), 4, best=True)
+    assert load_verified(tmp_path / "best.pt")["counters"]["step"] == 4
+
+
+def test_corrupt_latest_falls_back_to_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(fake_state(1), 1)
+    store.save(fake_state(2), 2)
+    newest = tmp_path / "step_00000002.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated on disk
+    with caplog.at_level(logging.WARNING):
+        state, path = store.load_latest()
+    assert path.name == "step_00000001.pt" and state["counters"]["step"] == 1
+    assert "step_00000002.pt" in caplog.text
+
+
+def test_garbage_without_sidecar_is_skipped(tmp_path: Path):
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(fake_state(1), 1)
+    (tmp_path / "step_00000009.pt").write_bytes(b"not a checkpoint")
+    state, path = store.load_latest()
+    assert state["counters"]["step"] == 1
+
+
+def test_weights_only_refuses_pickled_code(tmp_path: Path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    path = tmp_path / "step_00000001.pt"
+    torch.save({"modules": {}, "x": Evil()}, path)
+    assert load_verified(path) is None
+
+
+def test_prefixes_from_ddp_and_compile_are_accepted():
+    state = {"module.net.0.weight": 1, "_orig_mod.module.net.0.bias": 2, "net.1.weight": 3}
+    assert strip_prefixes(state) == {"net.0.weight": 1, "net.0.bias": 2, "net.1.weight": 3}
+    model = torch.nn.Linear(2, 2)
+    ddp_like = {f"module.{k}": v for k, v in model.state_dict().items()}
+    torch.nn.Linear(2, 2).load_state_dict(strip_prefixes(ddp_like))
+
+
+def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
+    """Kill the process while its second checkpoint is written but not committed; resume from the first."""
+    args = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "train",
+        "run.name=k",
+        "run.out_dir=out",
+        "train.total_updates=60",
+        "checkpoint.every=20",
+        "train.eval_every=0",
+        "logging.log_every=10",
+    ]
+    env = clean_env(_HPCTRAIN_FAULT_SAVE_PAUSE="30")
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "out" / "k" / "checkpoints"
+    deadline = time.time() + 90
+    try:
+        # The first save pauses too: let it through by waiting for a temp file, then for step 20 to commit.
+        while time.time() < deadline and not list(folder.glob(".step_00000020.pt.tmp-*")):
+            time.sleep(0.05)
+        assert list(folder.glob(".step_00000020.pt.tmp-*")), "the save never started"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Killed while the very first checkpoint was half-written: there is no latest, and no step file.
+    assert not (folder / "latest").exists()
+    assert not (folder / "step_00000020.pt").exists()
+    # A second run commits step 20, then is killed while writing step 40.
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=clean_env(_HPCTRAIN_FAULT_SAVE_PAUSE="3"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not list(folder.glob(".step_00000040.pt.tmp-*")):
+            time.sleep(0.05)
+        assert list(folder.glob(".step_00000040.pt.tmp-*"))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (folder / "latest").read_text().strip() == "step_00000020.pt"
+    assert load_verified(folder / "step_00000020.pt") is not None
+    # The same command resumes from step 20, cleans the half-written file, and finishes.
+    done = hpctrain(*args[3:], cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "resumed from" in done.out and "step_00000020.pt" in done.out
+    assert not list(folder.glob(".*.tmp-*"))
+    assert json.loads((tmp_path / "out" / "k" / "summary.json").read_text())["step"] == 60
