@@ -1,8 +1,8 @@
 """A small Pelican-protocol federation on 127.0.0.1 for tests and benchmarks.
 
 One HTTPS server answers federation discovery (/.well-known/pelican-configuration) and acts as the director;
-caches and an origin are further HTTPS servers that serve files from a local folder (HEAD, Range GETs with 206,
-WebDAV PROPFIND). The URL path maps straight onto the folder: /ns/a.bin is <root>/ns/a.bin.
+caches and an origin are further HTTPS servers that serve files from a local folder (HEAD, Range GETs with
+206, WebDAV PROPFIND). The URL path maps straight onto the folder: /ns/a.bin is <root>/ns/a.bin.
 
 Fault knobs (all on `Federation`, thread-safe): a dead first cache (a closed port listed first), per-path 503s
 before success, 403s, transfers cut after K bytes, namespaces that require a bearer token. Every request is
@@ -13,6 +13,7 @@ logged (`Federation.requests`) with the server name, method, path and whether an
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import email.utils
 import ipaddress
@@ -35,7 +36,10 @@ CHUNK = 1 << 20
 
 
 def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A test CA and a server certificate for 127.0.0.1/localhost signed by it: (ca.pem, cert.pem, key.pem)."""
+    """A test CA and a certificate for 127.0.0.1 signed by it, made once per folder: (ca, cert, key) PEMs."""
+    ca_path, cert_path, key_path = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+    if ca_path.exists() and cert_path.exists() and key_path.exists():
+        return ca_path, cert_path, key_path  # servers sharing a folder share one CA
     folder.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -77,7 +81,6 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    ca_path, cert_path, key_path = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
     ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
@@ -163,7 +166,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.owner.requests.append(rec)
         return path, rec
 
-    def _reply(self, rec: Request, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+    def _reply(
+        self, rec: Request, status: int, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> None:
         rec.status = status
         self.send_response(status)
         for key, value in (headers or {}).items():
@@ -219,7 +224,9 @@ class _Base:
         return [
             r
             for r in list(self.requests)
-            if r.path == path and (method is None or r.method == method) and (server is None or r.server == server)
+            if r.path == path
+            and (method is None or r.method == method)
+            and (server is None or r.server == server)
         ]
 
     def namespace_of(self, path: str) -> Namespace | None:
@@ -315,10 +322,8 @@ class _Base:
             # the transfer dies mid-file: the client got fewer bytes than Content-Length announced
             h.wfile.flush()
             h.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def _propfind(self, h: _Handler, rec: Request, path: str, target: Path) -> None:
         if target.is_file() and path.endswith("/"):
@@ -355,8 +360,8 @@ def _multistatus(entries: list[tuple[str, Path]]) -> bytes:
 class Federation(_Base):
     """Discovery + director on one HTTPS port, `n_caches` caches and an origin serving `root`.
 
-    With `dead_first_cache` the director lists a closed port first (pri=1). `url` is the pelican:// base of the
-    federation; `ca_file` the CA to trust.
+    With `dead_first_cache` the director lists a closed port first (pri=1). `url` is the pelican:// base of
+    the federation; `ca_file` the CA to trust.
     """
 
     def __init__(

@@ -13,15 +13,19 @@ pelicanfs 1.5 quirks handled here:
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import functools
 import glob as globlib
+import hashlib
 import json
 import os
 import re
 import shutil
 import ssl
+import threading
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,8 @@ import fsspec
 from hpctrain.config.remote import PelicanConfig
 
 OSDF_DISCOVERY = "pelican://osg-htc.org/"
+_SHARED: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MAGIC = re.compile(r"[*?\[]")
 
@@ -171,18 +177,26 @@ class RemoteFiles:
 
     def _pelican_fs(self, discovery: str) -> Any:
         if discovery not in self._fs:
-            from pelicanfs import PelicanFileSystem
-
-            options: dict[str, Any] = {
-                "get_client": functools.partial(_make_client, self._ssl, self._timeout),
-            }
-            if self._ssl is not None:
-                options["get_webdav_client"] = _webdav_factory(self._ssl)
-            if self._token:
-                options["headers"] = {"Authorization": f"Bearer {self._token}"}
-            # our own instance per federation: fsspec's cached one stays bound to the first federation
-            self._fs[discovery] = PelicanFileSystem(discovery, skip_instance_cache=True, **options)
+            # shared by every RemoteFiles of this process with the same access: the stager then starts with
+            # the discovery, director answers and open connections that expand_paths already paid for
+            secret = hashlib.sha256((self._token or "").encode()).hexdigest()
+            key = (os.getpid(), discovery, secret, self._pelican.ca_file, self._timeout)
+            with _SHARED_LOCK:
+                if key not in _SHARED:
+                    _SHARED[key] = self._new_pelican_fs(discovery)
+                self._fs[discovery] = _SHARED[key]
         return self._fs[discovery]
+
+    def _new_pelican_fs(self, discovery: str) -> Any:
+        from pelicanfs import PelicanFileSystem
+
+        options: dict[str, Any] = {"get_client": functools.partial(_make_client, self._ssl, self._timeout)}
+        if self._ssl is not None:
+            options["get_webdav_client"] = _webdav_factory(self._ssl)
+        if self._token:
+            options["headers"] = {"Authorization": f"Bearer {self._token}"}
+        # our own instance per federation: fsspec's cached one stays bound to the first federation
+        return PelicanFileSystem(discovery, skip_instance_cache=True, **options)
 
     def canonical(self, uri: str, fs: Any, path: str) -> str:
         """The URI for a path that `resolve(uri)`'s filesystem returned (globs, listings)."""
@@ -319,3 +333,89 @@ def _copy_synced(src: str, dst: str) -> str:
     with open(dst, "rb+") as fh:
         os.fsync(fh.fileno())
     return dst
+
+
+class TransferError(Exception):
+    """A transfer that ended short or with the wrong size (transient)."""
+
+
+def classify_failure(err: BaseException, fs: Any, path: str, scrub: Callable[[str], str]) -> tuple[str, str]:
+    """("transient" | "bad" | "fatal", reason passed through `scrub`) of a failed read of `path` on `fs`.
+
+    transient: retry (refused, reset, timeout, 5xx, cut transfer); bad: this file (404, 403); fatal: the
+    setup (certificate, scratch full) - every file would fail the same way.
+    """
+    from aiowebdav2 import exceptions as dav
+    from pelicanfs.exceptions import InvalidMetadata, NoAvailableSource
+
+    if isinstance(err, FileNotFoundError) and isinstance(err.__cause__, Exception):
+        # fsspec's HTTP info turns ANY failure of its HEAD and GET (a 503, a reset) into FileNotFoundError
+        return classify_failure(err.__cause__, fs, path, scrub)
+    status = getattr(err, "status", None) or getattr(err, "code", None)
+    status = status if isinstance(status, int) else None
+    if isinstance(err, (FileNotFoundError, dav.RemoteResourceNotFoundError)) or status in (404, 410):
+        return "bad", "not found (HTTP 404)"
+    if isinstance(err, (dav.AccessDeniedError, dav.UnauthorizedError)) or status in (401, 403):
+        return (
+            "bad",
+            f"access denied (HTTP {status or 403}): check data.pelican.token_file / BEARER_TOKEN",
+        )
+    if isinstance(err, NoAvailableSource):
+        return _probe(fs, path)
+    if status is not None and (status >= 500 or status in (408, 429)):
+        return "transient", f"HTTP {status}"
+    if status is not None and status >= 400:
+        return "bad", f"HTTP {status}"
+    reason = f"{type(err).__name__}: {scrub(str(err))}"[:300]
+    if isinstance(err, (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError)):
+        # every file would fail the same way: not a bad file, a setup to fix
+        return "fatal", f"{reason}; trust the server's CA with data.pelican.ca_file"
+    local = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+    if isinstance(err, OSError) and not isinstance(err, aiohttp.ClientError) and err.errno in local:
+        return "fatal", f"cannot write to scratch ({err.strerror}); check data.staging.dir and its free space"
+    transient = (
+        aiohttp.ClientConnectionError,
+        aiohttp.ClientPayloadError,
+        asyncio.TimeoutError,
+        TimeoutError,
+        ConnectionError,
+        TransferError,
+        dav.NoConnectionError,
+        dav.ConnectionExceptionError,
+        InvalidMetadata,  # discovery answered, but not 200
+    )
+    if isinstance(err, transient):
+        return "transient", reason
+    if isinstance(err, OSError) and err.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT):
+        return "transient", reason
+    return "bad", reason
+
+
+def _probe(fs: Any, path: str) -> tuple[str, str]:
+    """Why no cache serves `path`: ask the director and the caches it names (pelicanfs hides the status)."""
+    from fsspec.asyn import sync
+    from pelicanfs.dir_header_parser import parse_director_response
+
+    async def statuses() -> tuple[list[str], list[int | None]]:
+        servers = parse_director_response(await fs.get_director_headers(path)).object_servers
+        session = await fs.http_file_system.set_session()
+        headers = fs.http_file_system.kwargs.get("headers", {})
+        out: list[int | None] = []
+        for url in servers:
+            try:
+                async with session.head(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    out.append(resp.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                out.append(None)
+        return servers, out
+
+    try:
+        servers, codes = sync(fs.loop, statuses)
+    except Exception as err:  # the director itself is unreachable: try again later
+        return "transient", f"no cache available and the director did not answer ({type(err).__name__})"
+    if not servers:
+        return "bad", "no namespace of the federation serves this path (the director lists no cache)"
+    usable = [c for c in codes if c is not None and (c < 400 or c == 404)]
+    if not usable and any(c in (401, 403) for c in codes):
+        return "bad", "access denied (HTTP 403) by every cache: check data.pelican.token_file / BEARER_TOKEN"
+    return "transient", f"no cache available (cache answers: {codes})"

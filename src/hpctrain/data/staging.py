@@ -18,9 +18,7 @@ after a requeue; leftover temporary files are removed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
 import getpass
 import hashlib
 import json
@@ -28,19 +26,19 @@ import logging
 import os
 import re
 import socket
-import ssl
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from fsspec.callbacks import Callback
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import RemoteFiles, is_remote
+from hpctrain.data.remote import RemoteFiles, TransferError, classify_failure, is_remote
 
 log = logging.getLogger("hpctrain.staging")
-CHUNK = 16 << 20
 _GENERATIONS: dict[tuple[str, str, int], int] = {}
 _GEN_LOCK = threading.Lock()
 
@@ -55,10 +53,6 @@ class BadFileError(RuntimeError):
 
 class StagingError(RuntimeError):
     """Staging itself failed (scratch full, unwritable, another rank not answering)."""
-
-
-class _Transient(Exception):
-    pass
 
 
 def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, str] | None = None) -> Path:
@@ -142,6 +136,7 @@ class Stager:
         self._cond = threading.Condition()
         self._closing = False
         self._fatal: BaseException | None = None
+        self._active = 0
         self._warned_budget = False
         self._thread: threading.Thread | None = None
         if not any(self._remote):
@@ -226,7 +221,7 @@ class Stager:
             self._demanded.add(i)
             self._cond.notify_all()
             try:
-                while self._state[i] == "pending":
+                while self._state[i] in ("pending", "fetching"):
                     if self._fatal is not None or self._thread is None:
                         raise StagingError(f"staging stopped: {self._fatal_message()}") from self._fatal
                     self._cond.wait(0.5)
@@ -237,26 +232,35 @@ class Stager:
             return self.path(i)
 
     def _run(self) -> None:
+        """Dispatch files to up to `parallel` download threads, in reading order, within the budget."""
+        pool = ThreadPoolExecutor(self.cfg.parallel, thread_name_prefix="hpctrain-stage")
         try:
             while True:
                 with self._cond:
-                    if self._closing:
+                    if self._closing or self._fatal is not None:
                         return
                     floor, max_want, demanded = self._node_view()
                     self._evict(floor, force=False)
-                    j = self._next(floor, max_want, demanded)
+                    j = self._next(floor, max_want, demanded) if self._active < self.cfg.parallel else None
                     if j is None:
                         self._cond.wait(0.05 if self.local_world_size > 1 else 0.5)
                         continue
-                    self._state[j] = "pending"
-                self._stage(j, j in demanded)
-        except BaseException as err:  # a bug, or scratch failing: wake waiting readers with it
-            with self._cond:
-                self._fatal = err
-                self._cond.notify_all()
-            log.error("staging failed: %s", self._fatal_message())
-            with contextlib.suppress(OSError):
-                (self._ctl / f"{self._tag}.fatal").write_text(self._fatal_message())
+                    self._state[j] = "fetching"
+                    self._active += 1
+                pool.submit(self._stage, j, j in demanded)
+        except BaseException as err:
+            self._fail(err)
+        finally:
+            pool.shutdown(wait=True)
+
+    def _fail(self, err: BaseException) -> None:
+        """A bug, or scratch failing: stop, and wake every waiting reader (other ranks via a marker)."""
+        with self._cond:
+            self._fatal = err
+            self._cond.notify_all()
+        log.error("staging failed: %s", self._fatal_message())
+        with contextlib.suppress(OSError):
+            (self._ctl / f"{self._tag}.fatal").write_text(self._fatal_message())
 
     def _fatal_message(self) -> str:
         if self._fatal is None:
@@ -282,22 +286,24 @@ class Stager:
 
     def _fits(self, j: int, demanded: bool) -> bool:
         """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
-        ready = {
-            self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"
-        }
-        size = self._size[j] or 0
 
-        def ok() -> bool:
-            files = len(ready) + 1 <= (self.cfg.max_files or 1 << 62)
-            return files and sum(ready.values()) + size <= (self.cfg.max_bytes or 1 << 62)
+        def used() -> dict[str, int]:  # staged or being staged, other than j
+            states = ("ready", "fetching")
+            return {
+                self._names[k]: self._size[k] or 0
+                for k in range(len(self.uris))
+                if self._state[k] in states and k != j
+            }
 
-        if ok():
+        def ok(held: dict[str, int]) -> bool:
+            files = len(held) + 1 <= (self.cfg.max_files or 1 << 62)
+            return files and sum(held.values()) + (self._size[j] or 0) <= (self.cfg.max_bytes or 1 << 62)
+
+        if ok(used()):
             return True
         self._evict(self._node_view()[0], force=True)
-        ready = {
-            self._names[k]: self._size[k] or 0 for k in range(len(self.uris)) if self._state[k] == "ready"
-        }
-        if ok() or not ready:
+        held = used()
+        if ok(held) or not held:
             return True
         if demanded and not self._warned_budget:
             self._warned_budget = True
@@ -346,74 +352,46 @@ class Stager:
         return views
 
     def _stage(self, j: int, demanded: bool) -> None:
-        uri = self.uris[j]
+        """One download thread's job: stage file j and record the outcome."""
+        state, size, reused = "pending", 0, False
         try:
             size, reused = self._fetch(j, demanded)
+            state = "ready"
+            log.debug("staged %s (%d bytes%s)", self.uris[j], size, ", reused" if reused else "")
         except BadFileError as err:
             (self._ctl / f"{self._tag}.{self._names[j]}.bad").write_text(err.reason)
             log.warning("cannot stage %s", err)
-            with self._cond:
-                self._errors[j], self._state[j] = err, "bad"
-                self._cond.notify_all()
-            return
+            state = "bad"
+            self._errors[j] = err
         except _Deferred:
+            pass  # no room yet, or closing: back to pending
+        except BaseException as err:
+            self._fail(err)
+        finally:
             with self._cond:
-                self._state[j] = "pending"
-                self._cond.wait(0.05)
-            return
-        with self._cond:
-            self._size[j], self._state[j] = size, "ready"
-            self.stats["reused" if reused else "downloaded"] += 1
-            self.stats["downloaded_bytes"] += 0 if reused else size
-            self._cond.notify_all()
-        log.debug("staged %s (%d bytes%s)", uri, size, ", reused" if reused else "")
+                self._state[j] = state
+                if state == "ready":
+                    self._size[j] = size
+                    self.stats["reused" if reused else "downloaded"] += 1
+                    self.stats["downloaded_bytes"] += 0 if reused else size
+                self._active -= 1
+                self._cond.notify_all()
 
     def _fetch(self, j: int, demanded: bool) -> tuple[int, bool]:
-        """Download file j under a temporary name, check, fsync, rename; retries transient failures."""
+        """Stage file j (or reuse a complete copy): (size, reused). Retries transient failures."""
         assert self._files is not None
-        uri, final = self.uris[j], self.path(j)
+        uri = self.uris[j]
         tmp = self.root / f".{self._names[j]}.part-{os.getpid()}-{threading.get_ident()}"
         fs, path = self._files.resolve(uri)
-        attempt, written, size = 0, 0, None
-        out = None
+        attempt = 0
         try:
             while True:
                 try:
-                    opts = {"block_size": CHUNK, "cache_type": "none"} if _is_http(fs) else {}
-                    with fs.open(path, "rb", **opts) as remote:
-                        new_size = getattr(remote, "size", None)
-                        new_size = int(new_size if new_size is not None else fs.size(path))
-                        if size is None:
-                            with self._cond:
-                                self._size[j] = new_size
-                                if not self._fits(j, demanded):
-                                    raise _Deferred()
-                            if final.exists() and final.stat().st_size == new_size:
-                                return new_size, True
-                        if new_size != size or out is None:
-                            out = out or open(tmp, "wb")  # noqa: SIM115 (kept open across retries)
-                            out.seek(0)
-                            out.truncate()
-                            size, written = new_size, 0
-                        if written:
-                            remote.seek(written)
-                        while written < size:
-                            buf = remote.read(min(CHUNK, size - written))
-                            if not buf:
-                                raise _Transient(f"transfer ended after {written} of {size} bytes")
-                            _write(out, buf, tmp)
-                            written += len(buf)
-                    out.flush()
-                    os.fsync(out.fileno())
-                    if os.fstat(out.fileno()).st_size != size:
-                        raise _Transient(f"got {os.fstat(out.fileno()).st_size} bytes, expected {size}")
-                    out.close()
-                    os.replace(tmp, final)
-                    return size, False
+                    return self._attempt(j, fs, path, tmp, demanded)
                 except (_Deferred, StagingError):
                     raise
                 except Exception as err:
-                    kind, reason = self._classify(err, fs, path)
+                    kind, reason = classify_failure(err, fs, path, self._files.scrub)
                     if kind == "fatal":
                         raise StagingError(f"{uri}: {reason}") from None
                     if kind == "bad":
@@ -428,53 +406,34 @@ class Stager:
                         if self._cond.wait_for(lambda: self._closing, delay):
                             raise BadFileError(uri, "staging closed during retries") from None
         finally:
-            if out is not None and not out.closed:
-                out.close()
             tmp.unlink(missing_ok=True)
 
-    def _classify(self, err: BaseException, fs: Any, path: str) -> tuple[str, str]:
-        """("transient" | "bad" | "fatal", reason without secrets) of a failed transfer."""
-        from aiowebdav2 import exceptions as dav
-        from pelicanfs.exceptions import InvalidMetadata, NoAvailableSource
-
-        if isinstance(err, FileNotFoundError) and isinstance(err.__cause__, Exception):
-            # fsspec's HTTP info turns ANY failure of its HEAD and GET (a 503, a reset) into FileNotFoundError
-            return self._classify(err.__cause__, fs, path)
-        status = getattr(err, "status", None) or getattr(err, "code", None)
-        status = status if isinstance(status, int) else None
-        if isinstance(err, (FileNotFoundError, dav.RemoteResourceNotFoundError)) or status in (404, 410):
-            return "bad", "not found (HTTP 404)"
-        if isinstance(err, (dav.AccessDeniedError, dav.UnauthorizedError)) or status in (401, 403):
-            return (
-                "bad",
-                f"access denied (HTTP {status or 403}): check data.pelican.token_file / BEARER_TOKEN",
-            )
-        if isinstance(err, NoAvailableSource):
-            return _probe(fs, path)
-        if status is not None and (status >= 500 or status in (408, 429)):
-            return "transient", f"HTTP {status}"
-        if status is not None and status >= 400:
-            return "bad", f"HTTP {status}"
-        reason = f"{type(err).__name__}: {self._files.scrub(str(err)) if self._files else err}"[:300]
-        if isinstance(err, (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError)):
-            # every file would fail the same way: not a bad file, a setup to fix
-            return "fatal", f"{reason}; trust the server's CA with data.pelican.ca_file"
-        transient = (
-            aiohttp.ClientConnectionError,
-            aiohttp.ClientPayloadError,
-            asyncio.TimeoutError,
-            TimeoutError,
-            ConnectionError,
-            _Transient,
-            dav.NoConnectionError,
-            dav.ConnectionExceptionError,
-            InvalidMetadata,  # discovery answered, but not 200
-        )
-        if isinstance(err, transient):
-            return "transient", reason
-        if isinstance(err, OSError) and err.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT):
-            return "transient", reason
-        return "bad", reason
+    def _attempt(self, j: int, fs: Any, path: str, tmp: Path, demanded: bool) -> tuple[int, bool]:
+        """One try: download to `tmp` (streamed by the filesystem), check the size, fsync, rename."""
+        final, size = self.path(j), None
+        if self.cfg.max_bytes is not None or final.exists():
+            # the size first: to keep the byte budget, or to check a file left by an earlier job
+            size = int(fs.size(path))
+            with self._cond:
+                self._size[j] = size
+                if not self._fits(j, demanded):
+                    raise _Deferred()
+            if final.exists() and final.stat().st_size == size:
+                return size, True
+        progress = _Progress(lambda: self._closing)
+        fs.get_file(path, str(tmp), callback=progress)
+        got = tmp.stat().st_size
+        expected = size if size is not None else progress.size
+        expected = int(expected if expected is not None else fs.size(path))
+        if got != expected:
+            raise TransferError(f"got {got} bytes, expected {expected}")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)  # readers see the file only now, complete
+        return got, False
 
     # -- other local ranks -----------------------------------------------------------------------------------
     def _get_waiting(self, i: int) -> Path:
@@ -530,48 +489,20 @@ class Stager:
 
 
 class _Deferred(Exception):
-    """No room in the scratch budget yet for a file nobody waits for."""
+    """No room in the scratch budget yet for a file nobody waits for, or closing."""
 
 
-def _is_http(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return bool({"http", "https", "pelican", "osdf"} & set(protocol))
+class _Progress(Callback):
+    """Learns the size a transfer announces; stops the transfer when the stager closes."""
 
+    def __init__(self, stop: Callable[[], bool]) -> None:
+        super().__init__()
+        self.size: int | None = None
+        self._stop = stop
 
-def _write(out: Any, buf: bytes, tmp: Path) -> None:
-    try:
-        out.write(buf)
-    except OSError as err:  # scratch full or gone: not the file's fault, stop with a clear message
-        raise StagingError(
-            f"cannot write {tmp}: {err.strerror}; check data.staging.dir and its free space"
-        ) from None
+    def set_size(self, size: int | None) -> None:
+        self.size = size
 
-
-def _probe(fs: Any, path: str) -> tuple[str, str]:
-    """Why no cache serves `path`: ask the director and the caches it names (pelicanfs hides the status)."""
-    from fsspec.asyn import sync
-    from pelicanfs.dir_header_parser import parse_director_response
-
-    async def statuses() -> tuple[list[str], list[int | None]]:
-        servers = parse_director_response(await fs.get_director_headers(path)).object_servers
-        session = await fs.http_file_system.set_session()
-        headers = fs.http_file_system.kwargs.get("headers", {})
-        out: list[int | None] = []
-        for url in servers:
-            try:
-                async with session.head(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    out.append(resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                out.append(None)
-        return servers, out
-
-    try:
-        servers, codes = sync(fs.loop, statuses)
-    except Exception as err:  # the director itself is unreachable: try again later
-        return "transient", f"no cache available and the director did not answer ({type(err).__name__})"
-    if not servers:
-        return "bad", "no namespace of the federation serves this path (the director lists no cache)"
-    usable = [c for c in codes if c is not None and (c < 400 or c == 404)]
-    if not usable and any(c in (401, 403) for c in codes):
-        return "bad", "access denied (HTTP 403) by every cache: check data.pelican.token_file / BEARER_TOKEN"
-    return "transient", f"no cache available (cache answers: {codes})"
+    def relative_update(self, inc: int = 1) -> None:
+        if self._stop():
+            raise _Deferred()

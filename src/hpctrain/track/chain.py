@@ -10,10 +10,37 @@ from pathlib import Path
 from typing import Any
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
+    """Atomically: a reader (status, report, sync) never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def process_start_time() -> float:
+    """When this job's allocation (or at least this process) started: goodput counts start-up time too.
+
+    SLURM_JOB_START_TIME (SLURM 23.02+) is the start of the job's current run; otherwise the process start
+    from /proc (Linux); otherwise now.
+    """
+    now = time.time()
+    candidates = [now]
+    slurm_start = os.environ.get("SLURM_JOB_START_TIME", "")
+    if slurm_start.isdigit():
+        candidates.append(float(slurm_start))
+    try:
+        # Field 22 of /proc/self/stat: start time in clock ticks after boot; btime in /proc/stat: boot time.
+        ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        candidates.append(boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    # A start more than a week ago is a clock or parsing problem, not a real job (SLURM caps far lower).
+    return min(c for c in candidates if now - c < 86400 * 7)
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -31,18 +58,27 @@ class ChainLog:
         self.hops: list[dict[str, Any]] = read_json(self.path, [])
         self.current: dict[str, Any] | None = None
 
-    def open_hop(self, job_id: str | None, node_list: str | None, first_update: int, world_size: int) -> None:
+    def open_hop(
+        self,
+        job_id: str | None,
+        node_list: str | None,
+        first_update: int,
+        world_size: int,
+        deadline: float | None = None,
+    ) -> None:
         for hop in self.hops:
             # A hop that never closed was killed (SIGKILL, node failure): say so instead of leaving it open.
             if hop.get("end") is None:
                 hop["end"] = hop.get("last_seen", hop["start"])
                 hop["exit_reason"] = "failure"
+                hop["goodput"] = hop.get("train_seconds", 0.0) / max(hop["end"] - hop["start"], 1e-9)
         self.current = {
             "hop": len(self.hops),
             "job_id": job_id,
             "nodes": node_list or socket.gethostname(),
             "world_size": world_size,
-            "start": time.time(),
+            "deadline": deadline,
+            "start": process_start_time(),
             "end": None,
             "first_update": first_update,
             "last_update": first_update,
@@ -50,14 +86,14 @@ class ChainLog:
             "train_seconds": 0.0,
         }
         self.hops.append(self.current)
-        _write_json(self.path, self.hops)
+        write_json(self.path, self.hops)
 
     def progress(self, last_update: int, train_seconds: float) -> None:
         """Called at checkpoint commits: a hop killed later still shows how far it got."""
         if self.current is None:
             return
         self.current.update(last_update=last_update, train_seconds=train_seconds, last_seen=time.time())
-        _write_json(self.path, self.hops)
+        write_json(self.path, self.hops)
 
     def close_hop(self, last_update: int, train_seconds: float, reason: str) -> dict[str, Any]:
         assert self.current is not None
@@ -71,15 +107,20 @@ class ChainLog:
             goodput=train_seconds / wall,
         )
         self.current.pop("last_seen", None)
-        _write_json(self.path, self.hops)
+        write_json(self.path, self.hops)
         return self.current
 
     def totals(self) -> dict[str, float]:
-        wall = sum((h["end"] or h["start"]) - h["start"] for h in self.hops)
+        """Run goodput: time in training steps over the wall time of all hops (failed ones too)."""
+        wall = sum((h["end"] or h.get("last_seen") or h["start"]) - h["start"] for h in self.hops)
         train = sum(h.get("train_seconds", 0.0) for h in self.hops)
-        return {"hops": len(self.hops), "run_wall_seconds": wall, "run_train_seconds": train,
-                "run_goodput": train / wall if wall > 0 else 0.0}
+        return {
+            "hops": len(self.hops),
+            "run_wall_seconds": wall,
+            "run_train_seconds": train,
+            "run_goodput": train / wall if wall > 0 else 0.0,
+        }
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    _write_json(run_dir / "summary.json", summary)
+    write_json(run_dir / "summary.json", summary)

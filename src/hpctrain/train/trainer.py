@@ -86,6 +86,8 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------------------
 
     def build(self) -> None:
+        if self.env.is_main:
+            (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         seed_everything(self.cfg.run.seed)
         self.raw_modules = self.task.build_modules()
         for module in self.raw_modules.values():
@@ -106,6 +108,10 @@ class Trainer:
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(self.cfg.run.seed + 100_003 * (self.env.rank + 1))
         self.keeper = StateKeeper(self)
+        # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
+        # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
+        state_bytes = sum(p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters())
+        self.budget.save.initial = 0.5 + 3 * state_bytes / 200e6
 
     def resume(self) -> str:
         """Load state according to checkpoint.resume/restart; returns what happened, for the log."""
@@ -129,7 +135,9 @@ class Trainer:
         if self.finished and self.step >= self.total_updates:
             return self._result("already_finished", "finished", EXIT_OK)
         if self.chain is not None:
-            self.chain.open_hop(self.env.job_id, self.env.node_list, self.step, self.env.world_size)
+            self.chain.open_hop(
+                self.env.job_id, self.env.node_list, self.step, self.env.world_size, self.budget.deadline
+            )
         batches = iter(self.train_stream)
         reason = None
         loss_sum = torch.zeros((), device=self.device)

@@ -1,0 +1,110 @@
+"""Ragged Arrow columns to flat NumPy arrays through list offsets (no per-event Python loop).
+
+A `list<list<float>>` column (events -> rows -> values) becomes `values (sum rows, width)` and
+`counts (events,)` read straight from the Arrow offsets; a `list<float>` column of fixed-width rows
+becomes `(events, width)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def _single(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            return column.chunk(0)
+        return column.combine_chunks() if column.num_chunks else pa.array([], type=column.type)
+    return column
+
+
+def list_offsets(array: pa.Array) -> np.ndarray:
+    """Offsets (len + 1,) of a list array into its `.values`, as int64 (slicing accounted for)."""
+    return np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _float_values(values: pa.Array, start: int, stop: int) -> np.ndarray:
+    if not pa.types.is_floating(values.type) and not pa.types.is_integer(values.type):
+        raise ValueError(f"expected numbers in the innermost list, found {values.type}")
+    out = values.slice(start, stop - start).to_numpy(zero_copy_only=False)
+    return np.asarray(out, dtype=np.float32)
+
+
+def fixed_rows(column: pa.Array | pa.ChunkedArray, name: str = "column") -> tuple[np.ndarray, int]:
+    """A `list<float>` column whose rows all have the same length -> ((rows, width) float32, width).
+
+    Raises ValueError naming `name` if the rows differ in length."""
+    array = _single(column)
+    offsets = list_offsets(array)
+    widths = np.diff(offsets)
+    if len(widths) == 0:
+        return np.zeros((0, 0), dtype=np.float32), 0
+    width = int(widths[0])
+    if not np.all(widths == width):
+        bad = int(np.flatnonzero(widths != width)[0])
+        raise ValueError(
+            f"{name}: rows have different lengths ({width} in row 0, {int(widths[bad])} in row {bad})"
+        )
+    values = _float_values(array.values, int(offsets[0]), int(offsets[-1]))
+    return values.reshape(len(widths), width), width
+
+
+def nested_rows(
+    column: pa.Array | pa.ChunkedArray, width: int | None = None, name: str = "column"
+) -> tuple[np.ndarray, np.ndarray]:
+    """A `list<list<float>>` column -> (values (sum counts, width) float32, counts (events,) int64).
+
+    Every inner row must have `width` values (or the width of the first row when None)."""
+    array = _single(column)
+    outer = list_offsets(array)  # (events + 1,) into the rows
+    counts = np.diff(outer)
+    inner_array = array.values
+    # (rows + 1,) into the floats; kept in Arrow's int32 (no int64 copy of the biggest offsets array)
+    inner = inner_array.offsets.to_numpy(zero_copy_only=False)[outer[0] : outer[-1] + 1]
+    widths = inner[1:] - inner[:-1]
+    if len(widths) == 0:
+        return np.zeros((0, width or 0), dtype=np.float32), counts
+    expected = int(widths[0]) if width is None else width
+    if not np.all(widths == expected):
+        bad = int(np.flatnonzero(widths != expected)[0])
+        raise ValueError(f"{name}: a row has {int(widths[bad])} values where {expected} were expected")
+    values = _float_values(inner_array.values, int(inner[0]), int(inner[-1]))
+    return values.reshape(len(widths), expected), counts
+
+
+def list_of_lists(values: np.ndarray, counts: np.ndarray) -> pa.ListArray:
+    """The inverse of `nested_rows`: (rows, width) values and per-event counts -> list<list<float32>>."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    rows, width = values.shape
+    inner_offsets = (
+        np.arange(0, rows * width + 1, width, dtype=np.int32) if width else np.zeros(rows + 1, np.int32)
+    )
+    inner = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(values.reshape(-1)))
+    outer_offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=outer_offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(outer_offsets), inner)
+
+
+def fixed_list(values: np.ndarray) -> pa.ListArray:
+    """(rows, width) values -> list<float32> with one list per row."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    rows, width = values.shape
+    offsets = np.arange(0, rows * width + 1, width, dtype=np.int32) if width else np.zeros(rows + 1, np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1)))
+
+
+def gather_ragged(offsets: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of the events `index` in a ragged array with `offsets` (events + 1,), and their counts.
+
+    `values[rows]` is then the concatenation of the selected events' rows, in the order of `index`."""
+    index = np.asarray(index, dtype=np.int64)
+    starts = offsets[index]
+    counts = offsets[index + 1] - starts
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), counts
+    # row j of the output belongs to event e: start_e + (j - first output row of e)
+    first = np.cumsum(counts) - counts
+    rows = np.arange(total, dtype=np.int64) + np.repeat(starts - first, counts)
+    return rows, counts

@@ -1,0 +1,1 @@
+"""Cosmic-ray muon bundles: the physicists' file layouts, physics, synthetic truth, event loader."""

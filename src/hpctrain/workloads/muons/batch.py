@@ -1,0 +1,179 @@
+"""A ragged batch of muon-bundle events and its cutting into micro-batches under a muon cap."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from hpctrain.workloads.muons import physics
+
+
+def _tensor(array: np.ndarray, dtype: type) -> torch.Tensor:
+    # Batches share the decoded Arrow buffers (read-only, zero copy); nothing writes into them in place.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=dtype))
+
+
+@dataclass
+class MuonBatch:
+    """B events of one batch; the muons of event i are `muons[offsets[i]:offsets[i+1]]`.
+
+    primaries: (B, 4) float32 [E_GeV, zenith_rad, mass_GeV, depth_m], or normalised when `normalized`
+    muons: (sum counts, 3) float32 [E_GeV, x_m, y_m], or normalised when `normalized`
+    counts: (B,) int64 muons per event
+    offsets: (B + 1,) int64 cumulative counts, offsets[0] == 0
+    ids: (B, 2) int64 [primary_major_id, primary_minor_id]
+    positions: (B,) int64 position of each event in its epoch's global order (provenance, tests)
+
+    Tensors coming from the loader may share read-only decoded buffers: do not modify them in place.
+    """
+
+    primaries: torch.Tensor
+    muons: torch.Tensor
+    counts: torch.Tensor
+    offsets: torch.Tensor
+    ids: torch.Tensor
+    positions: torch.Tensor
+    normalized: bool = False
+
+    @classmethod
+    def from_numpy(
+        cls,
+        primaries: np.ndarray,
+        muons: np.ndarray,
+        counts: np.ndarray,
+        ids: np.ndarray | None = None,
+        positions: np.ndarray | None = None,
+    ) -> MuonBatch:
+        counts = np.asarray(counts, dtype=np.int64)
+        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        n = len(counts)
+        ids = np.zeros((n, 2), dtype=np.int64) if ids is None else ids
+        positions = np.arange(n, dtype=np.int64) if positions is None else positions
+        return cls(
+            _tensor(primaries, np.float32).reshape(n, 4),
+            _tensor(muons, np.float32).reshape(-1, 3),
+            _tensor(counts, np.int64),
+            _tensor(offsets, np.int64),
+            _tensor(ids, np.int64).reshape(n, 2),
+            _tensor(positions, np.int64),
+        )
+
+    @classmethod
+    def empty(cls) -> MuonBatch:
+        z = np.zeros(0)
+        return cls.from_numpy(z.reshape(0, 4), z.reshape(0, 3), z.astype(np.int64))
+
+    @classmethod
+    def concat(cls, batches: list[MuonBatch]) -> MuonBatch:
+        """Events of the batches one after the other (all on the CPU, same normalisation)."""
+        if len(batches) == 1:
+            return batches[0]
+        counts = torch.cat([b.counts for b in batches])
+        offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        return cls(
+            torch.cat([b.primaries for b in batches]),
+            torch.cat([b.muons for b in batches]),
+            counts,
+            offsets,
+            torch.cat([b.ids for b in batches]),
+            torch.cat([b.positions for b in batches]),
+            batches[0].normalized,
+        )
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def num_muons(self) -> int:
+        return int(self.muons.shape[0])
+
+    def event_index(self) -> torch.Tensor:
+        """(sum counts,) int64: the event of each muon (on the batch's device)."""
+        return torch.repeat_interleave(torch.arange(len(self), device=self.counts.device), self.counts)
+
+    def select(self, start: int, stop: int) -> MuonBatch:
+        """The contiguous events [start, stop) (views, no copy)."""
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return MuonBatch(
+            self.primaries[start:stop],
+            self.muons[lo:hi],
+            self.counts[start:stop],
+            self.offsets[start : stop + 1] - lo,
+            self.ids[start:stop],
+            self.positions[start:stop],
+            self.normalized,
+        )
+
+    def normalize(self) -> MuonBatch:
+        """The same events in normalised units (see physics); a no-op if already normalised."""
+        if self.normalized:
+            return self
+        return replace(
+            self,
+            primaries=physics.normalize_primaries(self.primaries),
+            muons=physics.normalize_muons(self.muons),
+            normalized=True,
+        )
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> MuonBatch:
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
+        return replace(
+            self,
+            primaries=move(self.primaries),
+            muons=move(self.muons),
+            counts=move(self.counts),
+            offsets=move(self.offsets),
+            ids=move(self.ids),
+            positions=move(self.positions),
+        )
+
+    def pin_memory(self) -> MuonBatch:
+        """Page-locked copies (DataLoader calls this with pin_memory=True; only useful on CUDA)."""
+        return replace(
+            self,
+            primaries=self.primaries.pin_memory(),
+            muons=self.muons.pin_memory(),
+            counts=self.counts.pin_memory(),
+            offsets=self.offsets.pin_memory(),
+            ids=self.ids.pin_memory(),
+            positions=self.positions.pin_memory(),
+        )
+
+    def split_by_muon_cap(self, cap: int) -> list[MuonBatch]:
+        return split_by_muon_cap(self, cap)
+
+
+def cut_points(counts: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """Greedy [start, stop) ranges of contiguous events whose muon totals stay <= cap (cap 0: one range).
+
+    An event with more than `cap` muons alone forms a range (the loader normally removes such events)."""
+    n = len(counts)
+    if cap <= 0 or n == 0:
+        return [(0, n)]
+    cum = np.cumsum(counts)  # (B,) muons up to and including each event
+    ranges = []
+    start = 0
+    while start < n:
+        before = int(cum[start - 1]) if start else 0
+        stop = int(np.searchsorted(cum, before + cap, side="right"))
+        stop = max(stop, start + 1)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def split_by_muon_cap(batch: MuonBatch, cap: int) -> list[MuonBatch]:
+    """Micro-batches of whole, contiguous events, each with at most `cap` muons (0 = no cap)."""
+    ranges = cut_points(batch.counts.cpu().numpy(), cap)
+    if len(ranges) == 1:
+        return [batch]
+    return [batch.select(a, b) for a, b in ranges]

@@ -1,0 +1,367 @@
+"""The physicists' file layouts: detection, readers (one 'unit' = a row group or an HDF5 slice), writers.
+
+Layouts (detected from the schema and the row widths, never configured):
+- `parquet` (current): primary_major_id, primary_minor_id uint64; primary list<float32>
+  [E, zenith, mass, depth]; muons list<list<float32>> rows [E, x, y]; an event without muons is [].
+- `parquet-legacy`: primary [major, minor, E, zenith, mass, depth]; muon rows [major, minor, E, x, y].
+- `parquet-hdf5` (converted from HDF5): primary [major, minor, E, zenith, mass, time, depth]; muon rows
+  [major, minor, E, x, y, t]; an event without muons is ONE all-zero muon (count 1), read as empty.
+- `hdf5`: primaries (N, 7), muons (M, 6) float32 as above, counts (N,) int32; same empty-event convention.
+Files are routed by format (suffix, else magic bytes): a Parquet file never reaches h5py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
+
+LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
+# layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
+_WIDTHS = {
+    "parquet": (4, 3, [0, 1, 2, 3], [0, 1, 2]),
+    "parquet-legacy": (6, 5, [2, 3, 4, 5], [2, 3, 4]),
+    "parquet-hdf5": (7, 6, [2, 3, 4, 6], [2, 3, 4]),
+    "hdf5": (7, 6, [2, 3, 4, 6], [2, 3, 4]),
+}
+_EXPECTED = (
+    "expected 'primary' list<float> of 4 values with primary_major_id/primary_minor_id columns (current), "
+    "6 values (legacy) or 7 values (converted from HDF5), and 'muons' list<list<float>>"
+)
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+SPEED_OF_LIGHT_M_PER_NS = 0.299792458
+
+
+class LayoutError(ValueError):
+    """A file whose layout is not one of LAYOUTS."""
+
+
+@dataclass
+class Events:
+    """Decoded events in physical units: primaries (n, 4) [E, zenith, mass, depth_m] float32, muons (M, 3)
+    [E, x, y] float32, counts (n,) int64, ids (n, 2) int64 [major, minor]."""
+
+    primaries: np.ndarray
+    muons: np.ndarray
+    counts: np.ndarray
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        out = np.zeros(len(self.counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=out[1:])
+        return out
+
+
+def file_format(path: str) -> str:
+    """'parquet' or 'hdf5', from the suffix or else the magic bytes."""
+    lower = path.lower()
+    if lower.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if lower.endswith(HDF5_SUFFIXES):
+        return "hdf5"
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if head == HDF5_MAGIC:
+        return "hdf5"
+    raise LayoutError(f"{path}: neither Parquet nor HDF5 (suffix {Path(path).suffix!r}, unknown magic bytes)")
+
+
+def check_local(path: str) -> None:
+    """A clear error for a missing local file, hinting at an unmounted volume."""
+    if not os.path.exists(path):
+        parent = Path(path).absolute()
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        raise FileNotFoundError(
+            f"{path}: no such file (nearest existing folder: {parent}); if the data lives on a shared or "
+            f"scratch volume, check that it is mounted on this node"
+        )
+
+
+def _empty_convention(raw_muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the all-zero placeholder muon of events with count 1 (the HDF5 writer's empty event)."""
+    single = np.flatnonzero(counts == 1)
+    if len(single) == 0 or len(raw_muons) == 0:
+        return raw_muons, counts
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[single]
+    placeholder = ~raw_muons[starts].any(axis=1)
+    if not placeholder.any():
+        return raw_muons, counts
+    keep = np.ones(len(raw_muons), dtype=bool)
+    keep[starts[placeholder]] = False
+    counts = counts.copy()
+    counts[single[placeholder]] = 0
+    return raw_muons[keep], counts
+
+
+def _select(
+    layout: str, raw_prim: np.ndarray, raw_muons: np.ndarray, counts: np.ndarray, ids: np.ndarray | None
+) -> Events:
+    _, _, pcols, mcols = _WIDTHS[layout]
+    if layout in ("parquet-hdf5", "hdf5"):
+        raw_muons, counts = _empty_convention(raw_muons, counts)
+    if ids is None:
+        ids = raw_prim[:, :2].astype(np.int64)
+    # the current layout is already [E, zenith, mass, depth] / [E, x, y]: no copy
+    primaries = raw_prim if layout == "parquet" else raw_prim[:, pcols]
+    muons = raw_muons if layout == "parquet" else raw_muons[:, mcols]
+    primaries = np.ascontiguousarray(primaries, dtype=np.float32)
+    muons = np.ascontiguousarray(muons, dtype=np.float32)
+    return Events(primaries, muons.reshape(-1, 3), counts.astype(np.int64, copy=False), ids)
+
+
+class ParquetReader:
+    """One Parquet file; unit i is row group i."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file = pq.ParquetFile(path)
+        schema = self.file.schema_arrow
+        self.layout = self._detect(schema)
+        meta = self.file.metadata
+        self.unit_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self._columns = (
+            ["primary_major_id", "primary_minor_id", "primary", "muons"]
+            if self.layout == "parquet"
+            else ["primary", "muons"]
+        )
+
+    def _detect(self, schema: pa.Schema) -> str:
+        names = set(schema.names)
+        if not {"primary", "muons"} <= names:
+            raise LayoutError(f"{self.path}: unknown layout with columns {sorted(names)}; {_EXPECTED}")
+        prim_t, muon_t = schema.field("primary").type, schema.field("muons").type
+        nested_ok = pa.types.is_list(muon_t) or pa.types.is_large_list(muon_t)
+        nested_ok = nested_ok and (
+            pa.types.is_list(muon_t.value_type) or pa.types.is_large_list(muon_t.value_type)
+        )
+        if not (pa.types.is_list(prim_t) or pa.types.is_large_list(prim_t)) or not nested_ok:
+            raise LayoutError(
+                f"{self.path}: unknown layout (primary: {prim_t}, muons: {muon_t}); {_EXPECTED}"
+            )
+        width = 0
+        for batch in self.file.iter_batches(batch_size=64, columns=["primary"]):
+            if batch.num_rows:
+                _, width = fixed_rows(batch.column(0), f"{self.path}: primary")
+                break
+        has_ids = {"primary_major_id", "primary_minor_id"} <= names
+        if width == 4 and has_ids:
+            return "parquet"
+        if width == 6 and not has_ids:
+            return "parquet-legacy"
+        if width == 7 and not has_ids:
+            return "parquet-hdf5"
+        ids = "with" if has_ids else "without"
+        raise LayoutError(
+            f"{self.path}: unknown layout (primary of {width} values, {ids} id columns); {_EXPECTED}"
+        )
+
+    def read_unit(self, i: int) -> Events:
+        table = self.file.read_row_group(i, columns=self._columns)
+        pwidth, mwidth, _, _ = _WIDTHS[self.layout]
+        raw_prim, width = fixed_rows(table.column("primary"), f"{self.path}: primary")
+        if len(raw_prim) and width != pwidth:
+            raise LayoutError(f"{self.path}: row group {i} has primaries of {width} values, not {pwidth}")
+        raw_muons, counts = nested_rows(table.column("muons"), mwidth, f"{self.path}: muons")
+        ids = None
+        if self.layout == "parquet":
+            ids = np.stack(
+                [
+                    table.column(n).to_numpy().astype(np.int64)
+                    for n in ("primary_major_id", "primary_minor_id")
+                ],
+                axis=1,
+            ).reshape(-1, 2)
+        return _select(self.layout, raw_prim.reshape(-1, pwidth), raw_muons, counts, ids)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class HDF5Reader:
+    """One HDF5 file; unit i is the slice of `unit_events` events starting at i * unit_events."""
+
+    def __init__(self, path: str, unit_events: int = 65536) -> None:
+        import h5py
+
+        self.path = path
+        self.layout = "hdf5"
+        self.file = h5py.File(path, "r")
+        missing = {"primaries", "muons", "counts"} - set(self.file.keys())
+        if missing:
+            raise LayoutError(
+                f"{path}: unknown HDF5 layout (missing {sorted(missing)}); expected datasets "
+                f"primaries (N, 7), muons (M, 6), counts (N,)"
+            )
+        prim, muons = self.file["primaries"], self.file["muons"]
+        if prim.ndim != 2 or prim.shape[1] != 7 or muons.ndim != 2 or muons.shape[1] != 6:
+            raise LayoutError(
+                f"{path}: unknown HDF5 layout (primaries {prim.shape}, muons {muons.shape}); "
+                f"expected (N, 7) and (M, 6)"
+            )
+        counts = np.asarray(self.file["counts"][:], dtype=np.int64)
+        if len(counts) != prim.shape[0] or int(counts.sum()) != muons.shape[0]:
+            raise LayoutError(
+                f"{path}: counts do not match primaries/muons ({len(counts)}, {int(counts.sum())})"
+            )
+        self.offsets = np.concatenate([[0], np.cumsum(counts)])
+        self.counts = counts
+        self.unit_events = unit_events
+        n = len(counts)
+        self.unit_rows = [min(unit_events, n - s) for s in range(0, n, unit_events)]
+
+    def read_unit(self, i: int) -> Events:
+        a = i * self.unit_events
+        b = a + self.unit_rows[i]
+        raw_prim = np.asarray(self.file["primaries"][a:b], dtype=np.float32)
+        raw_muons = np.asarray(self.file["muons"][self.offsets[a] : self.offsets[b]], dtype=np.float32)
+        return _select("hdf5", raw_prim, raw_muons, self.counts[a:b].copy(), None)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+Reader = ParquetReader | HDF5Reader
+
+
+def open_reader(path: str, hdf5_unit_events: int = 65536) -> Reader:
+    """A reader of the right format; raises FileNotFoundError (missing), LayoutError (unknown layout) or the
+    format library's error (corrupt or truncated file)."""
+    check_local(path)
+    if file_format(path) == "parquet":
+        return ParquetReader(path)
+    return HDF5Reader(path, hdf5_unit_events)
+
+
+def read_all(path: str) -> tuple[str, Events]:
+    """The layout and every event of a file (small files, tests and `data inspect`)."""
+    reader = open_reader(path)
+    try:
+        parts = [reader.read_unit(i) for i in range(len(reader.unit_rows))]
+    finally:
+        reader.close()
+    return reader.layout, concat_events(parts)
+
+
+def concat_events(parts: list[Events]) -> Events:
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return Events(
+            np.zeros((0, 4), np.float32),
+            np.zeros((0, 3), np.float32),
+            np.zeros(0, np.int64),
+            np.zeros((0, 2), np.int64),
+        )
+    return Events(
+        np.concatenate([p.primaries for p in parts]),
+        np.concatenate([p.muons for p in parts]),
+        np.concatenate([p.counts for p in parts]),
+        np.concatenate([p.ids for p in parts]),
+    )
+
+
+# ---- writers -----------------------------------------------------------------------------------------------
+
+
+def _tmp(path: str) -> str:
+    return os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
+
+
+def _full_rows(events: Events) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 7) [major, minor, E, zen, mass, time, depth] and (M, 6) [major, minor, E, x, y, t] rows."""
+    n = len(events)
+    ids = events.ids.astype(np.float32)
+    prim = np.zeros((n, 7), np.float32)
+    prim[:, :2] = ids
+    prim[:, 2:5] = events.primaries[:, :3]
+    prim[:, 6] = events.primaries[:, 3]
+    muons = np.zeros((len(events.muons), 6), np.float32)
+    muons[:, :2] = np.repeat(ids, events.counts, axis=0)
+    muons[:, 2:5] = events.muons
+    muons[:, 5] = np.hypot(events.muons[:, 1], events.muons[:, 2]) / SPEED_OF_LIGHT_M_PER_NS
+    return prim, muons
+
+
+def _with_placeholders(
+    prim: np.ndarray, muons: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The HDF5 writer's convention: an empty event gets ONE all-zero muon and count 1."""
+    empty = counts == 0
+    if not empty.any():
+        return muons, counts
+    new_counts = np.where(empty, 1, counts)
+    out = np.zeros((int(new_counts.sum()), muons.shape[1]), muons.dtype)
+    dest, _ = _rows_of(new_counts, ~empty)
+    out[dest] = muons
+    return out, new_counts
+
+
+def _rows_of(counts: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    from hpctrain.data.ragged import gather_ragged
+
+    return gather_ragged(offsets, np.flatnonzero(mask))
+
+
+def events_table(events: Events, layout: str) -> pa.Table:
+    """The Arrow table of `events` in a Parquet layout."""
+    if layout == "parquet":
+        return pa.table(
+            {
+                "primary_major_id": pa.array(events.ids[:, 0].astype(np.uint64)),
+                "primary_minor_id": pa.array(events.ids[:, 1].astype(np.uint64)),
+                "primary": fixed_list(events.primaries),
+                "muons": list_of_lists(events.muons, events.counts),
+            }
+        )
+    prim, muons = _full_rows(events)
+    counts = events.counts
+    if layout == "parquet-legacy":
+        prim, muons = prim[:, [0, 1, 2, 3, 4, 6]], muons[:, :5]
+    elif layout == "parquet-hdf5":
+        muons, counts = _with_placeholders(prim, muons, counts)
+    else:
+        raise LayoutError(f"unknown Parquet layout {layout!r}; choose from {', '.join(LAYOUTS[:3])}")
+    return pa.table({"primary": fixed_list(prim), "muons": list_of_lists(muons, counts)})
+
+
+def write_events(path: str, events: Events, layout: str, row_group_size: int = 65536) -> None:
+    """Write `events` in `layout` (atomically: temporary name, then rename)."""
+    if layout not in LAYOUTS:
+        raise LayoutError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    tmp = _tmp(path)
+    try:
+        if layout == "hdf5":
+            _write_hdf5(tmp, events)
+        else:
+            pq.write_table(events_table(events, layout), tmp, row_group_size=row_group_size)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_hdf5(path: str, events: Events) -> None:
+    import h5py
+
+    prim, muons = _full_rows(events)
+    muons, counts = _with_placeholders(prim, muons, events.counts)
+    with h5py.File(path, "w") as fh:
+        fh.create_dataset("primaries", data=prim)
+        fh.create_dataset("muons", data=muons, chunks=(min(max(len(muons), 1), 65536), 6))
+        fh.create_dataset("counts", data=counts.astype(np.int32))

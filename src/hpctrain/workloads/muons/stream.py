@@ -1,0 +1,625 @@
+"""EventStream: muon-bundle batches from Parquet/HDF5 files, sharded over ranks and workers, resumable.
+
+The epoch's global order: files shuffled, row groups ("units") shuffled within each file, consecutive units
+grouped into chunks of at least `shuffle_window` events, events shuffled within each chunk (all seeded by
+(seed, epoch)). The order is cut into global batches of batch_size * world_size; rank r takes the r-th slice.
+A work item is one chunk's share of this rank's batches: the main process (sampler) hands items to the
+DataLoader workers, each worker decodes only that chunk's units, so no row group is decoded twice per rank and
+memory stays at a few chunks per worker. A batch crossing a chunk boundary is assembled from its pieces in
+order. The position (epoch, events of the epoch consumed by all ranks) is counted where batches are handed
+out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hpctrain.data.loader import seed_worker
+from hpctrain.data.ragged import gather_ragged
+from hpctrain.workloads.muons import layouts, physics
+from hpctrain.workloads.muons.batch import MuonBatch
+
+log = logging.getLogger("hpctrain.muons")
+
+
+# ---- the index of files and units, and the epoch's order ---------------------------------------------------
+
+
+@dataclass
+class EventIndex:
+    """Files that opened, their layouts and events per unit (row group or HDF5 slice)."""
+
+    files: list[str]
+    layouts: list[str]
+    unit_rows: list[list[int]]
+
+    @property
+    def total(self) -> int:
+        return sum(sum(rows) for rows in self.unit_rows)
+
+
+def note_bad_file(run_dir: str | None, path: str, reason: str) -> None:
+    """Append `path<TAB>reason` to <run_dir>/bad_files.txt (once per path)."""
+    log.warning("skipping bad file %s: %s", path, reason)
+    if run_dir is None:
+        return
+    target = Path(run_dir) / "bad_files.txt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() and any(line.split("\t")[0] == path for line in target.read_text().splitlines()):
+        return
+    with open(target, "a") as fh:  # O_APPEND: short lines from several processes do not interleave
+        fh.write(f"{path}\t{reason.splitlines()[0] if reason else ''}\n")
+
+
+def build_index(
+    files: Sequence[str],
+    on_bad_file: str = "fail",
+    run_dir: str | None = None,
+    max_events: int = 0,
+    hdf5_unit_events: int = 65536,
+    report: bool = True,
+) -> EventIndex:
+    """Open every file's metadata once. A missing path always fails; a corrupt file fails or is skipped."""
+    index = EventIndex([], [], [])
+    for path in files:
+        layouts.check_local(path)
+        try:
+            reader = layouts.open_reader(path, hdf5_unit_events)
+        except layouts.LayoutError:
+            raise
+        except Exception as err:  # corrupt/truncated files fail inside pyarrow or h5py in many ways
+            if on_bad_file != "skip":
+                raise RuntimeError(
+                    f"{path}: cannot be read ({type(err).__name__}: {err}); set data.on_bad_file=skip to go "
+                    f"on without it"
+                ) from err
+            note_bad_file(run_dir if report else None, path, f"{type(err).__name__}: {err}")
+            continue
+        index.files.append(path)
+        index.layouts.append(reader.layout)
+        index.unit_rows.append(list(reader.unit_rows))
+        reader.close()
+    if max_events:
+        left = max_events
+        for rows in index.unit_rows:
+            for j, n in enumerate(rows):
+                rows[j] = min(n, left)
+                left -= rows[j]
+    if index.total == 0:
+        raise ValueError(f"no events in {len(files)} file(s) ({len(index.files)} readable)")
+    return index
+
+
+def _rng(*keys: int) -> np.random.Generator:
+    return np.random.default_rng([k & 0xFFFFFFFF for k in keys])
+
+
+class EpochPlan:
+    """The global order of one epoch (deterministic from index, seed, epoch; cheap: units only)."""
+
+    def __init__(self, index: EventIndex, seed: int, epoch: int, shuffle: bool, window: int) -> None:
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        rng = _rng(seed, epoch, 17)
+        file_order = rng.permutation(len(index.files)) if shuffle else np.arange(len(index.files))
+        units: list[tuple[int, int, int]] = []  # (file, unit, rows)
+        for f in file_order:
+            rows = index.unit_rows[f]
+            order = rng.permutation(len(rows)) if shuffle else range(len(rows))
+            units += [(int(f), int(u), rows[u]) for u in order if rows[u] > 0]
+        # chunks: consecutive units with at least `window` events (one unit each without shuffling)
+        chunks: list[list[tuple[int, int, int]]] = []
+        size = 0
+        for unit in units:
+            if not chunks or (size >= window or not shuffle):
+                chunks.append([])
+                size = 0
+            chunks[-1].append(unit)
+            size += unit[2]
+        self.chunks = chunks
+        sizes = np.array([sum(u[2] for u in c) for c in chunks], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)])  # (chunks + 1,) global positions
+        self.total = int(self.starts[-1])
+
+    def chunk_of(self, position: int) -> int:
+        return int(np.searchsorted(self.starts, position, side="right") - 1)
+
+    def chunk_order(self, c: int) -> np.ndarray:
+        """Chunk-local event indices in this epoch's order (units concatenated, then shuffled)."""
+        n = int(self.starts[c + 1] - self.starts[c])
+        return _rng(self.seed, self.epoch, c, 29).permutation(n) if self.shuffle else np.arange(n)
+
+
+@dataclass
+class WorkItem:
+    """One chunk's pieces of this rank's batches: (batch k, part, parts, lo, hi) in chunk-local positions."""
+
+    epoch: int
+    chunk: int
+    pieces: list[tuple[int, int, int, int, int]]
+
+
+@dataclass
+class ItemResult:
+    """All pieces of one work item as ONE batch of events (few tensors to ship from a worker) and the pieces
+    as (batch k, part, parts, events) in order; `pieces()` cuts it back into views."""
+
+    events: MuonBatch
+    sizes: list[tuple[int, int, int, int]]
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def pin_memory(self) -> ItemResult:
+        return ItemResult(self.events.pin_memory(), self.sizes, self.stats)
+
+    def pieces(self) -> Iterator[tuple[int, int, int, MuonBatch]]:
+        start = 0
+        for k, part, nparts, n in self.sizes:
+            yield k, part, nparts, self.events.select(start, start + n)
+            start += n
+
+
+def work_items(
+    plan: EpochPlan, start: int, batch_size: int, rank: int, world_size: int, drop_last: bool
+) -> Iterator[WorkItem]:
+    """This rank's work items from global position `start` (items in chunk order, pieces in batch order)."""
+    g = batch_size * world_size
+    n = plan.total
+    k = 0
+    current: WorkItem | None = None
+    while start + k * g + (g if drop_last else 1) <= n:
+        lo = start + k * g + rank * batch_size
+        hi = min(lo + batch_size, n)
+        parts = []
+        pos = lo
+        while pos < hi:
+            c = plan.chunk_of(pos)
+            end = min(hi, int(plan.starts[c + 1]))
+            parts.append((c, pos - int(plan.starts[c]), end - int(plan.starts[c])))
+            pos = end
+        if not parts:  # the rank's slice of a partial last batch is empty: still one (empty) batch
+            c = plan.chunk_of(min(lo, n - 1))
+            parts.append((c, 0, 0))
+        for i, (c, a, b) in enumerate(parts):
+            if current is not None and current.chunk != c:
+                yield current
+                current = None
+            if current is None:
+                current = WorkItem(plan.epoch, c, [])
+            current.pieces.append((k, i, len(parts), a, b))
+        k += 1
+    if current is not None:
+        yield current
+
+
+# ---- the worker side: decoding a chunk ---------------------------------------------------------------------
+
+
+@dataclass
+class ReadOptions:
+    max_muons_per_event: int = 0
+    drop_empty_events: bool = False
+    on_bad_event: str = "fail"
+    on_bad_file: str = "fail"
+    outliers_dir: str | None = None
+    run_dir: str | None = None
+    hdf5_unit_events: int = 65536
+    rank: int = 0
+
+
+class ChunkDataset(Dataset[ItemResult]):
+    """Map-style data set whose 'index' is a WorkItem; decodes the chunk's units it needs."""
+
+    def __init__(self, index: EventIndex, seed: int, shuffle: bool, window: int, opts: ReadOptions) -> None:
+        self.index, self.seed, self.shuffle, self.window, self.opts = index, seed, shuffle, window, opts
+        self._plan: EpochPlan | None = None
+        self._readers: OrderedDict[int, layouts.Reader] = OrderedDict()
+        self._outlier_seq = 0
+
+    def __len__(self) -> int:
+        return self.index.total
+
+    def plan(self, epoch: int) -> EpochPlan:
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = EpochPlan(self.index, self.seed, epoch, self.shuffle, self.window)
+        return self._plan
+
+    def _reader(self, f: int) -> layouts.Reader:
+        if f in self._readers:
+            self._readers.move_to_end(f)
+            return self._readers[f]
+        reader = layouts.open_reader(self.index.files[f], self.opts.hdf5_unit_events)
+        self._readers[f] = reader
+        while len(self._readers) > 4:  # bounded: a few open files per worker
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def _read(self, f: int, u: int, rows: int, stats: dict[str, int]) -> layouts.Events | None:
+        try:
+            events = self._reader(f).read_unit(u)
+        except Exception as err:  # a corrupt row group: pyarrow/h5py raise many types
+            path = self.index.files[f]
+            if self.opts.on_bad_file != "skip":
+                raise RuntimeError(
+                    f"{path}: unit {u} cannot be read ({type(err).__name__}: {err}); set "
+                    f"data.on_bad_file=skip to go on without it"
+                ) from err
+            note_bad_file(self.opts.run_dir, path, f"unit {u}: {type(err).__name__}: {err}")
+            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            return None
+        if len(events) > rows:  # data.max_events cut this unit
+            off = events.offsets
+            events = layouts.Events(
+                events.primaries[:rows], events.muons[: off[rows]], events.counts[:rows], events.ids[:rows]
+            )
+        return events
+
+    def __getitem__(self, item: WorkItem) -> ItemResult:  # type: ignore[override]
+        plan = self.plan(item.epoch)
+        units = plan.chunks[item.chunk]
+        order = plan.chunk_order(item.chunk)
+        unit_starts = np.concatenate([[0], np.cumsum([u[2] for u in units])])
+        wanted = np.concatenate([order[a:b] for _, _, _, a, b in item.pieces]).astype(np.int64)
+        stats: dict[str, int] = {}
+        # decode the needed units; `row` maps a chunk-local event to its row in the concatenation
+        need = np.unique(np.searchsorted(unit_starts, wanted, side="right") - 1)
+        parts, sources = [], []
+        base = np.full(len(units), -1, dtype=np.int64)
+        rows_so_far = 0
+        for j in need:
+            f, u, rows = units[j]
+            unit_events = self._read(f, u, rows, stats)
+            if unit_events is None:
+                continue
+            base[j] = rows_so_far
+            rows_so_far += len(unit_events)
+            parts.append(unit_events)
+            sources.append((f, u))
+        data = layouts.concat_events(parts)
+        offsets = data.offsets
+        keep_all = self._filter(data, offsets, units, unit_starts, base, sources, item, stats)
+        chunk_start = int(plan.starts[item.chunk])
+        rows, wheres, sizes = [], [], []
+        for k, part, nparts, a, b in item.pieces:
+            local = order[a:b]
+            where = np.arange(a, b, dtype=np.int64)
+            unit = np.searchsorted(unit_starts, local, side="right") - 1
+            row = base[unit] + (local - unit_starts[unit])
+            ok = base[unit] >= 0
+            ok[ok] &= keep_all[row[ok]]
+            rows.append(row[ok])
+            wheres.append(where[ok])
+            sizes.append((k, part, nparts, int(ok.sum())))
+        row = np.concatenate(rows)
+        where = chunk_start + np.concatenate(wheres)
+        if len(row) and row[-1] - row[0] == len(row) - 1 and np.all(row[1:] > row[:-1]):
+            # consecutive rows (no shuffling): views, no gather
+            a0, b0 = int(row[0]), int(row[-1]) + 1
+            events = MuonBatch.from_numpy(
+                data.primaries[a0:b0],
+                data.muons[offsets[a0] : offsets[b0]],
+                data.counts[a0:b0],
+                data.ids[a0:b0],
+                where,
+            )
+        else:  # one gather for the whole item
+            muon_rows, counts = gather_ragged(offsets, row)
+            events = MuonBatch.from_numpy(
+                data.primaries[row], data.muons[muon_rows], counts, data.ids[row], where
+            )
+        return ItemResult(events, sizes, stats)
+
+    def _filter(
+        self,
+        data: layouts.Events,
+        offsets: np.ndarray,
+        units: list[tuple[int, int, int]],
+        unit_starts: np.ndarray,
+        base: np.ndarray,
+        sources: list[tuple[int, int]],
+        item: WorkItem,
+        stats: dict[str, int],
+    ) -> np.ndarray:
+        """(events,) bool: events kept after the bad-event, outlier and empty-event rules."""
+        opts = self.opts
+        keep = np.ones(len(data), dtype=bool)
+        bad = physics.bad_events(data.primaries, data.muons, offsets)
+        if bad.any():
+            if opts.on_bad_event != "skip":
+                first = int(np.flatnonzero(bad)[0])
+                path, row = self._source(first, base, units, sources)
+                raise ValueError(
+                    f"{path}: event at row {row} has a zero, negative or non-finite energy/mass or value "
+                    f"(primary {data.primaries[first].tolist()}); set data.on_bad_event=skip to skip such "
+                    f"events"
+                )
+            keep &= ~bad
+            stats["bad_events"] = int(bad.sum())
+        cap = opts.max_muons_per_event
+        if cap:
+            big = keep & (data.counts > cap)
+            if big.any():
+                keep &= ~big
+                stats["outliers"] = int(big.sum())
+                if opts.outliers_dir and item.epoch == 0:  # once: later epochs would only repeat them
+                    self._write_outliers(data, offsets, np.flatnonzero(big), base, units, sources)
+        if opts.drop_empty_events:
+            empty = keep & (data.counts == 0)
+            keep &= ~empty
+            stats["empty_dropped"] = int(empty.sum())
+        return keep
+
+    def _source(
+        self, row: int, base: np.ndarray, units: list[tuple[int, int, int]], sources: list[tuple[int, int]]
+    ) -> tuple[str, int]:
+        """(file, row in file) of a row of the decoded concatenation."""
+        starts = [int(base[j]) for j in range(len(units)) if base[j] >= 0]
+        i = int(np.searchsorted(starts, row, side="right") - 1)
+        f, u = sources[i]
+        before = (
+            sum(self.index.unit_rows[f][:u])
+            if self.index.layouts[f] != "hdf5"
+            else u * self.opts.hdf5_unit_events
+        )
+        return self.index.files[f], before + row - starts[i]
+
+    def _write_outliers(
+        self,
+        data: layouts.Events,
+        offsets: np.ndarray,
+        rows: np.ndarray,
+        base: np.ndarray,
+        units: list[tuple[int, int, int]],
+        sources: list[tuple[int, int]],
+    ) -> None:
+        muon_rows, counts = gather_ragged(offsets, rows)
+        events = layouts.Events(data.primaries[rows], data.muons[muon_rows], counts, data.ids[rows])
+        table = layouts.events_table(events, "parquet")
+        where = [self._source(int(r), base, units, sources) for r in rows]  # few rows: outliers are rare
+        table = table.append_column("source_file", pa.array([w[0] for w in where], pa.string()))
+        table = table.append_column("source_row", pa.array([w[1] for w in where], pa.int64()))
+        write_unique(Path(self.opts.outliers_dir or "."), f"outliers-r{self.opts.rank}", table)
+
+
+def write_unique(folder: Path, prefix: str, table: pa.Table) -> Path:
+    """Write `table` to a new file in `folder` whose name no earlier run used (reserved with O_EXCL)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    host = socket.gethostname().split(".")[0]
+    for seq in range(100_000):
+        target = folder / f"{prefix}-{stamp}-{host}-p{os.getpid()}-{seq:05d}.parquet"
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        tmp = folder / f".{target.name}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, target)
+        return target
+    raise RuntimeError(f"{folder}: no free outlier file name")
+
+
+# ---- the main side: sampler, stream ------------------------------------------------------------------------
+
+
+class _Items(Sampler[WorkItem]):
+    """Runs in the main process: this rank's work items from the stream's current position."""
+
+    def __init__(self, stream: EventStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        s = self.stream
+        plan = s._dataset.plan(s._start_epoch)
+        return work_items(plan, s._start_position, s.batch_size, s.rank, s.world_size, s.drop_last)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _init_worker(worker_id: int) -> None:
+    seed_worker(worker_id)
+    torch.set_num_threads(1)  # decoding is NumPy/Arrow work; torch threads would only compete
+
+
+class EventStream:
+    """Endless batches of MuonBatch (BatchStream protocol); see the module docstring for the order."""
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        batch_size: int,
+        seed: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        prefetch_factor: int = 2,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        shuffle: bool = True,
+        shuffle_window: int = 8192,
+        prefetch_batches: int = 0,
+        max_muons_per_event: int = 0,
+        outliers_dir: str | None = None,
+        drop_empty_events: bool = False,
+        on_bad_file: str = "fail",
+        on_bad_event: str = "fail",
+        max_events: int = 0,
+        run_dir: str | os.PathLike[str] | None = None,
+        hdf5_unit_events: int = 65536,
+        drop_last: bool = True,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        for name, value in (("on_bad_file", on_bad_file), ("on_bad_event", on_bad_event)):
+            if value not in ("fail", "skip"):
+                raise ValueError(f"data.{name} must be 'fail' or 'skip', not {value!r}")
+        run = str(run_dir) if run_dir is not None else None
+        self.index = build_index(
+            list(files), on_bad_file, run, max_events, hdf5_unit_events, report=rank == 0
+        )
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.drop_last, self.prefetch_batches = drop_last, prefetch_batches
+        if drop_last and self.index.total < batch_size * world_size:
+            raise ValueError(
+                f"{self.index.total} events are fewer than one global batch ({batch_size} x {world_size} "
+                f"ranks): lower data.batch_size"
+            )
+        opts = ReadOptions(
+            max_muons_per_event,
+            drop_empty_events,
+            on_bad_event,
+            on_bad_file,
+            outliers_dir,
+            run,
+            hdf5_unit_events,
+            rank,
+        )
+        self._dataset = ChunkDataset(self.index, seed, shuffle, max(shuffle_window, 1), opts)
+        self.epoch = 0
+        self.position = 0
+        self._start_epoch = 0
+        self._start_position = 0
+        self.stats: dict[str, int] = {}
+        self._warned: dict[str, int] = {}
+        self._prefetcher: _Prefetcher | None = None
+        self._on_close = on_close
+        self._loader = DataLoader(
+            self._dataset,
+            sampler=_Items(self),
+            batch_size=None,
+            collate_fn=_identity,
+            num_workers=num_workers,
+            worker_init_fn=_init_worker if num_workers > 0 else None,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+            persistent_workers=persistent_workers and num_workers > 0,
+            pin_memory=pin_memory,
+        )
+
+    @property
+    def samples_per_epoch(self) -> int:
+        g = self.batch_size * self.world_size
+        return self.index.total // g * g if self.drop_last else self.index.total
+
+    def epoch_batches(self, epoch: int, position: int) -> Iterator[tuple[MuonBatch, int]]:
+        """(batch, global position after it) of one epoch from `position`, in order."""
+        self._start_epoch, self._start_position = epoch, position
+        g = self.batch_size * self.world_size
+        pending: dict[int, list[MuonBatch | None]] = {}
+        next_k = 0
+        for result in self._loader:
+            self._count(result.stats)
+            for k, part, nparts, batch in result.pieces():
+                pending.setdefault(k, [None] * nparts)[part] = batch
+            while next_k in pending and all(b is not None for b in pending[next_k]):
+                parts = pending.pop(next_k)
+                yield MuonBatch.concat(parts), min(position + (next_k + 1) * g, self.index.total)  # type: ignore[arg-type]
+                next_k += 1
+        assert not pending, "a batch was left incomplete"
+
+    def _count(self, stats: dict[str, int]) -> None:
+        for key, value in stats.items():
+            self.stats[key] = self.stats.get(key, 0) + value
+            # say so in the log, at most at every doubling
+            if value and self.stats[key] >= 2 * self._warned.get(key, 0):
+                self._warned[key] = self.stats[key]
+                log.warning("muon data: %s so far: %d events skipped/removed", key, self.stats[key])
+
+    def _endless(self) -> Iterator[tuple[MuonBatch, int, int]]:
+        epoch, position = self.epoch, self.position
+        while True:
+            for batch, end in self.epoch_batches(epoch, position):
+                yield batch, epoch, end
+            epoch, position = epoch + 1, 0
+
+    def __iter__(self) -> Iterator[MuonBatch]:
+        self._stop_prefetcher()
+        source: Iterator[tuple[MuonBatch, int, int]] = self._endless()
+        if self.prefetch_batches > 0:
+            self._prefetcher = _Prefetcher(source, self.prefetch_batches)
+            source = iter(self._prefetcher)
+        for batch, epoch, end in source:
+            self.epoch, self.position = epoch, end  # counted when handed out, not when prefetched
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state.get("position", state.get("offset", 0)))
+        self.stats = dict(state.get("stats", {}))
+
+    def _stop_prefetcher(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def close(self) -> None:
+        self._stop_prefetcher()
+        self._loader._iterator = None  # type: ignore[attr-defined]  # shuts persistent workers down
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+
+class _Prefetcher:
+    """A background thread keeping up to `size` ready batches ahead of the consumer."""
+
+    _END = object()
+
+    def __init__(self, source: Iterator[Any], size: int) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._source = source
+        self._thread = threading.Thread(target=self._run, name="hpctrain-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(self._END)
+        except BaseException as err:  # handed to the consumer, raised there
+            self._queue.put(err)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.1)
+        self._thread.join()

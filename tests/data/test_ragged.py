@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hpctrain.data.ragged import fixed_list, fixed_rows, gather_ragged, list_of_lists, nested_rows
+
+
+def _events() -> tuple[np.ndarray, np.ndarray]:
+    counts = np.array([2, 0, 3, 1, 0], dtype=np.int64)
+    values = np.arange(counts.sum() * 3, dtype=np.float32).reshape(-1, 3)
+    return values, counts
+
+
+def test_nested_round_trip_and_slices() -> None:
+    values, counts = _events()
+    array = list_of_lists(values, counts)
+    got, got_counts = nested_rows(array, 3)
+    assert np.array_equal(got, values) and np.array_equal(got_counts, counts)
+    # a slice keeps its own offsets: events 2..4 hold rows 2..5
+    sliced, sliced_counts = nested_rows(array.slice(2, 2), 3)
+    assert np.array_equal(sliced_counts, [3, 1]) and np.array_equal(sliced, values[2:6])
+    # several chunks
+    chunked = pa.chunked_array([array.slice(0, 2), array.slice(2, 3)])
+    got, got_counts = nested_rows(chunked, 3)
+    assert np.array_equal(got, values) and np.array_equal(got_counts, counts)
+
+
+def test_width_mismatch_names_column() -> None:
+    array = pa.array([[[1.0, 2.0, 3.0]], [[1.0, 2.0]]], type=pa.list_(pa.list_(pa.float32())))
+    with pytest.raises(ValueError, match="muons: a row has 2 values where 3"):
+        nested_rows(array, 3, "muons")
+    with pytest.raises(ValueError, match="primary: rows have different lengths"):
+        fixed_rows(pa.array([[1.0, 2.0], [1.0]]), "primary")
+
+
+def test_fixed_rows_and_gather() -> None:
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got, width = fixed_rows(fixed_list(rows))
+    assert width == 3 and np.array_equal(got, rows)
+    values, counts = _events()
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    idx, sel_counts = gather_ragged(offsets, np.array([3, 0, 1, 2]))
+    assert np.array_equal(sel_counts, [1, 2, 0, 3])
+    assert np.array_equal(values[idx], np.concatenate([values[5:6], values[0:2], values[2:5]]))

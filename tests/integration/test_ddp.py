@@ -1,0 +1,83 @@
+"""Real DDP: two processes on CPU with gloo, launched by torchrun."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hpctrain.train.checkpoint import load_verified
+from tests.conftest import clean_env, hpctrain, read_jsonl
+
+COMMON = ["run.name=d", "train.eval_every=25", "logging.log_every=1", "train.threads=1", "data.n_train=2048",
+          "checkpoint.every=0"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "hpctrain", "train", *args]
+    return subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    name = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_verified(run_dir / "checkpoints" / name)["modules"]["model"]
+
+
+def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
+    proc = torchrun(*COMMON, "run.out_dir=ddp", "data.batch_size=16", "train.total_updates=50", cwd=tmp_path)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    single = hpctrain("train", *COMMON, "run.out_dir=one", "data.batch_size=32", "train.total_updates=50",
+                      cwd=tmp_path)
+    assert single.code == 0, single.err
+    ddp, one = final_weights(tmp_path / "ddp" / "d"), final_weights(tmp_path / "one" / "d")
+    for key in one:
+        torch.testing.assert_close(ddp[key], one[key], rtol=1e-4, atol=1e-5)
+    assert "global batch 32" in out
+    # Only rank 0 writes: one metrics record per update.
+    steps = [r["step"] for r in read_jsonl(tmp_path / "ddp" / "d" / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, 51))
+
+
+def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
+    args = [*COMMON, "data.batch_size=16", "train.total_updates=120", "model.hidden=[256,256]"]
+    ref = torchrun(*args, "run.out_dir=ref", cwd=tmp_path)
+    _, err = ref.communicate(timeout=240)
+    assert ref.returncode == 0, err[-3000:]
+    proc = torchrun(*args, "run.out_dir=cut", cwd=tmp_path)
+    metrics = tmp_path / "cut" / "d" / "metrics.jsonl"
+    deadline = time.time() + 120
+    sent = False
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 30:
+            # torchrun forwards SIGTERM to every rank; ranks agree and stop at one step boundary.
+            proc.send_signal(signal.SIGTERM)
+            sent = True
+            break
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=120)
+    assert sent, "the run ended before it could be signalled"
+    summary = json.loads((tmp_path / "cut" / "d" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["step"] < 120, err[-2000:]
+    again = torchrun(*args, "run.out_dir=cut", cwd=tmp_path)
+    _, err = again.communicate(timeout=240)
+    assert again.returncode == 0, err[-3000:]
+    done = json.loads((tmp_path / "cut" / "d" / "summary.json").read_text())
+    reference = json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())
+    assert done["params_sha256"] == reference["params_sha256"]
+    cut_losses = {r["step"]: r["loss"] for r in read_jsonl(metrics) if "loss" in r}
+    ref_losses = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "d" / "metrics.jsonl") if "loss" in r}
+    assert cut_losses == ref_losses

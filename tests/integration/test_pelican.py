@@ -1,0 +1,314 @@
+"""Remote data against a real loopback Pelican federation, read by the unmodified pelicanfs client."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config.remote import PelicanConfig
+from hpctrain.data.remote import MissingPathError, RemoteFiles, expand_paths
+from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name
+from tests.integration.pelican_fixtures import (
+    FederationSetup,
+    federation_fixture,  # noqa: F401
+    pelican_federation,
+)
+from tests.integration.pelican_server import Namespace, StaticServer, write_random_files
+
+pytestmark = pytest.mark.integration
+
+F = [f"/ns/data/f{i}.bin" for i in range(4)]
+
+
+def gets(fed: FederationSetup, path: str) -> int:
+    """How many data GETs a cache served for `path`."""
+    return sum(1 for r in fed.fed.requests_for(path, "GET") if r.server.startswith("cache"))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def staged(st: Stager) -> set[str]:
+    return {p.name for p in st.root.iterdir() if p.is_file()}
+
+
+def test_glob_over_namespace_sorted_and_deduplicated(federation: FederationSetup, tmp_path: Path) -> None:
+    fed = federation
+    write_random_files(fed.root, ["ns/data/sub/g.bin", "ns/data/notes.txt"], 10)
+    local = tmp_path / "local.bin"
+    local.write_bytes(b"x")
+    uris = expand_paths(
+        [fed.uri("/ns/data/f*.bin"), fed.uri("/ns/data/f[01].bin"), fed.uri("/ns/data/f3.bin"), str(local)],
+        fed.pelican,
+    )
+    assert uris == sorted([fed.uri(p) for p in F] + [str(local)])
+    assert expand_paths([fed.uri("/ns/data/**/*.bin")], fed.pelican) == sorted(
+        [fed.uri(p) for p in F] + [fed.uri("/ns/data/sub/g.bin")]
+    )
+    # a folder URI ending in "/" means every file under it
+    assert fed.uri("/ns/data/notes.txt") in expand_paths([fed.uri("/ns/data/")], fed.pelican)
+    # osdf:/// goes to the configured federation (the OSDF by default) and keeps its scheme
+    osdf = PelicanConfig(ca_file=str(fed.fed.ca_file), federation_url=fed.fed.discovery_url)
+    assert expand_paths(["osdf:///ns/data/f[23].bin"], osdf) == [
+        "osdf:///ns/data/f2.bin",
+        "osdf:///ns/data/f3.bin",
+    ]
+    with pytest.raises(MissingPathError, match=r"f9\*\.bin"):
+        expand_paths([fed.uri("/ns/data/f9*.bin")], fed.pelican)
+
+
+def test_two_federations_in_one_process(tmp_path: Path) -> None:
+    # fsspec's instance cache would bind every pelican:// URL to the first federation
+    certs = tmp_path / "certs"
+    with (
+        pelican_federation(tmp_path / "a", certs=certs) as a,
+        pelican_federation(tmp_path / "b", n_files=2, certs=certs) as b,
+    ):
+        both = expand_paths([a.uri("/ns/data/*.bin"), b.uri("/ns/data/*.bin")], a.pelican)
+        assert len(both) == 6 and sum(u.startswith(b.fed.url) for u in both) == 2
+
+
+def test_ahead_and_delete_after_use(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(p) for p in F]
+    with Stager(uris, fed.staging(ahead=1), job_id="t", pelican=fed.pelican) as st:
+        assert st.get(0).read_bytes() == fed.files[F[0]]
+        wait_for(lambda: len(staged(st)) == 2)
+        time.sleep(0.1)
+        assert staged(st) == {local_name(uris[0]), local_name(uris[1])}  # one ahead, not more
+        assert gets(fed, F[2]) == 0
+        st.release(0)
+        assert not st.path(0).exists()  # deleted once released
+        for i in range(1, 4):
+            assert st.get(i).read_bytes() == fed.files[F[i]]
+            st.release(i)
+        assert staged(st) == set()
+        assert st.wait_seconds > 0
+
+
+def test_keep_files_without_delete_after_use(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(p) for p in F]
+    with Stager(uris, fed.staging(ahead=0, delete_after_use=False), job_id="t", pelican=fed.pelican) as st:
+        for i in range(4):
+            st.get(i)
+            st.release(i)
+        assert staged(st) == {local_name(u) for u in uris}
+
+
+def test_max_bytes_bounds_scratch(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(p) for p in F]
+    size = len(fed.files[F[0]])
+    with Stager(uris, fed.staging(ahead=3, max_bytes=2 * size), job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        wait_for(lambda: len(staged(st)) == 2)
+        time.sleep(0.1)  # give the prefetcher every chance to overshoot
+        assert len(staged(st)) == 2 and gets(fed, F[2]) == 0
+        for i in range(4):
+            assert st.get(i).read_bytes() == fed.files[F[i]]
+            assert len(staged(st)) <= 2
+            st.release(i)
+
+
+def test_dead_first_cache_is_skipped(tmp_path: Path) -> None:
+    with pelican_federation(tmp_path, dead_first_cache=True) as fed:
+        uris = [fed.uri(p) for p in F[:2]]
+        with Stager(uris, fed.staging(), job_id="t", pelican=fed.pelican) as st:
+            assert st.get(0).read_bytes() == fed.files[F[0]]
+            assert st.get(1).read_bytes() == fed.files[F[1]]
+        assert gets(fed, F[0]) == 1
+
+
+def test_missing_file_names_uri_and_others_continue(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(F[0]), fed.uri("/ns/data/missing.bin"), fed.uri(F[1])]
+    with Stager(uris, fed.staging(), job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        with pytest.raises(BadFileError, match=r"missing\.bin.*not found") as info:
+            st.get(1)
+        assert info.value.uri == uris[1]
+        assert st.get(2).read_bytes() == fed.files[F[1]]  # on_bad_file: skip can go on
+        assert st.stats["retries"] == 0
+
+
+def test_forbidden_without_the_right_token(tmp_path: Path) -> None:
+    ns = Namespace("/secure", require_token=True, token="right-token")
+    with pelican_federation(tmp_path, namespaces=[ns]) as fed:
+        uri = fed.uri("/secure/data/f0.bin")
+        wrong = PelicanConfig(ca_file=str(fed.fed.ca_file), token="wrong-token")
+        start = time.monotonic()
+        with (
+            Stager([uri], fed.staging(retries=5, backoff_base=1.0), job_id="t", pelican=wrong) as st,
+            pytest.raises(BadFileError, match="403") as info,
+        ):
+            st.get(0)
+        assert time.monotonic() - start < 5  # not retried
+        assert info.value.uri == uri
+        token_file = tmp_path / "token"
+        token_file.write_text("right-token\n")
+        right = PelicanConfig(ca_file=str(fed.fed.ca_file), token_file=str(token_file))
+        with Stager([uri], fed.staging(), job_id="t2", pelican=right) as st:
+            assert st.get(0).read_bytes() == fed.files["/secure/data/f0.bin"]
+        assert all(r.has_auth for r in fed.fed.requests if r.server.startswith("cache") and r.method == "GET")
+
+
+def test_transfer_cut_mid_file_is_retried(federation: FederationSetup) -> None:
+    fed = federation
+    fed.fed.faults.cut[F[0]] = (10_000, 1)  # first GET dies after 10 kB
+    fed.fed.faults.fail_503[F[1]] = 2  # then two 503s
+    with Stager([fed.uri(F[0]), fed.uri(F[1])], fed.staging(), job_id="t", pelican=fed.pelican) as st:
+        assert st.get(0).read_bytes() == fed.files[F[0]]
+        assert st.get(1).read_bytes() == fed.files[F[1]]
+        assert st.stats["retries"] >= 2
+    assert not list(fed.scratch.rglob("*.part-*"))
+
+
+def test_transfer_always_cut_gives_up(federation: FederationSetup) -> None:
+    fed = federation
+    fed.fed.faults.cut[F[0]] = (1000, 100)
+    with Stager([fed.uri(F[0])], fed.staging(retries=2), job_id="t", pelican=fed.pelican) as st:
+        with pytest.raises(BadFileError, match="gave up after 3 attempts"):
+            st.get(0)
+        assert not st.path(0).exists() and not list(st.root.glob(".*part*"))
+
+
+def test_token_never_leaks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cr3t-T0KEN-value"
+    monkeypatch.setenv("BEARER_TOKEN", secret)
+    caplog.set_level(logging.DEBUG)
+    with pelican_federation(tmp_path, namespaces=[Namespace("/ns", require_token=True, token=secret)]) as fed:
+        fed.fed.faults.cut[F[1]] = (100, 1)
+        uris = [fed.uri(F[0]), fed.uri(F[1]), fed.uri("/ns/data/nope.bin")]
+        errors = []
+        with Stager(uris, fed.staging(), job_id="t", pelican=fed.pelican) as st:
+            st.get(0)
+            st.get(1)
+            try:
+                st.get(2)
+            except BadFileError as err:
+                errors.append(err)
+            texts = [repr(st), repr(st._files)]
+        assert errors and fed.fed.requests_for(F[0], "GET", server="cache0")[0].has_auth  # it was sent
+        texts += [str(e) for e in errors] + [repr(e) for e in errors] + [caplog.text]
+        texts.append(PelicanConfig(token=secret).model_dump_json())
+        assert not [t for t in texts if secret in t]
+        for path in tmp_path.rglob("*"):
+            if path.is_file() and "served" not in path.parts:
+                assert secret.encode() not in path.read_bytes(), path
+
+
+def test_two_local_ranks_share_one_download(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(p) for p in F]
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    failures: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            with Stager(
+                uris, fed.staging(ahead=1), local_rank=r, local_world_size=2, job_id="t", pelican=fed.pelican
+            ) as st:
+                for i in range(len(uris)):
+                    got[r].append(st.get(i).read_bytes())
+                    st.release(i)
+                    time.sleep(0.01 * r)  # rank 1 lags behind: files must stay until it is done
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]  # rank 1 first: it must wait
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not failures
+    expected = [fed.files[p] for p in F]
+    assert got[0] == expected and got[1] == expected
+    assert [gets(fed, p) for p in F] == [1, 1, 1, 1]
+    node = next(fed.scratch.glob("hpctrain-*/job-t/*"))
+    assert not [p for p in node.iterdir() if p.is_file()]  # all deleted once both released
+
+
+def test_requeue_removes_leftovers_and_reuses_complete_files(federation: FederationSetup) -> None:
+    fed = federation
+    uris = [fed.uri(p) for p in F[:2]]
+    with Stager(uris, fed.staging(delete_after_use=False, ahead=0), job_id="rq", pelican=fed.pelican) as st:
+        st.get(0)  # complete file 0 stays on scratch, as after a walltime kill
+        root = st.root
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    leftover = root / f".{local_name(uris[1])}.part-{dead.stdout.strip()}-1"
+    leftover.write_bytes(b"half a file")
+    before = gets(fed, F[0])
+    with Stager(uris, fed.staging(ahead=0), job_id="rq", pelican=fed.pelican) as st:
+        assert not leftover.exists()
+        assert st.get(0).read_bytes() == fed.files[F[0]]
+        assert st.get(1).read_bytes() == fed.files[F[1]]
+        assert st.stats["reused"] == 1 and st.stats["downloaded"] == 1
+    assert gets(fed, F[0]) == before  # not downloaded again
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_plain_http_source(tmp_path: Path, tls: bool) -> None:
+    files = write_random_files(tmp_path / "www", ["d/a.bin", "d/b.bin"], 50_000)
+    with StaticServer(tmp_path / "www", certs=tmp_path / "certs" if tls else None) as srv:
+        pelican = PelicanConfig(ca_file=str(srv.ca_file) if srv.ca_file else None)
+        uris = [f"{srv.url}/d/a.bin", f"{srv.url}/d/b.bin", f"{srv.url}/d/nope.bin"]
+        assert expand_paths(uris[:2], pelican) == uris[:2]
+        staging = {"dir": str(tmp_path), "backoff_base": 0.01}
+        from hpctrain.config.remote import StagingConfig
+
+        srv.faults.cut["/d/b.bin"] = (1000, 1)
+        with Stager(uris, StagingConfig(**staging), job_id="h", pelican=pelican) as st:  # type: ignore[arg-type]
+            assert st.get(0).read_bytes() == files["d/a.bin"]
+            assert st.get(1).read_bytes() == files["d/b.bin"]
+            with pytest.raises(BadFileError, match="not found"):
+                st.get(2)
+        assert not any(r.has_auth for r in srv.requests)  # the Pelican token is not for other hosts
+
+
+def test_remote_names_stay_inside_the_staging_folder(federation: FederationSetup) -> None:
+    fed = federation
+    write_random_files(fed.root, ["ns/data/..hidden"], 100)
+    evil = [
+        fed.uri("/ns/data/..hidden"),
+        fed.uri("/ns/data/%2e%2e%2f%2e%2e%2fescape"),
+        "https://h/a/../../etc/passwd",
+    ]
+    st = Stager(evil, fed.staging(), job_id="t", pelican=fed.pelican)
+    try:
+        for i in range(len(evil)):
+            assert st.path(i).parent == st.root and not st.path(i).name.startswith(".")
+        assert st.get(0).read_bytes() == (fed.root / "ns/data/..hidden").read_bytes()
+    finally:
+        st.close()
+    assert os.listdir(fed.scratch) == [next(iter(os.listdir(fed.scratch)))]  # only hpctrain-<user>
+
+
+def test_remote_files_repr_and_osdf_typo() -> None:
+    files = RemoteFiles(PelicanConfig(token="abc", federation_url="pelican://fed.example:8443"))
+    assert "abc" not in repr(files)
+    assert files.federation("osdf://ns/x") == ("pelican://fed.example:8443", "/ns/x", "osdf://")
+
+
+def test_untrusted_certificate_is_a_setup_error(federation: FederationSetup) -> None:
+    fed = federation
+    with Stager([fed.uri(F[0])], fed.staging(), job_id="t", pelican=PelicanConfig()) as st:
+        with pytest.raises(StagingError, match="ca_file"):
+            st.get(0)
+        assert st.stats["retries"] == 0

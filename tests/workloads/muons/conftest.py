@@ -1,0 +1,39 @@
+"""Tiny muon files for the loader tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.tools import synthetic_events
+
+
+def write_set(
+    folder: Path,
+    layout: str = "parquet",
+    files: int = 3,
+    events: int = 400,
+    row_group: int = 100,
+    seed: int = 5,
+) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(files):
+        data = synthetic_events(events, seed, i)
+        path = folder / f"f{i}{'.h5' if layout == 'hdf5' else '.parquet'}"
+        layouts.write_events(str(path), data, layout, row_group)
+        out.append(str(path))
+    return out
+
+
+def keys(ids: np.ndarray) -> np.ndarray:
+    """One integer per event from its (major, minor) ids."""
+    return ids[:, 0] * 1_000_000 + ids[:, 1]
+
+
+@pytest.fixture
+def muon_files(tmp_path: Path) -> list[str]:
+    return write_set(tmp_path / "data")

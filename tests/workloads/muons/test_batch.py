@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpctrain.workloads.muons.batch import MuonBatch, cut_points, split_by_muon_cap
+from hpctrain.workloads.muons.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tools import synthetic_events
+
+
+def _batch(n: int = 40, seed: int = 3) -> MuonBatch:
+    ev = synthetic_events(n, seed, 0)
+    return MuonBatch.from_numpy(ev.primaries, ev.muons, ev.counts, ev.ids)
+
+
+def test_cut_points_respect_cap() -> None:
+    counts = np.array([5, 0, 7, 3, 3, 0, 10, 1])
+    ranges = cut_points(counts, 10)
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(counts)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # contiguous, whole events
+    assert all(counts[a:b].sum() <= 10 for a, b in ranges)
+    assert cut_points(np.array([30, 2]), 10) == [(0, 1), (1, 2)]  # too big alone: its own piece
+    assert cut_points(counts, 0) == [(0, len(counts))]
+
+
+def test_split_keeps_every_event_and_muon() -> None:
+    batch = _batch()
+    pieces = split_by_muon_cap(batch, 500)
+    assert len(pieces) > 1 and all(p.num_muons <= 500 or len(p) == 1 for p in pieces)
+    joined = MuonBatch.concat(pieces)
+    for name in ("primaries", "muons", "counts", "offsets", "ids"):
+        assert torch.equal(getattr(joined, name), getattr(batch, name))
+    assert torch.equal(
+        batch.event_index()[: int(batch.counts[0])], torch.zeros(int(batch.counts[0]), dtype=torch.long)
+    )
+
+
+class _Task(MuonTaskBase):
+    def build_modules(self) -> dict[str, nn.Module]:
+        return {}
+
+    def train_step(self, micro_batches, ctx):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def eval_step(self, batch, ctx):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+
+class _Net(nn.Module):
+    """Per-event mean of a muon MLP, compared with a function of the primary: a loss that mixes events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.muon = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.prim = nn.Linear(4, 1)
+
+    def loss(self, b: MuonBatch) -> torch.Tensor:
+        per_muon = self.muon(b.muons).squeeze(1)  # (M,)
+        sums = per_muon.new_zeros(len(b)).index_add_(0, b.event_index(), per_muon)
+        pooled = sums / b.counts.clamp_min(1)  # (B,)
+        return ((self.prim(b.primaries).squeeze(1) - pooled) ** 2).mean()
+
+
+def test_micro_batch_gradients_equal_whole_batch() -> None:
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=400), run=SimpleNamespace(name=None))
+    task = _Task(cfg, SimpleNamespace(rank=0, world_size=1))
+    batch = task.to_device(_batch(), torch.device("cpu"))
+    net = _Net().double()
+    batch = MuonBatch(
+        *(
+            t.double() if t.is_floating_point() else t
+            for t in (batch.primaries, batch.muons, batch.counts, batch.offsets, batch.ids, batch.positions)
+        ),
+        normalized=True,
+    )
+    net.loss(batch).backward()
+    whole = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    micro = task.split(batch)
+    assert len(micro) > 2 and abs(sum(m.weight for m in micro) - 1) < 1e-12
+    for m in micro:
+        (net.loss(m.data) * m.weight).backward()
+    for a, b in zip(whole, [p.grad for p in net.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_empty_batch_is_one_zero_sample_piece() -> None:
+    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=10), run=SimpleNamespace(name=None))
+    task = _Task(cfg, SimpleNamespace(rank=0, world_size=1))
+    micro = task.split(MuonBatch.empty())
+    assert len(micro) == 1 and micro[0].samples == 0
+    assert task.histograms(task.to_device(_batch(), torch.device("cpu")))["multiplicity_log10"].shape == (40,)

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.stream import EventStream
+from hpctrain.workloads.muons.tools import synthetic_events
+
+from .conftest import keys, write_set
+
+
+def take(stream: EventStream, n: int) -> list:
+    it = iter(stream)
+    return [next(it) for _ in range(n)]
+
+
+def epoch_keys(
+    files: list[str], rank: int, world: int, workers: int, bs: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
+    stream = EventStream(
+        files, bs, seed=3, rank=rank, world_size=world, num_workers=workers, shuffle_window=150
+    )
+    try:
+        batches = take(stream, stream.samples_per_epoch // (bs * world))
+        assert all(len(b) == bs for b in batches)
+        assert stream.state_dict()["position"] == stream.samples_per_epoch
+        return np.concatenate([keys(b.ids.numpy()) for b in batches]), np.concatenate(
+            [b.positions for b in batches]
+        )
+    finally:
+        stream.close()
+
+
+def test_sharding_two_ranks_two_workers(muon_files: list[str]) -> None:
+    parts = [epoch_keys(muon_files, r, 2, 2) for r in range(2)]
+    got = np.concatenate([p[0] for p in parts])
+    positions = np.concatenate([p[1] for p in parts])
+    total = 3 * 400
+    per_epoch = total // 32 * 32
+    assert len(np.unique(got)) == len(got) == per_epoch  # no duplicates
+    assert np.array_equal(np.sort(positions), np.arange(per_epoch))  # no gaps in the global order
+    # the same global order as one rank without workers taking the whole global batch
+    single, _ = epoch_keys(muon_files, 0, 1, 0, bs=32)
+    interleaved = np.stack([p[0].reshape(-1, 16) for p in parts], axis=1).reshape(-1)
+    assert np.array_equal(single, interleaved)
+
+
+def test_shuffle_changes_with_epoch_and_seed(muon_files: list[str]) -> None:
+    stream = EventStream(muon_files, 100, seed=1, shuffle_window=150)
+    epoch0 = keys(take(stream, 12)[0].ids.numpy())
+    epoch1 = keys(next(iter(stream)).ids.numpy())
+    assert stream.state_dict()["epoch"] == 1
+    assert not np.array_equal(epoch0, epoch1)
+    other = EventStream(muon_files, 100, seed=2, shuffle_window=150)
+    assert not np.array_equal(epoch0, keys(next(iter(other)).ids.numpy()))
+
+
+@pytest.mark.parametrize("workers,world", [(2, 1), (0, 2)])
+def test_exact_resume(muon_files: list[str], workers: int, world: int) -> None:
+    ref = EventStream(muon_files, 16, seed=7, shuffle_window=100)
+    expected = np.concatenate([keys(b.ids.numpy()) for b in take(ref, 20)])
+    first = EventStream(muon_files, 16, seed=7, shuffle_window=100, num_workers=1, prefetch_batches=3)
+    head = np.concatenate([keys(b.ids.numpy()) for b in take(first, 8)])
+    state = first.state_dict()
+    first.close()
+    assert state["position"] == 8 * 16
+    # resume with another worker count (or as two ranks of half the batch): the very next events follow
+    tail = []
+    for rank in range(world):
+        again = EventStream(
+            muon_files,
+            16 // world,
+            seed=7,
+            shuffle_window=100,
+            rank=rank,
+            world_size=world,
+            num_workers=workers,
+        )
+        again.load_state_dict(state)
+        tail.append(np.stack([keys(b.ids.numpy()) for b in take(again, 12)]))
+        again.close()
+    resumed = np.concatenate(tail, axis=1).reshape(-1)
+    assert np.array_equal(np.concatenate([head, resumed]), expected)
+
+
+def test_epoch_boundary_resume(muon_files: list[str]) -> None:
+    ref = EventStream(muon_files, 100, seed=1)
+    seq = [keys(b.ids.numpy()) for b in take(ref, 15)]
+    stream = EventStream(muon_files, 100, seed=1)
+    take(stream, 12)
+    again = EventStream(muon_files, 100, seed=1, num_workers=2)
+    again.load_state_dict(stream.state_dict())
+    assert np.array_equal(keys(take(again, 1)[0].ids.numpy()), seq[12])
+
+
+def test_hdf5_and_layouts_stream(tmp_path: Path) -> None:
+    for layout in layouts.LAYOUTS:
+        files = write_set(tmp_path / layout, layout, files=2, events=100, row_group=30)
+        stream = EventStream(files, 50, seed=0, hdf5_unit_events=30)
+        batches = take(stream, 4)
+        assert len(np.unique(np.concatenate([keys(b.ids.numpy()) for b in batches]))) == 200
+        assert all(int(b.counts.sum()) == b.num_muons for b in batches)
+
+
+def test_values_match_files(muon_files: list[str]) -> None:
+    _, events = layouts.read_all(muon_files[1])
+    batch = take(EventStream(muon_files[1:2], 400, seed=0, shuffle=False), 1)[0]
+    assert np.array_equal(batch.primaries.numpy(), events.primaries)
+    assert np.array_equal(batch.muons.numpy(), events.muons)
+    assert np.array_equal(batch.counts.numpy(), events.counts)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    files = write_set(tmp_path / "d", files=3, events=100)
+    with open(files[1], "r+b") as fh:  # truncated: the footer is gone
+        fh.truncate(os.path.getsize(files[1]) // 2)
+    garbage = tmp_path / "d" / "garbage.parquet"
+    garbage.write_bytes(b"PAR1" + os.urandom(500))
+    files.append(str(garbage))
+    with pytest.raises(RuntimeError, match=r"f1\.parquet: cannot be read.*on_bad_file=skip"):
+        EventStream(files, 10, seed=0)
+    run = tmp_path / "run"
+    stream = EventStream(files, 10, seed=0, on_bad_file="skip", run_dir=run)
+    assert stream.index.total == 200
+    listed = [line.split("\t")[0] for line in (run / "bad_files.txt").read_text().splitlines()]
+    assert listed == [files[1], str(garbage)]
+    assert len(take(stream, 20)) == 20
+
+
+def _write_with_bad_events(path: Path) -> None:
+    data = synthetic_events(60, 0, 0)
+    data.primaries[5, 0] = 0.0  # zero energy
+    data.primaries[9, 2] = -1.0  # negative mass
+    nonempty = np.flatnonzero(data.counts > 0)
+    data.muons[data.offsets[nonempty[3]], 0] = np.nan  # a NaN muon energy
+    layouts.write_events(str(path), data, "parquet")
+
+
+def test_bad_events(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    _write_with_bad_events(path)
+    with pytest.raises(ValueError, match=r"bad\.parquet: event at row 5 .*on_bad_event=skip"):
+        take(EventStream([str(path)], 60, seed=0, shuffle=False), 1)
+    stream = EventStream([str(path)], 60, seed=0, shuffle=False, on_bad_event="skip")
+    batch = take(stream, 1)[0]
+    assert len(batch) == 57 and stream.stats["bad_events"] == 3
+    assert np.isfinite(batch.normalize().muons.numpy()).all()
+    assert np.isfinite(batch.normalize().primaries.numpy()).all()
+
+
+def test_outliers_and_empty_events(tmp_path: Path) -> None:
+    files = write_set(tmp_path / "d", files=1, events=300)
+    _, events = layouts.read_all(files[0])
+    cap = int(np.quantile(events.counts, 0.95))
+    big = int((events.counts > cap).sum())
+    out = tmp_path / "outliers"
+    names = []
+    for _ in range(2):  # a second run never overwrites the first one's files
+        stream = EventStream(
+            files,
+            100,
+            seed=0,
+            max_muons_per_event=cap,
+            outliers_dir=str(out),
+            drop_empty_events=True,
+            num_workers=1,
+        )
+        batches = take(stream, 3)
+        stream.close()
+        assert all(int(b.counts.max()) <= cap and int(b.counts.min()) > 0 for b in batches)
+        assert sum(len(b) for b in batches) == int(((events.counts <= cap) & (events.counts > 0)).sum())
+        names.append(sorted(p.name for p in out.iterdir()))
+    assert set(names[0]) < set(names[1])
+    table = pq.read_table(out).to_pydict()
+    assert len(table["source_row"]) == 2 * big
+    rows = table["source_row"][:big]
+    assert set(table["source_file"]) == {files[0]}
+    assert sorted(table["primary_minor_id"][:big]) == sorted(rows)  # ids are the row numbers here
+    assert all(len(m) > cap for m in table["muons"])
+
+
+def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:
+    got = []
+    for rank in range(2):
+        stream = EventStream(muon_files, 64, seed=0, rank=rank, world_size=2, shuffle=False, drop_last=False)
+        got += [keys(b.ids.numpy()) for b, _ in stream.epoch_batches(0, 0)]
+    assert len(np.unique(np.concatenate(got))) == 1200 == sum(len(g) for g in got)
