@@ -15,8 +15,14 @@ import torch
 from hpctrain.train.checkpoint import load_verified
 from tests.conftest import clean_env, hpctrain, read_jsonl
 
-COMMON = ["run.name=d", "train.eval_every=25", "logging.log_every=1", "train.threads=1", "data.n_train=2048",
-          "checkpoint.every=0"]
+COMMON = [
+    "run.name=d",
+    "train.eval_every=25",
+    "logging.log_every=1",
+    "train.threads=1",
+    "data.n_train=2048",
+    "checkpoint.every=0",
+]
 
 
 def free_port() -> int:
@@ -26,9 +32,24 @@ def free_port() -> int:
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "hpctrain", "train", *args]
-    return subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "hpctrain",
+        "train",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -40,8 +61,9 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
     proc = torchrun(*COMMON, "run.out_dir=ddp", "data.batch_size=16", "train.total_updates=50", cwd=tmp_path)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-3000:]
-    single = hpctrain("train", *COMMON, "run.out_dir=one", "data.batch_size=32", "train.total_updates=50",
-                      cwd=tmp_path)
+    single = hpctrain(
+        "train", *COMMON, "run.out_dir=one", "data.batch_size=32", "train.total_updates=50", cwd=tmp_path
+    )
     assert single.code == 0, single.err
     ddp, one = final_weights(tmp_path / "ddp" / "d"), final_weights(tmp_path / "one" / "d")
     for key in one:
@@ -68,7 +90,7 @@ def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
             sent = True
             break
         time.sleep(0.01)
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert sent, "the run ended before it could be signalled"
     summary = json.loads((tmp_path / "cut" / "d" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["step"] < 120, err[-2000:]
@@ -79,5 +101,7 @@ def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
     reference = json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())
     assert done["params_sha256"] == reference["params_sha256"]
     cut_losses = {r["step"]: r["loss"] for r in read_jsonl(metrics) if "loss" in r}
-    ref_losses = {r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "d" / "metrics.jsonl") if "loss" in r}
+    ref_losses = {
+        r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "d" / "metrics.jsonl") if "loss" in r
+    }
     assert cut_losses == ref_losses

@@ -54,7 +54,7 @@ def test_garbage_without_sidecar_is_skipped(tmp_path: Path):
     store = CheckpointStore(tmp_path, keep_last=3)
     store.save(fake_state(1), 1)
     (tmp_path / "step_00000009.pt").write_bytes(b"not a checkpoint")
-    state, path = store.load_latest()
+    state, _ = store.load_latest()
     assert state["counters"]["step"] == 1
 
 

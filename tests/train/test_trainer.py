@@ -30,15 +30,24 @@ def summary(out: Path) -> dict:
 
 
 def weights(out: Path) -> dict[str, torch.Tensor]:
-    state = load_verified(out / "t" / "checkpoints" / (out / "t" / "checkpoints" / "latest").read_text().strip())
+    state = load_verified(
+        out / "t" / "checkpoints" / (out / "t" / "checkpoints" / "latest").read_text().strip()
+    )
     return state["modules"]["model"]
 
 
 def test_gradient_accumulation_equals_the_big_batch(tmp_path: Path):
     # Two accumulated batches of 16 are the same 32 samples as one batch of 32 in the global order.
     assert run(cfg_for(tmp_path / "a", "data.batch_size=32", "train.total_updates=20"), ClusterEnv()) == 0
-    assert run(cfg_for(tmp_path / "b", "data.batch_size=16", "train.grad_accum_steps=2",
-                       "train.total_updates=20"), ClusterEnv()) == 0
+    assert (
+        run(
+            cfg_for(
+                tmp_path / "b", "data.batch_size=16", "train.grad_accum_steps=2", "train.total_updates=20"
+            ),
+            ClusterEnv(),
+        )
+        == 0
+    )
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
@@ -47,8 +56,14 @@ def test_gradient_accumulation_equals_the_big_batch(tmp_path: Path):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 def test_optimizers_and_clipping_learn(tmp_path: Path, optimizer: str):
     lr = "0.05" if optimizer == "sgd" else "0.003"
-    cfg = cfg_for(tmp_path, f"optim.name={optimizer}", f"optim.lr={lr}", "optim.momentum=0",
-                  "optim.grad_clip_norm=1.0", "train.total_updates=150")
+    cfg = cfg_for(
+        tmp_path,
+        f"optim.name={optimizer}",
+        f"optim.lr={lr}",
+        "optim.momentum=0",
+        "optim.grad_clip_norm=1.0",
+        "train.total_updates=150",
+    )
     assert run(cfg, ClusterEnv()) == EXIT_OK
     records = [r for r in read_jsonl(tmp_path / "t" / "metrics.jsonl") if "loss" in r]
     first = sum(r["loss"] for r in records[:10]) / 10
@@ -62,16 +77,26 @@ def test_momentum_zero_is_honoured(tmp_path: Path):
     from hpctrain.workloads.regression.task import RegressionTask
 
     cfg = cfg_for(tmp_path, "optim.name=sgd", "optim.momentum=0")
-    trainer = Trainer(cfg, RegressionTask(cfg, ClusterEnv()), ClusterEnv(), tmp_path / "t",
-                      TimeBudget(cfg.budget, ClusterEnv(), StopSignals()))
+    trainer = Trainer(
+        cfg,
+        RegressionTask(cfg, ClusterEnv()),
+        ClusterEnv(),
+        tmp_path / "t",
+        TimeBudget(cfg.budget, ClusterEnv(), StopSignals()),
+    )
     trainer.build()
     assert trainer.optimizers["main"].param_groups[0]["momentum"] == 0.0
     trainer.close()
 
 
 def test_time_budget_stops_before_the_deadline_then_continues(tmp_path: Path):
-    slow = ["model.hidden=[512,512,512]", "data.batch_size=256", "train.total_updates=100000",
-            "budget.time_limit=00:00:04", "budget.margin_seconds=0.5"]
+    slow = [
+        "model.hidden=[512,512,512]",
+        "data.batch_size=256",
+        "train.total_updates=100000",
+        "budget.time_limit=00:00:04",
+        "budget.margin_seconds=0.5",
+    ]
     cfg = cfg_for(tmp_path, *slow)
     assert run(cfg, ClusterEnv()) == EXIT_RESUMABLE
     first = summary(tmp_path)
@@ -89,16 +114,32 @@ def test_time_budget_stops_before_the_deadline_then_continues(tmp_path: Path):
 
 
 def test_early_stopping_finishes_with_exit_0(tmp_path: Path):
-    cfg = cfg_for(tmp_path, "optim.lr=0", "train.eval_every=10", "train.total_updates=1000",
-                  "train.early_stopping.patience=2")
+    cfg = cfg_for(
+        tmp_path,
+        "optim.lr=0",
+        "train.eval_every=10",
+        "train.total_updates=1000",
+        "train.early_stopping.patience=2",
+    )
     assert run(cfg, ClusterEnv()) == EXIT_OK
     done = summary(tmp_path)
     assert done["status"] == "finished" and done["reason"] == "early_stop"
     assert done["step"] == 30  # first eval sets the best, two more without improvement
     assert (tmp_path / "t" / "checkpoints" / "best.pt").exists()
     # Starting it again says so and does not train.
-    assert run(cfg_for(tmp_path, "optim.lr=0", "train.eval_every=10", "train.total_updates=1000",
-                       "train.early_stopping.patience=2"), ClusterEnv()) == EXIT_OK
+    assert (
+        run(
+            cfg_for(
+                tmp_path,
+                "optim.lr=0",
+                "train.eval_every=10",
+                "train.total_updates=1000",
+                "train.early_stopping.patience=2",
+            ),
+            ClusterEnv(),
+        )
+        == EXIT_OK
+    )
 
 
 def test_finished_run_again_exits_0_without_training(tmp_path: Path):
@@ -114,8 +155,13 @@ def test_finished_run_again_exits_0_without_training(tmp_path: Path):
 def test_finetune_takes_weights_only(tmp_path: Path):
     assert run(cfg_for(tmp_path / "pre", "train.total_updates=40"), ClusterEnv()) == EXIT_OK
     source = tmp_path / "pre" / "t" / "checkpoints" / "step_00000040.pt"
-    cfg = cfg_for(tmp_path / "ft", f"checkpoint.resume={source}", "checkpoint.restart=false",
-                  "train.total_updates=5", "optim.lr=0")
+    cfg = cfg_for(
+        tmp_path / "ft",
+        f"checkpoint.resume={source}",
+        "checkpoint.restart=false",
+        "train.total_updates=5",
+        "optim.lr=0",
+    )
     assert run(cfg, ClusterEnv()) == EXIT_OK
     assert summary(tmp_path / "ft")["step"] == 5  # counters start again
     pre, ft = weights(tmp_path / "pre"), weights(tmp_path / "ft")
@@ -123,7 +169,7 @@ def test_finetune_takes_weights_only(tmp_path: Path):
         torch.testing.assert_close(pre[key], ft[key])
     full = cfg_for(tmp_path / "full", f"checkpoint.resume={source}", "train.total_updates=45")
     assert run(full, ClusterEnv()) == EXIT_OK
-    assert [r["step"] for r in read_jsonl(tmp_path / "full" / "t" / "metrics.jsonl")][0] == 41
+    assert read_jsonl(tmp_path / "full" / "t" / "metrics.jsonl")[0]["step"] == 41
 
 
 def test_epochs_are_converted_to_updates(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

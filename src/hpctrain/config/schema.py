@@ -30,8 +30,8 @@ def parse_duration(text: str) -> float:
     if re.fullmatch(r"\d+", text):
         return float(text) * 60.0
     if re.fullmatch(r"\d+:\d{1,2}", text):
-        minutes, seconds = text.split(":")
-        return float(int(minutes) * 60 + int(seconds))
+        mins, secs = text.split(":")
+        return float(int(mins) * 60 + int(secs))
     match = _HMS.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a duration; use HH:MM:SS or D-HH:MM:SS")

@@ -61,7 +61,7 @@ class IndexedStream:
 
     def __init__(
         self,
-        dataset: Dataset[Any],
+        dataset: Any,
         batch_size: int,
         seed: int,
         rank: int = 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -35,7 +36,7 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     _rendezvous(env)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
     torch_dist.init_process_group(

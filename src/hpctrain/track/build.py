@@ -13,5 +13,19 @@ from hpctrain.track.metrics_file import MetricsFile
 def build_trackers(
     cfg: Any, run_dir: Path, env: ClusterEnv, resume_step: int | None, state: dict[str, Any]
 ) -> Trackers:
+    """The sinks of rank 0; `state` is Trackers.state_dict() from the checkpoint we resumed from (or {})."""
     trackers = Trackers([MetricsFile(run_dir / "metrics.jsonl", resume_step)])
+    tb = cfg.logging.tensorboard
+    if tb.dir:
+        from hpctrain.track.tensorboard import TensorBoardTracker
+
+        trackers.add(
+            TensorBoardTracker(
+                tb.dir, tb.run_name, resume_step, state.get("tensorboard"), mirror_to=tb.mirror_to
+            )
+        )
+    if cfg.logging.wandb.enabled:
+        from hpctrain.track.wandb_tracker import WandbTracker
+
+        trackers.add(WandbTracker(cfg, run_dir, resume_step, state.get("wandb")))
     return trackers

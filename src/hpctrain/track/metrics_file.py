@@ -23,7 +23,7 @@ class MetricsFile:
             self.truncate_after(resume_step)
         elif path.exists():
             path.unlink()
-        self._handle = open(path, "a", buffering=1)
+        self._handle = open(path, "a", buffering=1)  # noqa: SIM115 (open for the run, closed in close())
 
     def truncate_after(self, step: int) -> None:
         """Drop records of updates after the checkpoint we resume from: they will be done again."""

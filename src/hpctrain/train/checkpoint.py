@@ -67,10 +67,9 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The plain network under DDP and torch.compile wrappers."""
     while True:
-        if hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
+        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+        if isinstance(inner, torch.nn.Module):
+            module = inner
         else:
             return module
 

@@ -98,13 +98,13 @@ class StateKeeper:
             self._restore_full(state)
             return f"resumed from {path} at update {t.step}"
         if mode not in ("auto", "never"):
-            state = load_verified(Path(mode))
-            if state is None:
+            given = load_verified(Path(mode))
+            if given is None:
                 raise UserError(f"checkpoint.resume={mode!r}: not a readable hpctrain checkpoint")
             if t.cfg.checkpoint.restart:
-                self._restore_full(state)
+                self._restore_full(given)
                 return f"restored everything from {mode} at update {t.step}"
-            self._restore_modules(state)
+            self._restore_modules(given)
             return f"fine-tuning from the weights of {mode} (fresh optimizer and schedule)"
         return "starting a new run"
 

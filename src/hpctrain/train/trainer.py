@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
@@ -110,7 +110,9 @@ class Trainer:
         self.keeper = StateKeeper(self)
         # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
         # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
-        state_bytes = sum(p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters())
+        state_bytes = sum(
+            p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters()
+        )
         self.budget.save.initial = 0.5 + 3 * state_bytes / 200e6
 
     def resume(self) -> str:
@@ -159,11 +161,12 @@ class Trainer:
             self.timers.add("step", time.perf_counter() - compute_start)
             self.budget.step.observe(time.perf_counter() - step_start)
             if self.step % self.cfg.logging.log_every == 0 or self.step == self.total_updates:
-                self._log(out, loss_sum / loss_count, micro)
+                self._log(out, loss_sum / loss_count)
                 loss_sum.zero_()
                 loss_count = 0
             elif self.console is not None:
                 self.console.tick(self.step)
+            self._histograms(micro)
             reason = self._after_update()
             if reason is not None:
                 break
@@ -262,13 +265,13 @@ class Trainer:
         for module in self.raw_modules.values():
             module.train()
         # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
-        keys = dist.broadcast_object(sorted(sums))
+        keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
         reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
         return {k: float(v) for k, v in reduced.items()}
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
-    def _log(self, out: Any, mean_loss: torch.Tensor, micro: list[MicroBatch]) -> None:
+    def _log(self, out: Any, mean_loss: torch.Tensor) -> None:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
@@ -287,15 +290,17 @@ class Trainer:
         if self.device.type == "cuda":
             scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.trackers.log_scalars(self.step, scalars)
+        if self.console is not None:
+            self.console.update(self.step, scalars)
+        self.timers.reset_window()
+
+    def _histograms(self, micro: list[MicroBatch]) -> None:
         hist_every = self.cfg.logging.tensorboard.hist_every
-        if hist_every and self.step % hist_every == 0:
+        if self.env.is_main and hist_every and self.step % hist_every == 0:
             values = self.task.histograms(micro[0].data)
             self.trackers.log_histograms(
                 self.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
             )
-        if self.console is not None:
-            self.console.update(self.step, scalars)
-        self.timers.reset_window()
 
     def _save(self, best: bool = False) -> None:
         start = time.perf_counter()

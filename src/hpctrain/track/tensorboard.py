@@ -1,0 +1,110 @@
+"""TensorBoard: event files under <tensorboard.dir>/<run_name>, one folder for all hops of a run.
+
+A resumed hop opens a new event file in the same folder with `purge_step = resume_step + 1`, so events that a
+killed hop wrote after its last checkpoint are hidden by TensorBoard's reader and every step shows once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Values per histogram at most: a muon batch can hold millions of muons, a histogram needs a few thousand.
+MAX_HIST_VALUES = 8192
+
+
+def timestamp_name(now: float | None = None) -> str:
+    """The default run name, e.g. 20260105-105330 (local time)."""
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+
+
+def cap_values(values: np.ndarray, limit: int = MAX_HIST_VALUES, seed: int = 0) -> np.ndarray:
+    """Finite values, flattened, subsampled to at most `limit` without touching the global RNG."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    flat = flat[np.isfinite(flat)]
+    if flat.size > limit:
+        # A private generator: drawing from numpy's global one would change the training's random streams.
+        pick = np.random.default_rng(seed).choice(flat.size, size=limit, replace=False)
+        flat = flat[np.sort(pick)]
+    return flat
+
+
+class TensorBoardTracker:
+    name = "tensorboard"
+
+    def __init__(
+        self,
+        root: str | Path,
+        run_name: str | None,
+        resume_step: int | None,
+        state: dict[str, Any] | None = None,
+        mirror_to: str | None = None,
+        max_hist_values: int = MAX_HIST_VALUES,
+    ) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        state = state or {}
+        # Config wins; else the name chosen by the first hop; else a new timestamp.
+        self.run_name = run_name or state.get("run_name") or timestamp_name()
+        self.log_dir = Path(root) / self.run_name
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.mirror_to = mirror_to
+        self.max_hist_values = max_hist_values
+        purge = resume_step + 1 if resume_step is not None else None
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge, flush_secs=60)
+        self._dirty = False
+        log.info("TensorBoard: %s (view with: tensorboard --logdir %s)", self.log_dir, root)
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            if value is None:
+                continue
+            self.writer.add_scalar(_tag(key), float(value), global_step=step)
+        self._dirty = True
+
+    def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
+        for key, array in values.items():
+            capped = cap_values(array, self.max_hist_values, seed=step)
+            if capped.size == 0:
+                continue
+            self.writer.add_histogram(f"hist/{key}", capped, global_step=step)
+        self._dirty = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_name": self.run_name}
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self._mirror()
+
+    def close(self) -> None:
+        self.writer.close()
+        self._mirror()
+
+    def _mirror(self) -> None:
+        if not self.mirror_to or not self._dirty:
+            return
+        from hpctrain.data.remote import mirror
+
+        try:
+            mirror(str(self.log_dir), self.mirror_to)
+            self._dirty = False
+        except Exception as exc:  # a full or unreachable mirror must not stop the training
+            log.warning("mirroring TensorBoard logs to %s failed: %s", self.mirror_to, exc)
+
+
+def _tag(key: str) -> str:
+    """Group scalars in TensorBoard's sidebar: val_* under val/, *_share under time/, rates under speed/."""
+    if key.startswith("val_"):
+        return f"val/{key[4:]}"
+    if key.endswith("_share"):
+        return f"time/{key[:-6]}"
+    if key.endswith("_per_s") or key.startswith("gpu_mem"):
+        return f"speed/{key}"
+    return f"train/{key}"
