@@ -29,9 +29,17 @@ from hpctrain.workloads.regression.task import MLP, RegressionTask, as_batch, ma
 
 def config(out: Path, hidden: list[int], batch: int, updates: int):
     overrides = [
-        f"run.out_dir={out}", "run.name=bench", f"model.hidden={hidden}", f"data.batch_size={batch}",
-        f"train.total_updates={updates}", "train.eval_every=0", "data.n_val=0", "logging.log_every=10",
-        "checkpoint.resume=never", "data.n_train=16384", "optim.name=adamw",
+        f"run.out_dir={out}",
+        "run.name=bench",
+        f"model.hidden={hidden}",
+        f"data.batch_size={batch}",
+        f"train.total_updates={updates}",
+        "train.eval_every=0",
+        "data.n_val=0",
+        "logging.log_every=10",
+        "checkpoint.resume=never",
+        "data.n_train=16384",
+        "optim.name=adamw",
     ]
     return load_config(ConfigRequest(None, None, overrides, None), config_model(), prepare=fill_default_types)
 
@@ -40,7 +48,13 @@ def trainer_rate(hidden: list[int], batch: int, updates: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config(Path(tmp), hidden, batch, updates)
         env = ClusterEnv()
-        trainer = Trainer(cfg, RegressionTask(cfg, env), env, Path(tmp) / "bench", TimeBudget(cfg.budget, env, StopSignals()))
+        trainer = Trainer(
+            cfg,
+            RegressionTask(cfg, env),
+            env,
+            Path(tmp) / "bench",
+            TimeBudget(cfg.budget, env, StopSignals()),
+        )
         trainer.build()
         trainer.resume()
         with contextlib.redirect_stdout(io.StringIO()):
@@ -83,7 +97,11 @@ def compare(hidden: list[int], batch: int, updates: int, repeats: int) -> dict[s
     for _ in range(repeats):
         ours.append(trainer_rate(hidden, batch, updates))
         theirs.append(hand_rate(hidden, batch, updates))
-    return {"trainer_updates_per_s": max(ours), "hand_updates_per_s": max(theirs), "ratio": max(ours) / max(theirs)}
+    return {
+        "trainer_updates_per_s": max(ours),
+        "hand_updates_per_s": max(theirs),
+        "ratio": max(ours) / max(theirs),
+    }
 
 
 def main() -> None:
@@ -94,10 +112,14 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     mid = compare([512, 512], 256, args.updates, args.repeats)
     small = compare([64, 64], 32, args.updates * 3, args.repeats)
-    print(f"mid-sized MLP [512,512] batch 256: trainer {mid['trainer_updates_per_s']:.1f} upd/s, "
-          f"hand loop {mid['hand_updates_per_s']:.1f} upd/s, ratio {mid['ratio']:.3f}")
-    print(f"tiny MLP [64,64] batch 32: trainer {small['trainer_updates_per_s']:.1f} upd/s, "
-          f"hand loop {small['hand_updates_per_s']:.1f} upd/s, ratio {small['ratio']:.3f}")
+    print(
+        f"mid-sized MLP [512,512] batch 256: trainer {mid['trainer_updates_per_s']:.1f} upd/s, "
+        f"hand loop {mid['hand_updates_per_s']:.1f} upd/s, ratio {mid['ratio']:.3f}"
+    )
+    print(
+        f"tiny MLP [64,64] batch 32: trainer {small['trainer_updates_per_s']:.1f} upd/s, "
+        f"hand loop {small['hand_updates_per_s']:.1f} upd/s, ratio {small['ratio']:.3f}"
+    )
     result = {
         "trainer_updates_per_s": round(mid["trainer_updates_per_s"], 2),
         "hand_updates_per_s": round(mid["hand_updates_per_s"], 2),

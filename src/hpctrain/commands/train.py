@@ -33,18 +33,19 @@ def prepare_run_dir(cfg: Any, env: ClusterEnv) -> Path:
 
 def run(cfg: Any, env: ClusterEnv) -> int:
     """The whole life cycle of one training process (also called by the submitit launcher)."""
-    from hpctrain.runtime import dist
+    # Handlers first (this import has no torch): a USR1 during the slow torch import must not kill the task.
     from hpctrain.runtime.budget import StopSignals, TimeBudget
-    from hpctrain.train.trainer import Trainer
-    from hpctrain.workloads.registry import task_factory
 
-    _logging(env)
-    say = print if env.is_main else (lambda *a, **k: None)
-    run_dir = prepare_run_dir(cfg, env)
-    say(to_yaml(cfg), end="", flush=True)
     signals = StopSignals().install()
     trainer = None
     try:
+        from hpctrain.train.trainer import Trainer
+        from hpctrain.workloads.registry import task_factory
+
+        _logging(env)
+        say = print if env.is_main else (lambda *a, **k: None)
+        run_dir = prepare_run_dir(cfg, env)
+        say(to_yaml(cfg), end="", flush=True)
         budget = TimeBudget(cfg.budget, env, signals)
         task = task_factory(cfg.model.type)(cfg, env)
         trainer = Trainer(cfg, task, env, run_dir, budget)
@@ -85,6 +86,8 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         if trainer is not None:
             trainer.close()
         signals.close()
+        from hpctrain.runtime import dist
+
         dist.teardown()
 
 

@@ -7,8 +7,8 @@ pelicanfs 1.5 quirks handled here:
 - `fs.glob()` on a full pelican://host:port/... URL returns []: we glob the bare namespace path instead.
 - fsspec caches one PelicanFileSystem bound to the first federation it saw: we build our own instances
   (`skip_instance_cache=True`), one per federation.
-- `pq.read_table(path, filesystem=pelicanfs)` fails (its mtime is a string): remote files are staged to local
-  scratch first (see `hpctrain.data.staging`) and never read through pelicanfs by Arrow.
+- `pq.read_table(path, filesystem=pelicanfs)` fails (its mtime is a string): Arrow gets file objects
+  (`pq.ParquetFile(fs.open(...))`, for footers) or staged copies (see `hpctrain.data.staging`).
 """
 
 from __future__ import annotations

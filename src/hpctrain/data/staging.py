@@ -185,7 +185,7 @@ class Stager:
         with self._cond:
             self._requested.discard(i)
             if self.local_rank == 0:
-                self._evict(self._node_view()[0], force=False)
+                self._evict(self._node_view(), force=False)
                 self._cond.notify_all()
         if self.local_rank != 0:
             self._publish()
@@ -208,7 +208,7 @@ class Stager:
         self._thread.join()
         self._thread = None
         with self._cond:
-            self._evict(self._node_view()[0], force=False)
+            self._evict(self._node_view(), force=False)
         self._publish(closed=True)
 
     # -- rank 0 ----------------------------------------------------------------------------------------------
@@ -239,8 +239,8 @@ class Stager:
                 with self._cond:
                     if self._closing or self._fatal is not None:
                         return
-                    floor, max_want, demanded = self._node_view()
-                    self._evict(floor, force=False)
+                    view = floor, max_want, demanded = self._node_view()
+                    self._evict(view, force=False)
                     j = self._next(floor, max_want, demanded) if self._active < self.cfg.parallel else None
                     if j is None:
                         self._cond.wait(0.05 if self.local_world_size > 1 else 0.5)
@@ -301,7 +301,7 @@ class Stager:
 
         if ok(used()):
             return True
-        self._evict(self._node_view()[0], force=True)
+        self._evict(self._node_view(), force=True)
         held = used()
         if ok(held) or not held:
             return True
@@ -310,18 +310,32 @@ class Stager:
             log.warning("staging budget (max_files/max_bytes) too small: fetching a needed file over it")
         return demanded
 
-    def _evict(self, floor: float, force: bool) -> None:
-        """Delete staged files below every rank's floor (delete_after_use, or `force` to make room)."""
+    def _evict(self, view: tuple[float, int, set[int]], force: bool) -> None:
+        """Delete staged files below every rank's floor (delete_after_use, or `force` to make room), unless the
+        same file comes again within the prefetch window (a URI listed twice, e.g. the next epoch's start);
+        one that comes again only later is fetched again then, so that it does not sit in the budget."""
         if not (self.cfg.delete_after_use or force):
             return
-        last: dict[str, int] = {}
-        for k, name in enumerate(self._names):
-            last[name] = k
-        for k in range(min(int(min(floor, len(self.uris))), len(self.uris))):
-            if self._state[k] == "ready" and last[self._names[k]] < floor:
-                self.path(k).unlink(missing_ok=True)
+        floor, max_want, _ = view
+        n = len(self.uris)
+        low = int(min(floor, n))
+        window: dict[str, int] = {}  # name -> its first entry in the window
+        for j in range(low, min(n, max_want + self.cfg.ahead + 1)):
+            window.setdefault(self._names[j], j)
+        for k in range(low):
+            if self._state[k] != "ready":
+                continue
+            later = window.get(self._names[k])
+            if later is not None:
+                # the file now belongs to its later entry (counted in the budget from now on)
+                if self._state[later] in ("pending", "deleted"):
+                    self._state[later], self._size[later] = "ready", self._size[k]
+                    self.stats["reused"] += 1
                 self._state[k] = "deleted"
-                self.stats["evicted"] += 1
+                continue
+            self.path(k).unlink(missing_ok=True)
+            self._state[k] = "deleted"
+            self.stats["evicted"] += 1
 
     def _node_view(self) -> tuple[float, int, set[int]]:
         """(lowest index any local rank may still read, highest index asked for, indices someone waits on)."""

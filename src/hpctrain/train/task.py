@@ -153,18 +153,21 @@ class SupervisedTask(Task):
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
         model = ctx.modules["model"]
-        total = torch.zeros((), device=ctx.device)
-        extras: dict[str, torch.Tensor] = {}
+        losses, extras = [], []
         for i, micro in enumerate(micro_batches):
             with ctx.no_sync("model", last=i == len(micro_batches) - 1):
                 with ctx.autocast():
                     loss, metrics = self.loss(model, micro.data)
-                ctx.backward(loss * micro.weight)
-            total += loss.detach().float() * micro.weight
-            for key, value in metrics.items():
-                extras[key] = extras.get(key, 0.0) + value.detach().float() * micro.weight
+                ctx.backward(loss if micro.weight == 1.0 else loss * micro.weight)
+            losses.append(loss.detach())
+            extras.append(metrics)
         ctx.optimizer_step("main")
-        return StepOutput(total, extras, sum(m.samples for m in micro_batches))
+        if len(micro_batches) == 1:  # the common case: no extra tensor arithmetic per update
+            return StepOutput(losses[0], extras[0], micro_batches[0].samples)
+        weights = [m.weight for m in micro_batches]
+        total = sum(w * x.float() for w, x in zip(weights, losses))
+        merged = {k: sum(w * e[k].float() for w, e in zip(weights, extras)) for k in extras[0]}
+        return StepOutput(total, merged, sum(m.samples for m in micro_batches))  # type: ignore[arg-type]
 
     def eval_step(self, batch: Any, ctx: UpdateContext) -> dict[str, torch.Tensor]:
         with ctx.autocast():

@@ -8,6 +8,10 @@ DataLoader workers, each worker decodes only that chunk's units, so no row group
 memory stays at a few chunks per worker. A batch crossing a chunk boundary is assembled from its pieces in
 order. The position (epoch, events of the epoch consumed by all ranks) is counted where batches are handed
 out.
+
+Remote inputs (pelican://, osdf:///, https://): the index comes from their metadata read remotely (see
+staged.py); the sampler stages the files of each work item just before handing it to a worker, `ahead` files
+in advance in reading order, and releases them once the item's result is back and no later chunk needs them.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hpctrain.data.loader import seed_worker
 from hpctrain.data.ragged import gather_ragged
+from hpctrain.data.remote import is_remote
 from hpctrain.workloads.muons import layouts, physics
 from hpctrain.workloads.muons.batch import MuonBatch
+from hpctrain.workloads.muons.staged import FileMeta, StagedFiles, StagingSpec, remote_index
 
 log = logging.getLogger("hpctrain.muons")
 
@@ -49,6 +55,8 @@ class EventIndex:
     files: list[str]
     layouts: list[str]
     unit_rows: list[list[int]]
+    # per file: the units a remote file's staged copy must have (its index came from remote metadata), or None
+    expected_rows: list[list[int] | None] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -75,10 +83,30 @@ def build_index(
     max_events: int = 0,
     hdf5_unit_events: int = 65536,
     report: bool = True,
+    staging: StagingSpec | None = None,
 ) -> EventIndex:
-    """Open every file's metadata once. A missing path always fails; a corrupt file fails or is skipped."""
+    """Open every file's metadata once. A missing path always fails; a corrupt file fails or is skipped.
+
+    Remote files are not downloaded: their footers are read remotely (or taken from the run folder's cache)."""
     index = EventIndex([], [], [])
+    metas: dict[str, FileMeta | BaseException] = {}
+    if any(is_remote(f) for f in files):
+        metas = remote_index(files, staging or StagingSpec(), hdf5_unit_events, run_dir, write_cache=report)
     for path in files:
+        if path in metas:
+            meta = metas[path]
+            if isinstance(meta, BaseException):
+                if on_bad_file != "skip":
+                    raise RuntimeError(
+                        f"{meta}; set data.on_bad_file=skip to go on without this file"
+                    ) from None
+                note_bad_file(run_dir if report else None, path, str(getattr(meta, "reason", meta)))
+                continue
+            index.files.append(path)
+            index.layouts.append(meta.layout)
+            index.unit_rows.append(list(meta.unit_rows))
+            index.expected_rows.append(list(meta.unit_rows))
+            continue
         layouts.check_local(path)
         try:
             reader = layouts.open_reader(path, hdf5_unit_events)
@@ -95,6 +123,7 @@ def build_index(
         index.files.append(path)
         index.layouts.append(reader.layout)
         index.unit_rows.append(list(reader.unit_rows))
+        index.expected_rows.append(None)
         reader.close()
     if max_events:
         left = max_events
@@ -153,6 +182,7 @@ class WorkItem:
     epoch: int
     chunk: int
     pieces: list[tuple[int, int, int, int, int]]
+    paths: dict[int, str] | None = None  # staged inputs: file -> local path (a bad file is missing)
 
 
 @dataclass
@@ -163,9 +193,11 @@ class ItemResult:
     events: MuonBatch
     sizes: list[tuple[int, int, int, int]]
     stats: dict[str, int] = field(default_factory=dict)
+    epoch: int = -1
+    chunk: int = -1
 
     def pin_memory(self) -> ItemResult:
-        return ItemResult(self.events.pin_memory(), self.sizes, self.stats)
+        return ItemResult(self.events.pin_memory(), self.sizes, self.stats, self.epoch, self.chunk)
 
     def pieces(self) -> Iterator[tuple[int, int, int, MuonBatch]]:
         start = 0
@@ -229,6 +261,7 @@ class ChunkDataset(Dataset[ItemResult]):
         self.index, self.seed, self.shuffle, self.window, self.opts = index, seed, shuffle, window, opts
         self._plan: EpochPlan | None = None
         self._readers: OrderedDict[int, layouts.Reader] = OrderedDict()
+        self._paths: dict[int, str] | None = None  # the current item's staged paths
         self._outlier_seq = 0
 
     def __len__(self) -> int:
@@ -243,13 +276,24 @@ class ChunkDataset(Dataset[ItemResult]):
         if f in self._readers:
             self._readers.move_to_end(f)
             return self._readers[f]
-        reader = layouts.open_reader(self.index.files[f], self.opts.hdf5_unit_events)
+        path = self.index.files[f] if self._paths is None else self._paths[f]
+        reader = layouts.open_reader(path, self.opts.hdf5_unit_events)
+        expected = self.index.expected_rows[f] if self.index.expected_rows else None
+        if expected is not None and list(reader.unit_rows) != expected:
+            reader.close()
+            raise ValueError(
+                f"the staged copy has units of {list(reader.unit_rows)} events, the index {expected}: the file "
+                f"changed since its metadata was read (cached in <run folder>/data_index/; delete it)"
+            )
         self._readers[f] = reader
         while len(self._readers) > 4:  # bounded: a few open files per worker
             self._readers.popitem(last=False)[1].close()
         return reader
 
     def _read(self, f: int, u: int, rows: int, stats: dict[str, int]) -> layouts.Events | None:
+        if self._paths is not None and f not in self._paths:  # could not be staged: noted by the sampler
+            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            return None
         try:
             events = self._reader(f).read_unit(u)
         except Exception as err:  # a corrupt row group: pyarrow/h5py raise many types
@@ -270,6 +314,12 @@ class ChunkDataset(Dataset[ItemResult]):
         return events
 
     def __getitem__(self, item: WorkItem) -> ItemResult:  # type: ignore[override]
+        if item.paths is not None:
+            # staged files are deleted after use: hold only this item's files open (an open deleted file
+            # would keep its scratch space)
+            self._paths = item.paths
+            for f in [f for f in self._readers if f not in item.paths]:
+                self._readers.pop(f).close()
         plan = self.plan(item.epoch)
         units = plan.chunks[item.chunk]
         order = plan.chunk_order(item.chunk)
@@ -322,7 +372,7 @@ class ChunkDataset(Dataset[ItemResult]):
             events = MuonBatch.from_numpy(
                 data.primaries[row], data.muons[muon_rows], counts, data.ids[row], where
             )
-        return ItemResult(events, sizes, stats)
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk)
 
     def _filter(
         self,
@@ -426,7 +476,8 @@ class _Items(Sampler[WorkItem]):
     def __iter__(self) -> Iterator[WorkItem]:
         s = self.stream
         plan = s._dataset.plan(s._start_epoch)
-        return work_items(plan, s._start_position, s.batch_size, s.rank, s.world_size, s.drop_last)
+        items = work_items(plan, s._start_position, s.batch_size, s.rank, s.world_size, s.drop_last)
+        return items if s._staged is None else s._stage_items(plan, items)
 
 
 def _identity(x: Any) -> Any:
@@ -466,6 +517,7 @@ class EventStream:
         hdf5_unit_events: int = 65536,
         drop_last: bool = True,
         on_close: Callable[[], None] | None = None,
+        staging: StagingSpec | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -474,8 +526,15 @@ class EventStream:
                 raise ValueError(f"data.{name} must be 'fail' or 'skip', not {value!r}")
         run = str(run_dir) if run_dir is not None else None
         self.index = build_index(
-            list(files), on_bad_file, run, max_events, hdf5_unit_events, report=rank == 0
+            list(files), on_bad_file, run, max_events, hdf5_unit_events, report=rank == 0, staging=staging
         )
+        # remote inputs: staged along the order by the sampler (local files in the list pass through)
+        self._staged = (
+            StagedFiles(self.index.files, staging or StagingSpec())
+            if any(is_remote(f) for f in self.index.files)
+            else None
+        )
+        self.on_bad_file, self.run_dir = on_bad_file, run
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.drop_last, self.prefetch_batches = drop_last, prefetch_batches
         if drop_last and self.index.total < batch_size * world_size:
@@ -519,14 +578,55 @@ class EventStream:
         g = self.batch_size * self.world_size
         return self.index.total // g * g if self.drop_last else self.index.total
 
-    def epoch_batches(self, epoch: int, position: int) -> Iterator[tuple[MuonBatch, int]]:
-        """(batch, global position after it) of one epoch from `position`, in order."""
+    @property
+    def stage_wait_seconds(self) -> float:
+        """Seconds spent blocked waiting for remote files to be staged (0 for local inputs)."""
+        return self._staged.wait_seconds if self._staged is not None else 0.0
+
+    @property
+    def staging_stats(self) -> dict[str, int]:
+        """Counts of the stagers closed so far (downloaded, downloaded_bytes, reused, retries, evicted)."""
+        return dict(self._staged.stats) if self._staged is not None else {}
+
+    def _begin_staging(self, epoch: int, position: int, then_next: bool) -> None:
+        plan = self._dataset.plan(epoch)
+        if self._staged is None or position >= plan.total:
+            return
+        after: list[int] = []
+        if then_next:  # the next epoch's first files, so that crossing into it does not stall
+            nxt = EpochPlan(self.index, self.seed, epoch + 1, self._dataset.shuffle, self._dataset.window)
+            after = list(dict.fromkeys(f for chunk in nxt.chunks for f, _, _ in chunk))
+        self._staged.begin(epoch, plan.chunks, plan.chunk_of(position), after)
+
+    def _stage_items(self, plan: EpochPlan, items: Iterator[WorkItem]) -> Iterator[WorkItem]:
+        """Main side: stage the files of each item's chunk before a worker gets it (blocks if not there)."""
+        assert self._staged is not None
+        for item in items:
+            files = list(dict.fromkeys(f for f, _, _ in plan.chunks[item.chunk]))
+            item.paths, bad = self._staged.paths(item.epoch, files)
+            for f, reason in bad:
+                uri = self.index.files[f]
+                if self.on_bad_file != "skip":
+                    raise RuntimeError(
+                        f"{uri}: cannot be staged ({reason}); set data.on_bad_file=skip to go on without it"
+                    )
+                note_bad_file(self.run_dir if self.rank == 0 else None, uri, f"staging: {reason}")
+            yield item
+
+    def epoch_batches(
+        self, epoch: int, position: int, then_next: bool = False
+    ) -> Iterator[tuple[MuonBatch, int]]:
+        """(batch, global position after it) of one epoch from `position`, in order (`then_next`: the next
+        epoch follows, so remote files of its start may be staged already)."""
         self._start_epoch, self._start_position = epoch, position
+        self._begin_staging(epoch, position, then_next)
         g = self.batch_size * self.world_size
         pending: dict[int, list[MuonBatch | None]] = {}
         next_k = 0
         for result in self._loader:
             self._count(result.stats)
+            if self._staged is not None:
+                self._staged.done(result.epoch, result.chunk)
             for k, part, nparts, batch in result.pieces():
                 pending.setdefault(k, [None] * nparts)[part] = batch
             while next_k in pending and all(b is not None for b in pending[next_k]):
@@ -534,6 +634,14 @@ class EventStream:
                 yield MuonBatch.concat(parts), min(position + (next_k + 1) * g, self.index.total)  # type: ignore[arg-type]
                 next_k += 1
         assert not pending, "a batch was left incomplete"
+        if self._staged is not None:
+            self._staged.end_epoch()
+            log.info(
+                "epoch %d: %.1f s waiting for staged files so far (%s)",
+                epoch,
+                self._staged.wait_seconds,
+                ", ".join(f"{k} {v}" for k, v in self._staged.stats.items()),
+            )
 
     def _count(self, stats: dict[str, int]) -> None:
         for key, value in stats.items():
@@ -546,7 +654,7 @@ class EventStream:
     def _endless(self) -> Iterator[tuple[MuonBatch, int, int]]:
         epoch, position = self.epoch, self.position
         while True:
-            for batch, end in self.epoch_batches(epoch, position):
+            for batch, end in self.epoch_batches(epoch, position, then_next=True):
                 yield batch, epoch, end
             epoch, position = epoch + 1, 0
 
@@ -576,6 +684,8 @@ class EventStream:
     def close(self) -> None:
         self._stop_prefetcher()
         self._loader._iterator = None  # type: ignore[attr-defined]  # shuts persistent workers down
+        if self._staged is not None:
+            self._staged.close()
         if self._on_close is not None:
             self._on_close()
             self._on_close = None

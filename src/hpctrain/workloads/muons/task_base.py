@@ -6,7 +6,7 @@ MuonBatch objects on the device (see physics for the units), cut under `data.max
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,36 +14,31 @@ import torch
 
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
+from hpctrain.workloads.muons.staged import StagingSpec
 from hpctrain.workloads.muons.stream import EventStream
 
 
-def resolve_files(paths: list[str], data: Any, env: Any) -> tuple[list[str], Callable[[], None] | None]:
-    """Local files for `paths` (globs, folders, remote URIs) and a closer for the stager, if one was needed.
+def resolve_files(paths: list[str], data: Any) -> list[str]:
+    """Files named by `paths` (local paths, globs, folders, remote URIs and globs), sorted, de-duplicated.
 
-    Remote files are staged to node-local scratch (data.staging) before the index is built."""
-    from hpctrain.data.remote import expand_paths, is_remote
+    Remote files are NOT downloaded here: the stream reads their metadata remotely and stages each file to
+    node-local scratch just ahead of its use (data.staging)."""
+    from hpctrain.data.remote import expand_paths
 
     if not paths:
         raise ValueError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
-    files = expand_paths(list(paths), getattr(data, "pelican", None))
-    if not any(is_remote(f) for f in files):
-        return files, None
-    from hpctrain.data.staging import Stager
+    return expand_paths(list(paths), getattr(data, "pelican", None))
 
-    stager = Stager(
-        files,
-        data.staging,
+
+def staging_spec(data: Any, env: Any) -> StagingSpec:
+    """This rank's access to remote inputs: data.staging, data.pelican and its place on the node."""
+    return StagingSpec(
+        staging=data.staging,
+        pelican=data.pelican,
         local_rank=getattr(env, "local_rank", 0),
         local_world_size=getattr(env, "local_world_size", 1),
         job_id=getattr(env, "job_id", None),
-        pelican=data.pelican,
     )
-    try:
-        local = [str(stager.get(i)) for i in range(len(files))]
-    except BaseException:
-        stager.close()
-        raise
-    return local, stager.close
 
 
 def open_stream(
@@ -51,36 +46,31 @@ def open_stream(
 ) -> EventStream:
     """This rank's EventStream of `data` (a MuonData): 'train' endless, shuffled; 'val' one ordered pass."""
     train = split == "train"
-    files, closer = resolve_files(data.paths if train else data.val_paths, data, env)
-    try:
-        return EventStream(
-            files,
-            data.batch_size,
-            seed,
-            rank=env.rank,
-            world_size=env.world_size,
-            num_workers=data.num_workers,
-            prefetch_factor=data.prefetch_factor,
-            persistent_workers=data.persistent_workers and train,
-            pin_memory=data.pin_memory and torch.cuda.is_available(),
-            shuffle=data.shuffle and train,
-            shuffle_window=data.shuffle_window,
-            prefetch_batches=data.prefetch_batches if train else 0,
-            max_muons_per_event=data.event_muon_cap,
-            outliers_dir=data.outliers_dir if train else None,
-            drop_empty_events=data.drop_empty_events,
-            on_bad_file=data.on_bad_file,
-            on_bad_event=data.on_bad_event,
-            max_events=data.max_events if train else 0,
-            run_dir=run_dir,
-            hdf5_unit_events=data.hdf5_unit_events,
-            drop_last=train,
-            on_close=closer,
-        )
-    except BaseException:
-        if closer is not None:
-            closer()
-        raise
+    files = resolve_files(data.paths if train else data.val_paths, data)
+    return EventStream(
+        files,
+        data.batch_size,
+        seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        num_workers=data.num_workers,
+        prefetch_factor=data.prefetch_factor,
+        persistent_workers=data.persistent_workers and train,
+        pin_memory=data.pin_memory and torch.cuda.is_available(),
+        shuffle=data.shuffle and train,
+        shuffle_window=data.shuffle_window,
+        prefetch_batches=data.prefetch_batches if train else 0,
+        max_muons_per_event=data.event_muon_cap,
+        outliers_dir=data.outliers_dir if train else None,
+        drop_empty_events=data.drop_empty_events,
+        on_bad_file=data.on_bad_file,
+        on_bad_event=data.on_bad_event,
+        max_events=data.max_events if train else 0,
+        run_dir=run_dir,
+        hdf5_unit_events=data.hdf5_unit_events,
+        drop_last=train,
+        staging=staging_spec(data, env),
+    )
 
 
 class ValBatches:
@@ -111,10 +101,21 @@ class MuonTaskBase(Task):
 
     def build_data(self, split: str, seed: int) -> Any:
         if split == "train":
-            return open_stream(self.cfg.data, seed, self.env, self.run_dir, "train")
+            self._train_stream = open_stream(self.cfg.data, seed, self.env, self.run_dir, "train")
+            return self._train_stream
         if not self.cfg.data.val_paths:
             return None
         return ValBatches(self.cfg.data, seed, self.env, self.run_dir)
+
+    def data_metrics(self) -> dict[str, torch.Tensor]:
+        """`stage_wait_s`: seconds the training stream has waited for remote files to reach scratch, so far.
+
+        A train_step may add these to StepOutput.metrics. The wait is already inside the trainer's data_share
+        (the stream stages files in the main process, the time blocked in next(batches))."""
+        stream = getattr(self, "_train_stream", None)
+        if stream is None:
+            return {}
+        return {"stage_wait_s": torch.tensor(stream.stage_wait_seconds)}
 
     def batch_samples(self, batch: MuonBatch) -> int:
         return len(batch)

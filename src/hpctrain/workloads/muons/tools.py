@@ -18,6 +18,9 @@ SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": "
 def generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for the files (created)")
     parser.add_argument("--files", type=int, default=1, help="number of files (default 1)")
+    parser.add_argument(
+        "--first-file", type=int, default=0, help="index of the first file (array jobs write disjoint ranges)"
+    )
     parser.add_argument("--events-per-file", type=int, default=10_000, help="events per file (default 10000)")
     parser.add_argument(
         "--layout", choices=layouts.LAYOUTS, default="parquet", help="file layout (default parquet)"
@@ -39,12 +42,12 @@ def generate(args: argparse.Namespace) -> int:
     for name in ("files", "events_per_file", "row_group_size"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    if args.seed < 0:
-        raise UserError(f"--seed must be non-negative, not {args.seed}")
+    if args.seed < 0 or args.first_file < 0:
+        raise UserError(f"--seed and --first-file must be non-negative, not {args.seed}, {args.first_file}")
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     events = muons = 0
-    for i in range(args.files):
+    for i in range(args.first_file, args.first_file + args.files):
         data = synthetic_events(args.events_per_file, args.seed, i)
         path = os.path.join(args.out, f"{args.prefix}-{i:05d}{SUFFIX[args.layout]}")
         layouts.write_events(path, data, args.layout, args.row_group_size)

@@ -88,21 +88,25 @@ class RegressionTask(SupervisedTask):
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x, y = batch
-        pred = model(x).float()
-        err = pred - y
-        mse = (err**2).mean()
-        metrics = {"mse": mse.detach(), "mae": err.abs().mean().detach()}
+        err = model(x).float() - y  # (B, 1)
         kind = self.cfg.model.loss
-        if kind == "mse":
-            loss = mse
-        elif kind == "mae":
-            loss = err.abs().mean()
-        else:
-            loss = torch.sqrt(mse + 1e-12)
-        return loss, metrics
+        if kind == "mae":
+            return err.abs().mean(), {}
+        mse = (err**2).mean()
+        return (mse if kind == "mse" else torch.sqrt(mse + 1e-12)), {}
+
+    def eval_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+        x, y = batch
+        with ctx.autocast():
+            err = ctx.raw_modules["model"](x).float() - y  # (B, 1)
+        return {
+            "mse_sum": (err**2).sum(),
+            "mae_sum": err.abs().sum(),
+            "count": torch.tensor(float(x.shape[0])),
+        }
 
     def finish_eval(self, sums: dict[str, float]) -> dict[str, float]:
-        metrics = super().finish_eval(sums)
-        if "val_mse" in metrics:
-            metrics["val_rmse"] = metrics["val_mse"] ** 0.5
+        metrics = super().finish_eval(sums)  # val_mse, val_mae
+        metrics["val_rmse"] = metrics["val_mse"] ** 0.5
+        metrics["val_loss"] = metrics[f"val_{self.cfg.model.loss}"]
         return metrics

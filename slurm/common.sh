@@ -1,0 +1,299 @@
+# shellcheck shell=bash
+# The part every sbatch template shares: sourced (never run) by slurm/*.sh, then `hpctrain_job "$@"`.
+#
+# sbatch runs a COPY of the template from its spool folder, so nothing here is found relative to BASH_SOURCE:
+# the project is $HPCTRAIN_HOME, which the template sets from SLURM_SUBMIT_DIR (submit from the project folder,
+# or export HPCTRAIN_HOME). Exit codes of the training (src/hpctrain/errors.py): 0 finished, 75 stopped early
+# and resumable, 2 bad input, anything else a failure.
+
+hpctrain_log() { echo "[hpctrain $(date +%H:%M:%S) job ${SLURM_JOB_ID:-none}] $*" >&2; }
+
+# ---------------------------------------------------------------------------------------- environment
+hpctrain_setup_env() {
+    cd "$HPCTRAIN_HOME" || { hpctrain_log "error: project folder $HPCTRAIN_HOME not found"; exit 2; }
+    if [ -f "$HPCTRAIN_HOME/.venv/bin/activate" ]; then
+        # shellcheck disable=SC1091
+        source "$HPCTRAIN_HOME/.venv/bin/activate"
+    fi
+    # Site specifics (module loads, scratch paths, proxies): see hpc/site.example.sh.
+    if [ -f "$HPCTRAIN_HOME/hpc/site.sh" ]; then
+        # shellcheck disable=SC1091
+        source "$HPCTRAIN_HOME/hpc/site.sh"
+    fi
+    # A `--export=VAR=...` without ALL strips the job's environment, and srun inherits SLURM_EXPORT_ENV:
+    # the inner srun would then fail with "execve(): bash: No such file". Steps get everything.
+    export SLURM_EXPORT_ENV=ALL
+    export PYTHONUNBUFFERED=1
+}
+
+# ------------------------------------------------------------------------------------------ arguments
+# `sbatch script.sh --export=LR=2e-5` hands `--export=...` to the SCRIPT, not to sbatch: export its variables
+# here. Everything else (--config, --preset, key=value) goes to `hpctrain train`, in order.
+hpctrain_parse_args() {
+    HPCTRAIN_ARGS=()
+    local arg pending=0
+    for arg in "$@"; do
+        if [ "$pending" = 1 ]; then
+            hpctrain_export_list "$arg" || return 2
+            pending=0
+            continue
+        fi
+        case "$arg" in
+            --export=*) hpctrain_export_list "${arg#--export=}" || return 2 ;;
+            --export) pending=1 ;;
+            *) HPCTRAIN_ARGS+=("$arg") ;;
+        esac
+    done
+    if [ "$pending" = 1 ]; then
+        hpctrain_log "error: --export needs NAME=VALUE[,NAME=VALUE...]"
+        return 2
+    fi
+}
+
+hpctrain_export_list() {
+    local item items
+    IFS=',' read -r -a items <<<"$1"
+    for item in "${items[@]}"; do
+        case "$item" in
+            ALL | NONE | NIL | "") ;;  # sbatch's keywords: the job already has its environment
+            *=*)
+                if [[ ! "${item%%=*}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+                    hpctrain_log "error: --export item '$item': '${item%%=*}' is not a variable name"
+                    return 2
+                fi
+                export "${item?}"
+                ;;
+            *)
+                # `--export=NAME` means "pass NAME from the submitting shell": it is in our environment already.
+                if [[ ! "$item" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+                    hpctrain_log "error: --export item '$item' is not NAME or NAME=VALUE"
+                    return 2
+                fi
+                ;;
+        esac
+    done
+}
+
+# --------------------------------------------------------------------------------------------- checks
+# Validate the config and this allocation against it before anything runs; sets hpctrain_run_dir,
+# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout.
+hpctrain_check() {
+    local lead settings
+    lead=$(grep -m1 -oE '^#SBATCH[[:space:]]+--signal=([A-Z]+:)?[A-Z0-9]+@[0-9]+' "$0" | sed 's/.*@//')
+    hpctrain_signal_lead=$lead
+    settings=$(hpctrain submit --check ${lead:+--signal-lead "$lead"} "${HPCTRAIN_ARGS[@]}") || {
+        hpctrain_log "error: the configuration or the job settings are wrong (above); nothing was run"
+        exit 2
+    }
+    eval "$settings"
+}
+
+hpctrain_master() {
+    local head addr
+    head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+    # Node names do not always resolve (e.g. hpc/local-cluster): fall back to the node's NodeAddr.
+    if getent hosts "$head" >/dev/null 2>&1; then
+        addr=$head
+    else
+        addr=$(scontrol show node -o "$head" | grep -oE 'NodeAddr=[^ ]+' | cut -d= -f2)
+    fi
+    export MASTER_ADDR=${addr:-$head}
+    export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+}
+
+# ---------------------------------------------------------------------------------------------- chain
+hpctrain_chain() {  # hpctrain_chain start|next [exit code]
+    python -m hpctrain.launch.chain "$1" "$hpctrain_run_dir" --exit-code "${2:-75}" \
+        --max-resubmits "$hpctrain_max_resubmits" --max-idle "$hpctrain_max_idle"
+}
+
+hpctrain_script_path() {
+    scontrol show job -o "$SLURM_JOB_ID" | grep -oE 'Command=[^ ]+' | cut -d= -f2
+}
+
+# afterany: queue the successor first, so a hop killed without warning still continues the chain.
+hpctrain_submit_successor() {
+    local script tres gres
+    script=$(hpctrain_script_path)
+    if [ -z "$script" ] || [ ! -f "$script" ]; then
+        hpctrain_log "error: cannot find this job's script ($script) to queue its successor"
+        return 1
+    fi
+    tres=$(scontrol show job -o "$SLURM_JOB_ID")
+    gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed 's/^gres://')
+    hpctrain_successor=$(sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" \
+        --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
+        --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
+        ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
+        ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
+        "$script" "${HPCTRAIN_ORIGINAL_ARGS[@]}") || return 1
+    hpctrain_successor=${hpctrain_successor%%;*}
+    hpctrain_log "successor job $hpctrain_successor queued (afterany:$SLURM_JOB_ID)"
+}
+
+hpctrain_cancel_successor() {
+    if [ -n "${hpctrain_successor:-}" ]; then
+        scancel "$hpctrain_successor" && hpctrain_log "cancelled successor job $hpctrain_successor ($1)"
+    fi
+}
+
+# ------------------------------------------------------------------------------------------ launching
+hpctrain_launch() {
+    local cpus=${SLURM_CPUS_PER_TASK:-1}
+    if [ "$hpctrain_launcher" = torchrun ]; then
+        local gpus=${SLURM_GPUS_ON_NODE:-0} per_node
+        per_node=$((gpus > 0 ? gpus : 1))
+        # One torchrun per node (never srun ntasks-per-node=G around torchrun nproc G: G^2 processes). torchrun
+        # ignores USR1 (its default action would kill it); its workers install their own stop handler.
+        srun --kill-on-bad-exit=0 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+            --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-$cpus}" \
+            bash -c 'trap "" USR1; exec torchrun --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node="$0" \
+                --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+                -m hpctrain train "$@"' "$per_node" "${HPCTRAIN_ARGS[@]}" &
+    else
+        # One task per GPU (or per requested task): RANK/WORLD_SIZE/LOCAL_RANK from the step's SLURM variables.
+        srun --kill-on-bad-exit=0 hpctrain train "${HPCTRAIN_ARGS[@]}" &
+    fi
+    hpctrain_step_pid=$!
+}
+
+# The signal before the time limit (#SBATCH --signal=B:USR1@lead) reaches only this shell: pass it on to the
+# step (srun relays it to every task). bash runs traps only between commands, hence `&` and the wait loop.
+# Installed before anything else: an untrapped USR1 would kill this shell (signals may come early).
+hpctrain_forward() {
+    if [ -n "${hpctrain_step_pid:-}" ] && [ -z "${hpctrain_step_done:-}" ]; then
+        if [ "$1" = USR1 ] && hpctrain_defer_early_warning; then
+            return
+        fi
+        hpctrain_log "got SIG$1: asking the training to save and stop"
+        kill -s "$1" "$hpctrain_step_pid" 2>/dev/null
+    elif [ -z "${hpctrain_step_pid:-}" ]; then
+        # Before the launch the tasks could not honour it yet (no handler during start-up): do not start.
+        hpctrain_log "got SIG$1 before the training started: not starting this hop"
+        hpctrain_stop_before_start=1
+    else
+        hpctrain_log "got SIG$1 after the training ended: ignored"
+    fi
+}
+
+# slurmctld checks time limits every ~30 s, so the walltime warning comes up to a minute before `lead`: passed on
+# at once it would end every hop that much early. A USR1 inside that window is the warning: pass it on at
+# `lead` seconds before the end (the trainer's own deadline usually stops it first). Earlier USR1s (a preemption)
+# go through at once.
+hpctrain_defer_early_warning() {
+    local end now remaining lead=${hpctrain_signal_lead:-}
+    [ -n "$lead" ] || return 1
+    end=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -oE 'EndTime=[0-9T:-]+' | cut -d= -f2)
+    [ -n "$end" ] || return 1
+    end=$(date -d "$end" +%s 2>/dev/null) || return 1
+    now=$(date +%s)
+    remaining=$((end - now))
+    if [ "$remaining" -gt $((lead + 1)) ] && [ "$remaining" -le $((lead + 65)) ]; then
+        hpctrain_log "walltime warning $((remaining - lead)) s early: passing it on $lead s before the end"
+        (sleep $((remaining - lead)) && kill -s USR1 "$hpctrain_step_pid" 2>/dev/null) &
+        return 0
+    fi
+    return 1
+}
+
+hpctrain_wait_step() {
+    local rc
+    while :; do
+        wait "$hpctrain_step_pid"
+        rc=$?
+        # A trapped signal interrupts `wait` (rc > 128) while srun still runs (a zombie still answers kill -0).
+        kill -0 "$hpctrain_step_pid" 2>/dev/null || break
+    done
+    return "$rc"
+}
+
+# torchrun reports a worker's 75 as its own failure: the run folder's summary.json says what really happened.
+hpctrain_resolve_torchrun_rc() {
+    local rc=$1
+    if [ "$hpctrain_launcher" = torchrun ] && [ "$rc" != 0 ] && [ -f "$hpctrain_run_dir/summary.json" ] &&
+        [ "$hpctrain_run_dir/summary.json" -nt "$hpctrain_hop_marker" ]; then
+        case "$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' \
+            "$hpctrain_run_dir/summary.json" 2>/dev/null)" in
+            stopped) rc=75 ;;
+            finished | already_finished) rc=0 ;;
+        esac
+    fi
+    echo "$rc"
+}
+
+# ------------------------------------------------------------------------------------------------ job
+hpctrain_job() {
+    HPCTRAIN_ORIGINAL_ARGS=("$@")
+    hpctrain_step_pid=""
+    hpctrain_stop_before_start=""
+    trap 'hpctrain_forward USR1' USR1
+    trap 'hpctrain_forward USR1' USR2
+    trap 'hpctrain_forward TERM' TERM
+    hpctrain_setup_env
+    hpctrain_parse_args "$@" || exit 2
+    mkdir -p logs/slurm
+    hpctrain_check
+    hpctrain_master
+    hpctrain_log "run folder $hpctrain_run_dir; $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST;" \
+        "master $MASTER_ADDR:$MASTER_PORT; launcher $hpctrain_launcher; resubmit $hpctrain_resubmit;" \
+        "restart ${SLURM_RESTART_COUNT:-0}"
+    if ! hpctrain_chain start >/dev/null; then
+        exit 1
+    fi
+    hpctrain_successor=""
+    if [ "$hpctrain_resubmit" = afterany ]; then
+        hpctrain_submit_successor || exit 1
+    fi
+    if [ -n "$hpctrain_stop_before_start" ]; then
+        hpctrain_after 75
+    fi
+    hpctrain_hop_marker=$(mktemp "${TMPDIR:-/tmp}/hpctrain-hop.XXXXXX")
+    hpctrain_launch
+    hpctrain_wait_step
+    local rc=$?
+    hpctrain_step_done=1
+    rc=$(hpctrain_resolve_torchrun_rc "$rc")
+    rm -f "$hpctrain_hop_marker"
+    hpctrain_after "$rc"
+}
+
+hpctrain_after() {
+    local rc=$1
+    case "$rc" in
+        0)
+            hpctrain_log "training finished"
+            hpctrain_cancel_successor "run finished"
+            exit 0
+            ;;
+        75)
+            if ! hpctrain_chain next 75 >/dev/null; then
+                hpctrain_cancel_successor "chain stopped"
+                exit 75
+            fi
+            case "$hpctrain_resubmit" in
+                requeue)
+                    hpctrain_log "stopped early and resumable: requeueing job $SLURM_JOB_ID"
+                    scontrol requeue "$SLURM_JOB_ID" || { hpctrain_log "error: scontrol requeue failed"; exit 75; }
+                    # The controller ends this run of the job now; do not report a state of our own.
+                    trap - TERM
+                    sleep 60 &
+                    wait
+                    exit 0
+                    ;;
+                afterany)
+                    hpctrain_log "stopped early and resumable: successor job $hpctrain_successor continues"
+                    exit 0
+                    ;;
+                *)
+                    hpctrain_log "stopped early and resumable (slurm.resubmit=none): submit again to continue"
+                    exit 75
+                    ;;
+            esac
+            ;;
+        *)
+            hpctrain_log "training failed (exit code $rc)"
+            hpctrain_cancel_successor "run failed"
+            exit "$rc"
+            ;;
+    esac
+}

@@ -1,0 +1,167 @@
+"""`hpctrain status RUN_DIR`: progress, hops, last checkpoint, throughput, goodput, what is left, queue state.
+
+Reads only the run folder's small files (chain.json, summary.json, config.yaml, checkpoints/latest) and asks
+`squeue` about the current job when it exists. Never imports torch: it runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpctrain.commands.common import ArgParser
+from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.launch.chain import read_hops
+
+
+def _read(path: Path, default: Any) -> Any:
+    try:
+        text = path.read_text()
+    except OSError:
+        return default
+    try:
+        return (json.loads if path.suffix == ".json" else yaml.safe_load)(text)
+    except (ValueError, yaml.YAMLError):
+        return default
+
+
+def _when(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) if stamp else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def queue_state(job_id: str | None) -> str | None:
+    """`squeue` on the job: state, elapsed, time left, reason; None when squeue is missing or silent."""
+    exe = shutil.which("squeue")
+    if not exe or not job_id:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, "-h", "-j", str(job_id), "-o", "%T elapsed %M, left %L, %R"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = done.stdout.strip()
+    return out if done.returncode == 0 and out else ("not in the queue" if done.returncode == 0 else None)
+
+
+def collect(run_dir: Path) -> dict[str, Any]:
+    """Everything the status shows, as plain data (also printed with --json)."""
+    if not run_dir.is_dir():
+        raise UserError(f"run folder {str(run_dir)!r} does not exist")
+    hops = read_hops(run_dir)
+    summary = _read(run_dir / "summary.json", {}) or {}
+    cfg = _read(run_dir / "config.yaml", {}) or {}
+    if not hops and not summary and not cfg:
+        raise UserError(f"{run_dir} is not a run folder (no chain.json, summary.json or config.yaml)")
+    total = summary.get("total_updates") or cfg.get("train", {}).get("total_updates")
+    pointer = _read(run_dir / "checkpoints" / "latest", None)
+    checkpoint = None
+    if pointer:
+        ckpt = run_dir / "checkpoints" / str(pointer).strip()
+        meta = _read(ckpt.with_suffix(".json"), {}) or {}
+        checkpoint = {
+            "path": str(ckpt),
+            "step": meta.get("step"),
+            "time": ckpt.stat().st_mtime if ckpt.exists() else None,
+        }
+    done = max([int(h.get("last_update") or 0) for h in hops] + [int(summary.get("step") or 0)])
+    now = time.time()
+    walls = [((h.get("end") or h.get("last_seen") or now) - h["start"]) for h in hops]
+    trained = sum(float(h.get("train_seconds") or 0.0) for h in hops)
+    progress = sum(max(int(h.get("last_update") or 0) - int(h.get("first_update") or 0), 0) for h in hops)
+    wall = sum(walls)
+    finished = (
+        summary.get("status") in ("finished", "already_finished") and total is not None and done >= total
+    )
+    left = max((total or 0) - done, 0)
+    per_wall = progress / wall if wall > 0 else None
+    per_hop = progress / len(hops) if hops else None
+    slurm = cfg.get("slurm", {}) or {}
+    return {
+        "run_dir": str(run_dir),
+        "status": "finished" if finished else (summary.get("status") or "running"),
+        "updates_done": done,
+        "total_updates": total,
+        "hops": hops,
+        "last_checkpoint": checkpoint,
+        "updates_per_train_second": progress / trained if trained > 0 else None,
+        "updates_per_wall_second": per_wall,
+        "goodput": trained / wall if wall > 0 else None,
+        "remaining_wall_seconds": (left / per_wall) if per_wall else (0.0 if finished else None),
+        "remaining_hops": (math.ceil(left / per_hop) if per_hop else None) if not finished else 0,
+        "resubmit": slurm.get("resubmit"),
+        "queue": queue_state(hops[-1].get("job_id")) if hops and not finished else None,
+    }
+
+
+def render(info: dict[str, Any]) -> str:
+    total = info["total_updates"]
+    share = f" ({100 * info['updates_done'] / total:.1f}%)" if total else ""
+    lines = [
+        f"run {info['run_dir']}: {info['status']}",
+        f"updates {info['updates_done']} of {total if total is not None else '?'}{share}",
+        f"hops {len(info['hops'])}:",
+    ]
+    for hop in info["hops"]:
+        end = _when(hop.get("end")) if hop.get("end") else "running (or killed)"
+        goodput = f"{hop['goodput']:.2f}" if hop.get("goodput") is not None else "-"
+        lines.append(
+            f"  #{hop.get('hop', '?')} job {hop.get('job_id') or '-'} on {hop.get('nodes')} "
+            f"{_when(hop.get('start'))} -> {end}: "
+            f"updates {hop.get('first_update')}->{hop.get('last_update')}, "
+            f"{hop.get('exit_reason') or '-'}, goodput {goodput}"
+        )
+    ckpt = info["last_checkpoint"]
+    lines.append(
+        f"last checkpoint: {ckpt['path']} (update {ckpt['step']}, {_when(ckpt['time'])})"
+        if ckpt
+        else "last checkpoint: none"
+    )
+    rate = info["updates_per_train_second"]
+    wall_rate = info["updates_per_wall_second"]
+    lines.append(
+        "throughput: "
+        + (f"{rate:.2f} updates/s in training steps, " if rate else "")
+        + (f"{wall_rate:.2f} updates/s of wall time" if wall_rate else "unknown")
+    )
+    goodput = info["goodput"]
+    lines.append(
+        f"goodput: {goodput:.2f} (training-step time / allocated time)"
+        if goodput is not None
+        else "goodput: -"
+    )
+    hops_left = info["remaining_hops"]
+    lines.append(
+        f"remaining: {_duration(info['remaining_wall_seconds'])} of wall time, "
+        f"about {hops_left if hops_left is not None else '?'} more hop(s)"
+    )
+    if info["queue"]:
+        lines.append(f"queue: job {info['hops'][-1].get('job_id')} {info['queue']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgParser(prog="hpctrain status", description="Progress, hops and goodput of a run folder.")
+    parser.add_argument("run_dir", type=Path, help="the run folder (<run.out_dir>/<run.name>)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = parser.parse_args(argv)
+    info = collect(args.run_dir)
+    print(json.dumps(info) if args.json else render(info))
+    return EXIT_OK

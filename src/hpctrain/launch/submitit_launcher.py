@@ -1,0 +1,135 @@
+"""`hpctrain submit` through submitit: a checkpointable training callable and the executor built from `slurm`.
+
+How a stop works under submitit (never a save inside a signal handler):
+1. submitit asks SLURM for `--signal=USR2@<slurm.signal_lead_seconds>`, which reaches every task.
+2. While the trainer runs, its own StopSignals handler (installed by `commands.train.run` on every rank, over
+   submitit's) only sets a flag; all ranks agree at the next step boundary, save once, and return 75.
+3. Then, on global rank 0, `TrainJob` hands over to submitit's own requeue path
+   (`SignalHandler.checkpoint_and_try_requeue`): it calls `checkpoint()`, which saves nothing and returns the
+   same callable (the run folder holds the state), counts the timeout against `max_num_timeout` (set from
+   slurm.max_resubmits) and runs `scontrol requeue`. The no-progress cap (chain.json) is checked first.
+If the signal comes while no trainer runs (start-up, teardown), submitit's handler calls `checkpoint()` itself
+and requeues: there is nothing to save then either.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config.loading import ConfigRequest
+from hpctrain.config.schema import SlurmConfig, parse_duration
+from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.launch.chain import decide, read_hops
+from hpctrain.launch.sbatch import tasks_per_node
+
+log = logging.getLogger(__name__)
+
+
+def load_request(request: ConfigRequest) -> Any:
+    """The validated configuration (the same resolution as `hpctrain train`)."""
+    from hpctrain.config.loading import load_config
+    from hpctrain.workloads.registry import config_model, fill_default_types
+
+    return load_config(request, config_model(), prepare=fill_default_types)
+
+
+@dataclass
+class TrainJob:
+    """The training of one run folder, resumable any number of times. Pickled by submitit."""
+
+    request: ConfigRequest  # paths made absolute at submission; the job inherits the submitter's environment
+
+    def __call__(self) -> int:
+        from hpctrain.commands.train import run
+        from hpctrain.runtime.env import ClusterEnv
+
+        cfg = load_request(self.request)
+        env = ClusterEnv.from_environ()
+        code = run(cfg, env)
+        if code == EXIT_RESUMABLE and env.is_main:
+            self._requeue(cfg, env)
+        if code not in (EXIT_OK, EXIT_RESUMABLE):
+            raise RuntimeError(f"training failed with exit code {code}; see the job's log")
+        return code
+
+    def _requeue(self, cfg: Any, env: Any) -> None:
+        """After the trainer saved and stopped: submitit's requeue path, unless a chain cap says stop."""
+        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+        slurm = cfg.slurm
+        verdict = decide(read_hops(run_dir), "start", 0, slurm.max_resubmits, slurm.max_hops_without_progress)
+        if not verdict.go:
+            raise RuntimeError(f"not requeued: {verdict.reason}")
+        if slurm.resubmit == "none" or not env.job_id or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+            return  # stopped and resumable: `hpctrain submit` again continues
+        from submitit.core.job_environment import JobEnvironment, SignalHandler
+        from submitit.core.utils import DelayedSubmission
+
+        job_env = JobEnvironment()
+        paths = job_env.paths
+        delayed = DelayedSubmission.load(paths.submitted_pickle)
+        SignalHandler(job_env, paths, delayed).checkpoint_and_try_requeue(signal.SIGUSR2)
+
+    def checkpoint(self) -> Any:
+        """submitit's hook: the trainer has saved already (or never started); continue with the same job."""
+        from submitit.core.utils import DelayedSubmission
+
+        return DelayedSubmission(TrainJob(self.request))
+
+
+def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters from the slurm section (the same request as the templates)."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": slurm.nodes,
+        "ntasks_per_node": tasks_per_node(slurm),
+        "cpus_per_task": slurm.cpus_per_task,
+        "time": math.ceil(parse_duration(slurm.time) / 60),
+        "signal_delay_s": slurm.signal_lead_seconds,
+    }
+    if slurm.gpus_per_node:
+        params["gpus_per_node"] = slurm.gpus_per_node
+    for key in ("partition", "account", "qos", "constraint", "mem"):
+        value = getattr(slurm, key)
+        if value:
+            params[key] = value
+    extra: dict[str, Any] = {"requeue": True} if slurm.resubmit == "requeue" else {}
+    for arg in slurm.extra_args:
+        key, sep, value = arg.lstrip("-").partition("=")
+        extra[key.replace("-", "_")] = value if sep else True
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def make_executor(cfg: Any, folder: Path, local: bool = False) -> Any:
+    import submitit
+
+    slurm: SlurmConfig = cfg.slurm
+    name = f"hpctrain-{cfg.run.name}"
+    if local:
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(
+            timeout_min=math.ceil(parse_duration(slurm.time) / 60),
+            tasks_per_node=1,
+            signal_delay_s=slurm.signal_lead_seconds,
+        )
+        return executor
+    # submitit counts any signal in a job under ~50 min as a timeout, 3 at most by default: our cap instead.
+    slurm_executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=slurm.max_resubmits)
+    slurm_executor.update_parameters(**executor_parameters(slurm, name))
+    return slurm_executor
+
+
+def sbatch_text(cfg: Any, folder: Path) -> str:
+    """The sbatch script submitit would submit for this config (for --dry-run)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = executor_parameters(cfg.slurm, f"hpctrain-{cfg.run.name}")
+    command = "python -u -m submitit.core._submit " + str(folder)
+    return _make_sbatch_string(command=command, folder=str(folder), **params)

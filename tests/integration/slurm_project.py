@@ -1,0 +1,102 @@
+"""A throwaway project folder for running the real sbatch templates on the local cluster.
+
+sbatch jobs find the project from SLURM_SUBMIT_DIR, so each test submits from a folder that looks like the
+project: `slurm/` (the repository's templates) and `.venv` (this interpreter's environment) are symlinks; runs
+and logs land in the folder itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import clean_env
+from tests.integration.slurm_fixtures import REPO, SlurmCluster
+
+VENV = Path(sys.executable).parent.parent
+
+
+def make_project(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, target in (("slurm", REPO / "slurm"), (".venv", VENV)):
+        link = root / name
+        if not link.exists():
+            link.symlink_to(target)
+    (root / "logs" / "slurm").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def variant(project: Path, template: str, name: str, **sbatch: str) -> Path:
+    """A copy of slurm/<template>.sh with some #SBATCH options changed (as a user edits the header)."""
+    text = (REPO / "slurm" / f"{template}.sh").read_text()
+    for key, value in sbatch.items():
+        option = key.replace("_", "-")
+        text, count = re.subn(rf"^#SBATCH --{option}=.*$", f"#SBATCH --{option}={value}", text, flags=re.M)
+        assert count == 1, f"no #SBATCH --{option} in {template}.sh"
+    path = project / f"{name}.sh"
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def job_env(cluster: SlurmCluster, **extra: str) -> dict[str, str]:
+    """A clean environment (no developer LR/SLURM_* leaking in) that reaches this cluster."""
+    return clean_env(SLURM_CONF=cluster.env["SLURM_CONF"], PATH=cluster.env["PATH"], **extra)
+
+
+def submit(cluster: SlurmCluster, project: Path, args: list[str], **extra_env: str) -> str:
+    import subprocess
+
+    res = subprocess.run(
+        ["sbatch", "--parsable", *args],
+        cwd=project,
+        env=job_env(cluster, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().split(";")[0]
+
+
+def log_of(project: Path, job: str) -> str:
+    logs = list((project / "logs" / "slurm").glob(f"*-{job}.out"))
+    return logs[0].read_text(errors="replace") if logs else ""
+
+
+def wait_done(cluster: SlurmCluster, project: Path, job: str, timeout: float) -> str:
+    """Wait for a terminal state in accounting (a requeued job passes through the controller's states)."""
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = cluster.sacct_state(job)
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return state
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job} still {state} after {timeout:.0f} s; log:\n{log_of(project, job)[-3000:]}")
+
+
+def wait_for(predicate: Any, what: str, timeout: float, poll: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"no {what} after {timeout:.0f} s")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def loss_steps(run_dir: Path) -> list[int]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [row["step"] for row in rows if "loss" in row]

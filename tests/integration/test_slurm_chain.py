@@ -1,0 +1,182 @@
+"""Chained resubmission, preemption, a killed rank and the no-progress cap, with the real templates.
+
+Hops are throttled with the checkpoint layer's fault hook (_HPCTRAIN_FAULT_SAVE_PAUSE: every save sleeps) so
+that the work needs several hops whatever the machine's speed, and so that a test can act mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env
+from tests.integration.slurm_fixtures import SlurmCluster
+from tests.integration.slurm_project import (
+    log_of,
+    loss_steps,
+    make_project,
+    read_json,
+    submit,
+    variant,
+    wait_done,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "proj")
+
+
+def hops(project: Path, name: str) -> list[dict]:
+    return read_json(project / "logs" / name / "chain.json", [])
+
+
+def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmCluster, project: Path) -> None:
+    # 1-minute hops; the trainer stops itself 42 s before the end (budget margin), so a hop trains ~5-15 s.
+    script = variant(project, "single_gpu", "chain", time="00:01:00", signal="B:USR1@15", cpus_per_task="1")
+    work = ["train.threads=1", "train.total_updates=600", "checkpoint.every=10", "logging.log_every=1"]
+    job = submit(
+        slurm_cluster,
+        project,
+        [script.name, "run.name=chain", "budget.margin_seconds=42", *work],
+        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",  # 60 saves x 0.5 s: at least 30 s of work
+    )
+    # The same run without interruption, meanwhile, outside SLURM.
+    ref = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "train", "run.name=ref", *work],
+        cwd=project,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_done(slurm_cluster, project, job, timeout=240) == "COMPLETED", log_of(project, job)[
+            -3000:
+        ]
+        assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+    finally:
+        ref.kill()
+        slurm_cluster.cancel_all()
+    chain = hops(project, "chain")
+    assert len(chain) >= 3, chain
+    assert all(h["exit_reason"] in ("time_budget", "signal") for h in chain[:-1])
+    assert chain[-1]["exit_reason"] == "finished"
+    for before, after in zip(chain, chain[1:]):
+        assert after["first_update"] == before["last_update"]  # nothing lost, nothing repeated
+    assert len({h["job_id"] for h in chain}) == 1  # requeued: the same job id every hop
+    run, ref_run = project / "logs" / "chain", project / "logs" / "ref"
+    assert (
+        read_json(run / "summary.json")["params_sha256"]
+        == read_json(ref_run / "summary.json")["params_sha256"]
+    )
+    assert loss_steps(run) == list(range(1, 601))
+
+
+def test_preemption_by_scancel_signal_usr1(slurm_cluster: SlurmCluster, project: Path) -> None:
+    job = submit(
+        slurm_cluster,
+        project,
+        [
+            "slurm/single_gpu.sh",
+            "run.name=preempt",
+            "train.threads=1",
+            "train.total_updates=200",
+            "checkpoint.every=20",
+            "logging.log_every=1",
+        ],
+        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",
+    )
+    try:
+        run = project / "logs" / "preempt"
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=60)
+        slurm_cluster.run(["scancel", "--signal=USR1", job])  # to the job's steps, as a preemption does
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", log_of(project, job)[
+            -3000:
+        ]
+    finally:
+        slurm_cluster.cancel_all()
+    chain = hops(project, "preempt")
+    assert chain[0]["exit_reason"] == "signal" and chain[-1]["exit_reason"] == "finished"
+    assert chain[1]["first_update"] == chain[0]["last_update"]
+    assert loss_steps(run) == list(range(1, 201))
+
+
+def rank_pid(job: str, rank: int) -> int | None:
+    """PID of the training process of `rank` in `job` (found through /proc: we run as root, like slurmd)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"hpctrain" not in cmdline or b"train" not in cmdline:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in environ and f"SLURM_PROCID={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmCluster, project: Path) -> None:
+    args = [
+        "--ntasks-per-node=2",
+        "--gres=gpu:2",
+        "slurm/multi_gpu.sh",
+        "run.name=killed",
+        "train.threads=1",
+        "train.total_updates=200",
+        "checkpoint.every=20",
+        "distributed.timeout_seconds=15",
+    ]
+    job = submit(slurm_cluster, project, args, _HPCTRAIN_FAULT_SAVE_PAUSE="0.5")
+    run = project / "logs" / "killed"
+    try:
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=10)
+        os.kill(pid, signal.SIGKILL)
+        # Rank 0 must not hang: it leaves within distributed.timeout_seconds (plus exit and accounting).
+        assert wait_done(slurm_cluster, project, job, timeout=40) == "FAILED", log_of(project, job)[-3000:]
+    finally:
+        slurm_cluster.cancel_all()
+    killed_at = (run / "checkpoints" / "latest").read_text().strip()
+    again = submit(slurm_cluster, project, args)
+    assert wait_done(slurm_cluster, project, again, timeout=90) == "COMPLETED", log_of(project, again)[-3000:]
+    chain = hops(project, "killed")
+    assert chain[0]["exit_reason"] == "failure"
+    assert chain[-1]["exit_reason"] == "finished"
+    assert str(chain[-1]["first_update"]) in killed_at  # continued from the last good checkpoint
+
+
+def test_no_progress_cap_stops_the_chain(slurm_cluster: SlurmCluster, project: Path) -> None:
+    # Saves never commit (each would sleep 300 s): every hop is killed before completing an update.
+    job = submit(
+        slurm_cluster,
+        project,
+        [
+            "slurm/single_gpu.sh",
+            "run.name=stuck",
+            "train.threads=1",
+            "checkpoint.every=1",
+            "slurm.max_hops_without_progress=2",
+        ],
+        _HPCTRAIN_FAULT_SAVE_PAUSE="300",
+    )
+    try:
+        for hop in (1, 2):
+            wait_for(lambda hop=hop: len(hops(project, "stuck")) >= hop, f"hop {hop}", timeout=60)
+            slurm_cluster.scontrol("requeue", job)  # as a node failure would
+        assert wait_done(slurm_cluster, project, job, timeout=90) == "FAILED", log_of(project, job)[-3000:]
+    finally:
+        slurm_cluster.cancel_all()
+    assert "the last 2 hops completed no update" in log_of(project, job)
+    assert len(hops(project, "stuck")) == 2

@@ -1,0 +1,141 @@
+"""The sbatch templates on a real (local) SLURM cluster: DDP layouts, the --export forms, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.slurm_fixtures import SlurmCluster
+from tests.integration.slurm_project import log_of, make_project, read_json, submit, wait_done, wait_for
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["train.threads=1", "train.total_updates=30", "logging.log_every=10"]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path / "proj")
+
+
+def finished(project: Path, name: str, world: int) -> dict:
+    summary = read_json(project / "logs" / name / "summary.json", {})
+    assert summary.get("status") == "finished", summary
+    hops = read_json(project / "logs" / name / "chain.json", [])
+    assert [h["world_size"] for h in hops] == [world]
+    return summary
+
+
+def test_single_node_two_task_ddp(slurm_cluster: SlurmCluster, project: Path) -> None:
+    job = submit(
+        slurm_cluster,
+        project,
+        ["--ntasks-per-node=2", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=ddp", *SMALL],
+    )
+    assert wait_done(slurm_cluster, project, job, timeout=90) == "COMPLETED", log_of(project, job)
+    finished(project, "ddp", world=2)
+    log = log_of(project, job)
+    assert "rank 0/2 (local 0/2, node 0/1)" in log
+    assert "master 127.0.0.1:" in log  # c1 does not resolve: the node's NodeAddr
+
+
+def test_two_nodes_with_one_and_two_tasks_per_node(slurm_cluster: SlurmCluster, project: Path) -> None:
+    jobs = {
+        tasks: submit(
+            slurm_cluster,
+            project,
+            [
+                f"--ntasks-per-node={tasks}",
+                f"--gres=gpu:{tasks}",
+                "slurm/multi_node.sh",
+                f"run.name=n2t{tasks}",
+                *SMALL,
+            ],
+        )
+        for tasks in (1, 2)
+    }
+    for tasks, job in jobs.items():
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", log_of(project, job)
+        finished(project, f"n2t{tasks}", world=2 * tasks)
+        assert f"rank 0/{2 * tasks} (local 0/{tasks}, node 0/2)" in log_of(project, job)
+
+
+def test_export_forms_both_set_the_learning_rate(slurm_cluster: SlurmCluster, project: Path) -> None:
+    common = ["--ntasks-per-node=2", "--gres=gpu:2"]
+    jobs = {
+        # sbatch's own option, with ALL so that the job keeps the environment.
+        "sbatch_option": submit(
+            slurm_cluster,
+            project,
+            [*common, "--export=ALL,LR=2e-5", "slurm/multi_gpu.sh", "run.name=exp_a", *SMALL],
+        ),
+        # The seed docs' form: `--export=` after the script goes to the SCRIPT; common.sh exports it.
+        "script_argument": submit(
+            slurm_cluster,
+            project,
+            [*common, "slurm/multi_gpu.sh", "--export=LR=2e-5", "run.name=exp_b", *SMALL],
+        ),
+    }
+    for (form, job), name in zip(jobs.items(), ("exp_a", "exp_b")):
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", (
+            form,
+            log_of(project, job),
+        )
+        cfg = yaml.safe_load((project / "logs" / name / "config.yaml").read_text())
+        assert cfg["optim"]["lr"] == pytest.approx(2e-5), form
+        finished(project, name, world=2)
+
+
+def test_bad_config_fails_with_exit_2_before_srun(slurm_cluster: SlurmCluster, project: Path) -> None:
+    job = submit(slurm_cluster, project, ["slurm/single_gpu.sh", "optim.lr=-1", "run.name=bad"])
+    assert wait_done(slurm_cluster, project, job, timeout=60) == "FAILED"
+    log = log_of(project, job)
+    assert "optim.lr" in log and "nothing was run" in log
+    assert "srun" not in log and not (project / "logs" / "bad").exists()
+    info = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-o", "ExitCode", "-j", job]).stdout.split()
+    assert info[0] == "2:0"
+
+
+def test_tasks_inconsistent_with_gpus_fail_before_srun(slurm_cluster: SlurmCluster, project: Path) -> None:
+    job = submit(
+        slurm_cluster,
+        project,
+        ["--ntasks-per-node=1", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=mismatch"],
+    )
+    assert wait_done(slurm_cluster, project, job, timeout=60) == "FAILED"
+    assert "1 tasks per node with 2 GPUs per node" in log_of(project, job)
+
+
+def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, project: Path) -> None:
+    # One torchrun per node (2 workers each): torchrun reports the workers' 75 as a failure of its own, so the
+    # template reads the run folder's summary; the USR1 goes to the batch shell only (scancel -b), as --signal=B:.
+    job = submit(
+        slurm_cluster,
+        project,
+        [
+            "--ntasks-per-node=1",
+            "--gres=gpu:2",
+            "slurm/multi_node.sh",
+            "run.name=trun",
+            "slurm.launcher=torchrun",
+            "train.threads=1",
+            "train.total_updates=120",
+            "checkpoint.every=20",
+            "logging.log_every=1",
+        ],
+        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",
+    )
+    run = project / "logs" / "trun"
+    try:
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job])
+        assert wait_done(slurm_cluster, project, job, timeout=150) == "COMPLETED", log_of(project, job)[
+            -3000:
+        ]
+    finally:
+        slurm_cluster.cancel_all()
+    hops = read_json(run / "chain.json", [])
+    assert [(h["exit_reason"], h["world_size"]) for h in hops] == [("signal", 4), ("finished", 4)], hops
+    assert hops[1]["first_update"] == hops[0]["last_update"]
