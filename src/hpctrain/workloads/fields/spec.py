@@ -26,13 +26,17 @@ class FieldsData(DataConfigBase):
     n_train: int = Field(16384, ge=1, description="Training maps (generated on the fly from data_seed).")
     n_val: int = Field(1024, ge=0, description="Validation maps (0 = no validation).")
     n_test: int = Field(1024, ge=0, description="Test maps (held out; never seen by training or validation).")
-    data_seed: int = Field(2024, ge=0, description="Seed of the maps; each map's stream is (seed, split, index).")
+    data_seed: int = Field(
+        2024, ge=0, description="Seed of the maps; each map's stream is (seed, split, index)."
+    )
     path: str | None = Field(
         None,
         description="Folder written by `hpctrain data generate --kind fields` (with train/, val/, test/); "
         "when set, maps are read from its shards instead of generated, and kind/size/box/prior come from it.",
     )
-    cache_val: bool = Field(True, description="Keep the validation maps in memory after the first evaluation.")
+    cache_val: bool = Field(
+        True, description="Keep the validation maps in memory after the first evaluation."
+    )
 
     @field_validator("size")
     @classmethod
@@ -52,8 +56,16 @@ class FieldsData(DataConfigBase):
 
 class FieldCNNConfig(ModelConfigBase):
     type: Literal["field_cnn"] = "field_cnn"
-    widths: list[int] = Field([16, 32, 64], description="Channels per stage; each stage after the first halves "
-                              "the resolution.")
+    widths: list[int] = Field(
+        [16, 32, 64], description="Channels per stage; each stage after the first halves the resolution."
+    )
+    stem_stride: int = Field(
+        2,
+        ge=1,
+        le=4,
+        description="Stride of the first convolution (2 quarters the cost; the map's large and "
+        "intermediate scales, where Omega_m shows, survive).",
+    )
     blocks: int = Field(1, ge=1, description="Residual blocks per stage.")
     groups: int = Field(8, ge=1, description="GroupNorm groups (each width must be divisible by it).")
     head_hidden: int = Field(64, ge=1, description="Width of the hidden layer of the regression head.")
@@ -69,9 +81,9 @@ class FieldCNNConfig(ModelConfigBase):
     def _consistent(self) -> FieldCNNConfig:
         if not self.widths:
             raise ValueError("widths must name at least one stage")
-        bad = [w for w in self.widths if w % self.groups]
+        bad = [w for w in self.widths if w <= 0 or w % self.groups]
         if bad:
-            raise ValueError(f"widths {bad} are not divisible by groups={self.groups}")
+            raise ValueError(f"widths {bad} are not positive multiples of groups={self.groups}")
         if not self.targets or len(set(self.targets)) != len(self.targets):
             raise ValueError(f"targets must be a non-empty list without repeats, got {self.targets}")
         return self
@@ -84,5 +96,6 @@ WORKLOAD = WorkloadSpec(
     extras={
         "generate": "hpctrain.workloads.fields.generate:generate",
         "generate_args": "hpctrain.workloads.fields.generate:generate_args",
+        "inspect": "hpctrain.workloads.fields.generate:inspect",
     },
 )

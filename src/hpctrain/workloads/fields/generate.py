@@ -1,0 +1,430 @@
+"""Vectorised FFT generators of 2-D matter fields whose parameters (Omega_m, sigma_8) are known exactly.
+
+The process (docs/fields.md):
+- power spectrum P(k) = A k^n_s T_BBKS(k / (Omega_m h))^2 with h = 0.7, n_s = 0.96, k in h/Mpc, and A such
+  that the field smoothed with a top-hat of radius 8 Mpc/h has rms sigma_8 (the 2-D integral,
+  W = 3(sin x - x cos x)/x^3);
+- `gaussian`: white noise (drawn in Fourier space) times sqrt(P), back to real space (the k=0 mode is zero);
+- `lognormal`: exp(g - var(g)/2) - 1 of that Gaussian map g (mean 0, >= -1), var(g) the grid's exact variance;
+- `lpt`: one particle per pixel displaced by 1st + 2nd order Lagrangian perturbation theory from the same
+  initial field (D1 = 1, D2 = -3/7), binned to a density contrast map with cloud-in-cell.
+Each map's random stream is derived from (seed, split, global map index): maps never depend on which worker,
+rank or batch draws them, the splits never overlap, and a resumed run sees the same maps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import UserError
+
+H = 0.7  # Hubble parameter in units of 100 km/s/Mpc (BBKS shape parameter Gamma = Omega_m h)
+N_S = 0.96  # primordial spectral index
+R8 = 8.0  # Mpc/h, radius of the sigma_8 top-hat
+D2_OVER_D1SQ = -3.0 / 7.0  # second-order growth factor relative to D1^2
+SPLITS = {"train": 0, "val": 1, "test": 2}
+KINDS = ("gaussian", "lognormal", "lpt")
+PARAMETERS = ("omega_m", "sigma_8")
+# Integration grid of the sigma_8 normalisation (the integrand is < 1e-7 of its peak outside; error ~1e-7).
+_LOG_K = np.linspace(np.log(1e-4), np.log(20.0), 256)
+
+
+def bbks_transfer_sq(k: np.ndarray, omega_m: np.ndarray | float) -> np.ndarray:
+    """Square of the Bardeen et al. (1986) transfer function, k in h/Mpc."""
+    q = np.maximum(k, 1e-12) / (np.asarray(omega_m) * H)
+    # 1 + 3.89 q + (16.1 q)^2 + (5.46 q)^3 + (6.71 q)^4 in Horner form: powers are slow on large grids.
+    poly = 1 + q * (3.89 + q * (16.1**2 + q * (5.46**3 + q * 6.71**4)))
+    return (np.log1p(2.34 * q) / (2.34 * q)) ** 2 / np.sqrt(poly)
+
+
+def tophat_window(x: np.ndarray) -> np.ndarray:
+    """3(sin x - x cos x)/x^3, with its series near 0 where the formula cancels."""
+    x = np.asarray(x, dtype=np.float64)
+    small = x < 1e-3
+    safe = np.where(small, 1.0, x)
+    return np.where(small, 1 - x**2 / 10, 3 * (np.sin(safe) - safe * np.cos(safe)) / safe**3)
+
+
+def _shape(k: np.ndarray, omega_m: np.ndarray) -> np.ndarray:
+    return np.maximum(k, 0.0) ** N_S * bbks_transfer_sq(k, omega_m)
+
+
+_K = np.exp(_LOG_K)  # (K,)
+_SIGMA8_WEIGHT = _K**2 * tophat_window(_K * R8) ** 2 / (2 * np.pi)  # (K,)
+
+
+def _unit_sigma8_sq(omega_m: np.ndarray) -> np.ndarray:
+    """sigma_8^2 of the unnormalised shape: int d^2k/(2 pi)^2 shape W^2 = int k^2 shape W^2 dlnk / (2 pi)."""
+    return np.trapezoid(_SIGMA8_WEIGHT * _shape(_K, omega_m[..., None]), _LOG_K, axis=-1)  # (...,)
+
+
+def power_spectrum(omega_m: Any, sigma_8: Any, k: Any) -> np.ndarray:
+    """P(k) in (Mpc/h)^2 of the 2-D field; parameters (...,) broadcast against k to (..., *k.shape)."""
+    om = np.asarray(omega_m, dtype=np.float64)
+    s8 = np.asarray(sigma_8, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    expand = (Ellipsis,) + (None,) * k.ndim  # parameters (...,) -> (..., 1, ..., 1)
+    norm = (s8**2 / _unit_sigma8_sq(om))[expand]
+    return norm * _shape(k, om[expand])
+
+
+def wavenumbers(size: int, box_size: float) -> tuple[np.ndarray, np.ndarray]:
+    """kx (size, 1) and ky (1, size//2 + 1) in h/Mpc, in the layout of numpy's rfft2."""
+    kx = 2 * np.pi * np.fft.fftfreq(size, d=box_size / size)
+    ky = 2 * np.pi * np.fft.rfftfreq(size, d=box_size / size)
+    return kx[:, None], ky[None, :]
+
+
+def _rfft_weights(size: int) -> np.ndarray:
+    """How often each rfft2 column counts in the full grid (1 for ky=0 and Nyquist, 2 otherwise)."""
+    w = np.full(size // 2 + 1, 2.0)
+    w[0] = w[-1] = 1.0
+    return w
+
+
+def rfft2(x: np.ndarray) -> np.ndarray:
+    """Real FFT over the last two axes, float32 -> complex64.
+
+    NumPy's pocketfft gives every map the same bits whatever the batch around it; torch's MKL FFT does not
+    (a map's last bits would depend on the batch, the number of threads and the memory alignment)."""
+    return np.fft.rfft2(np.asarray(x, dtype=np.float32))
+
+
+def irfft2(x: np.ndarray, size: int) -> np.ndarray:
+    """Inverse of `rfft2` for maps (..., size, size), complex64 -> float32."""
+    return np.fft.irfft2(np.asarray(x, dtype=np.complex64), s=(size, size))
+
+
+def map_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    """The random stream of one map: a function of (seed, split, global index) only."""
+    return np.random.default_rng([int(seed), SPLITS[split], int(index)])
+
+
+def draw(
+    seed: int, split: str, indices: Sequence[int], size: int, prior: Sequence[tuple[float, float]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Parameters (B, 2) uniform in the prior box and white noise (B, N, N//2+1), map by map streams.
+
+    The noise is drawn directly in Fourier space (the rfft2 of unit white noise: complex normal modes of
+    variance N^2, Hermitian along the ky = 0 and Nyquist columns), which saves a forward FFT per map."""
+    lo = np.array([p[0] for p in prior])
+    width = np.array([p[1] - p[0] for p in prior])
+    params = np.empty((len(indices), len(prior)), dtype=np.float64)
+    parts = np.empty((len(indices), size, size // 2 + 1, 2), dtype=np.float32)  # (real, imaginary) pairs
+    for row, index in enumerate(indices):
+        rng = map_rng(seed, split, index)
+        params[row] = lo + width * rng.random(len(prior))
+        rng.standard_normal(dtype=np.float32, out=parts[row])
+    modes = parts.view(np.complex64)[..., 0]  # (B, N, N//2+1), no copy
+    modes *= np.float32(size / np.sqrt(2))
+    # Self-conjugate columns: b(kx) = (a(kx) + conj(a(-kx))) / sqrt(2) keeps the variance, makes b Hermitian.
+    flip = (-np.arange(size)) % size
+    for col in (0, size // 2):
+        column = modes[:, :, col]
+        modes[:, :, col] = (column + column[:, flip].conj()) / np.float32(np.sqrt(2))
+    return params, modes
+
+
+@cache
+def _grid(size: int, box_size: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct |k| of the rfft2 grid (U,), where each grid point finds its value (N, N//2+1), and how
+    many modes of the full grid share each value (U,). P is evaluated on the ~N^2/7 distinct values only."""
+    kx, ky = wavenumbers(size, box_size)
+    k2 = np.rint((kx**2 + ky**2) * (box_size / (2 * np.pi)) ** 2).astype(np.int64)  # integers i^2 + j^2
+    values, inverse = np.unique(k2, return_inverse=True)
+    counts = np.bincount(inverse.ravel(), np.broadcast_to(_rfft_weights(size), k2.shape).ravel())
+    return np.sqrt(values) * (2 * np.pi / box_size), inverse.reshape(k2.shape), counts
+
+
+def linear_modes(white: np.ndarray, params: np.ndarray, box_size: float) -> np.ndarray:
+    """The Gaussian field's Fourier modes (B, N, N//2+1) from white noise (same shape), params (B, 2)."""
+    size = white.shape[-2]
+    k, inverse, _ = _grid(size, box_size)
+    amplitude = np.sqrt(power_spectrum(params[:, 0], params[:, 1], k)) * (size / box_size)  # (B, U)
+    amplitude[:, 0] = 0.0  # k = 0: the mean density of the box is the mean of the universe
+    return white * amplitude.astype(np.float32)[:, inverse]
+
+
+def _gaussian_variance(params: np.ndarray, size: int, box_size: float) -> np.ndarray:
+    """Exact variance (B,) of the discrete Gaussian map: sum over all grid modes of P / L^2."""
+    k, _, counts = _grid(size, box_size)
+    p = power_spectrum(params[:, 0], params[:, 1], k)
+    p[:, 0] = 0.0
+    return p @ counts / box_size**2
+
+
+def lpt_displacements(modes: np.ndarray, box_size: float) -> np.ndarray:
+    """1st + 2nd order displacements (B, 2, N, N) in Mpc/h from the linear modes (B, N, N//2+1)."""
+    size = modes.shape[-2]
+    kx, ky = wavenumbers(size, box_size)
+    k2 = kx**2 + ky**2
+    k2[0, 0] = 1.0  # the k=0 mode is zero anyway
+    inv_k2 = (1.0 / k2).astype(np.float32)
+    # Potential phi with laplacian(phi) = delta; psi1 = -grad(phi) = i k delta / k^2.
+    psi1 = [irfft2(1j * kk.astype(np.float32) * modes * inv_k2, size) for kk in (kx, ky)]
+    # phi_ij = k_i k_j delta / k^2; source of the 2nd order potential: phi_xx phi_yy - phi_xy^2.
+    pxx, pyy, pxy = (
+        irfft2(a.astype(np.float32) * b * modes * inv_k2, size) for a, b in ((kx, kx), (ky, ky), (kx, ky))
+    )
+    source = rfft2(pxx * pyy - pxy**2)
+    # laplacian(phi2) = source; psi2 = D2 grad(phi2) = -D2 i k source / k^2.
+    psi2 = [irfft2(-D2_OVER_D1SQ * 1j * kk.astype(np.float32) * source * inv_k2, size) for kk in (kx, ky)]
+    return np.stack([psi1[0] + psi2[0], psi1[1] + psi2[1]], axis=1)
+
+
+def cic_density(displacement: np.ndarray, box_size: float) -> np.ndarray:
+    """CIC density contrast (B, N, N) of one particle per pixel moved by `displacement` (B, 2, N, N)."""
+    batch, _, size, _ = displacement.shape
+    grid = np.arange(size, dtype=np.float64)
+    pos_x = grid[:, None] + displacement[:, 0] * (size / box_size)  # (B, N, N) in pixels
+    pos_y = grid[None, :] + displacement[:, 1] * (size / box_size)
+    ix, iy = np.floor(pos_x), np.floor(pos_y)
+    fx, fy = pos_x - ix, pos_y - iy
+    ix, iy = ix.astype(np.int64) % size, iy.astype(np.int64) % size
+    base = (np.arange(batch) * size * size)[:, None, None]
+    counts = np.zeros(batch * size * size)
+    for dx, wx in ((0, 1 - fx), (1, fx)):
+        for dy, wy in ((0, 1 - fy), (1, fy)):
+            cell = base + ((ix + dx) % size) * size + (iy + dy) % size
+            counts += np.bincount(cell.ravel(), (wx * wy).ravel(), minlength=batch * size * size)
+    return counts.reshape(batch, size, size) - 1.0  # one particle per pixel on average
+
+
+def fields_from_noise(kind: str, noise: np.ndarray, params: np.ndarray, box_size: float) -> np.ndarray:
+    """Maps (B, N, N) float32 of `kind` from Fourier white noise (B, N, N//2+1) (see `draw`) and parameters
+    (B, 2) = (Omega_m, sigma_8)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is not a field kind; choose from {', '.join(KINDS)}")
+    size = noise.shape[-2]
+    modes = linear_modes(noise, params, box_size)
+    if kind == "lpt":
+        return cic_density(lpt_displacements(modes, box_size), box_size).astype(np.float32)
+    gauss = irfft2(modes, size)
+    if kind == "gaussian":
+        return gauss.astype(np.float32)
+    var = _gaussian_variance(params, size, box_size)[:, None, None]
+    return np.expm1(gauss - var / 2).astype(np.float32)
+
+
+def generate_maps(
+    kind: str,
+    indices: Sequence[int],
+    seed: int,
+    split: str,
+    size: int,
+    box_size: float,
+    prior: Sequence[tuple[float, float]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Maps (B, size, size) float32 and their parameters (B, 2) float32 for these global map indices."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not one of {', '.join(SPLITS)}")
+    params, noise = draw(seed, split, indices, size, prior)
+    return fields_from_noise(kind, noise, params, box_size), params.astype(np.float32)
+
+
+def measured_power_spectrum(
+    maps: np.ndarray, box_size: float, bins: int = 16
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Azimuthally averaged P(k) of maps (B, N, N): mean k (bins,), P (B, bins), modes per bin (bins,)."""
+    size = maps.shape[-1]
+    kx, ky = wavenumbers(size, box_size)
+    k = np.sqrt(kx**2 + ky**2).ravel()
+    power = np.abs(np.fft.rfft2(maps.astype(np.float64))) ** 2 * (box_size / size) ** 2 / size**2
+    power = power.reshape(len(maps), -1)
+    weight = np.broadcast_to(_rfft_weights(size), (size, size // 2 + 1)).ravel()
+    edges = np.linspace(2 * np.pi / box_size, np.pi * size / box_size, bins + 1)
+    which = np.digitize(k, edges) - 1
+    keep = (which >= 0) & (which < bins)
+    modes = np.bincount(which[keep], weight[keep], minlength=bins)
+    sums = np.stack([np.bincount(which[keep], (p * weight)[keep], minlength=bins) for p in power])
+    kmean = np.bincount(which[keep], (k * weight)[keep], minlength=bins) / np.maximum(modes, 1)
+    return kmean, sums / np.maximum(modes, 1), modes
+
+
+# ---- shards on disk ---------------------------------------------------------------------------------------
+
+
+def write_split(
+    out: Path,
+    split: str,
+    n: int,
+    *,
+    kind: str,
+    seed: int,
+    size: int,
+    box_size: float,
+    prior: Sequence[tuple[float, float]],
+    fmt: str = "hdf5",
+    shard_size: int = 1024,
+    batch: int = 256,
+) -> dict[str, Any]:
+    """Write maps 0..n-1 of a split as shards in out/<split>/ and meta.json (written last); returns it."""
+    if fmt not in ("hdf5", "npy"):
+        raise ValueError(f"format={fmt!r}: choose hdf5 or npy")
+    folder = out / split
+    folder.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        "kind": kind,
+        "split": split,
+        "seed": seed,
+        "size": size,
+        "box_size": box_size,
+        "prior": {name: list(p) for name, p in zip(PARAMETERS, prior)},
+        "parameters": list(PARAMETERS),
+        "format": fmt,
+        "n": n,
+        "shards": [],
+    }
+    for number, start in enumerate(range(0, n, shard_size)):
+        stop = min(start + shard_size, n)
+        maps = np.empty((stop - start, size, size), dtype=np.float32)
+        params = np.empty((stop - start, len(PARAMETERS)), dtype=np.float32)
+        for lo in range(start, stop, batch):
+            hi = min(lo + batch, stop)
+            maps[lo - start : hi - start], params[lo - start : hi - start] = generate_maps(
+                kind, range(lo, hi), seed, split, size, box_size, prior
+            )
+        name = f"shard-{number:05d}"
+        files = _write_shard(folder, name, fmt, maps, params, np.arange(start, stop), meta)
+        meta["shards"].append({"files": files, "n": stop - start, "first_index": start})
+    tmp = folder / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, folder / "meta.json")
+    return meta
+
+
+def _write_shard(
+    folder: Path,
+    name: str,
+    fmt: str,
+    maps: np.ndarray,
+    params: np.ndarray,
+    index: np.ndarray,
+    meta: dict[str, Any],
+) -> dict[str, str]:
+    """One shard under a temporary name, then renamed, so a reader never sees half a file."""
+    if fmt == "hdf5":
+        import h5py
+
+        final = folder / f"{name}.h5"
+        tmp = folder / f"{name}.h5.tmp"
+        with h5py.File(tmp, "w") as h5:
+            h5.create_dataset("maps", data=maps, chunks=(1, *maps.shape[1:]))
+            h5.create_dataset("params", data=params)
+            h5.create_dataset("index", data=index)
+            for key in ("kind", "split", "seed", "size", "box_size"):
+                h5.attrs[key] = meta[key]
+            h5.attrs["parameters"] = json.dumps(meta["parameters"])
+        os.replace(tmp, final)
+        return {"maps": final.name}
+    files = {}
+    for key, array in (("maps", maps), ("params", params), ("index", index)):
+        final = folder / f"{name}-{key}.npy"
+        tmp = folder / f"{name}-{key}.tmp.npy"
+        np.save(tmp, array)
+        os.replace(tmp, final)
+        files[key] = final.name
+    return files
+
+
+# ---- `hpctrain data generate --kind fields` ---------------------------------------------------------------
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO,HI") from None
+    if not 0 < lo < hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < LO < HI")
+    return lo, hi
+
+
+def generate_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `hpctrain data generate --kind fields`."""
+    g = parser.add_argument_group("fields")
+    g.add_argument("--out", required=True, help="output folder (gets train/, val/, test/ with meta.json)")
+    g.add_argument("--kind-of-field", choices=KINDS, default="gaussian", help="generator (default gaussian)")
+    g.add_argument("--n", type=int, default=4096, help="training maps (default 4096)")
+    g.add_argument("--n-val", type=int, default=512, help="validation maps (default 512)")
+    g.add_argument("--n-test", type=int, default=512, help="test maps (default 512)")
+    g.add_argument("--size", type=int, default=64, help="map side in pixels, even (default 64)")
+    g.add_argument("--box-size", type=float, default=1000.0, help="map side in Mpc/h (default 1000)")
+    g.add_argument("--seed", type=int, default=2024, help="data seed (default 2024, as data.data_seed)")
+    g.add_argument("--omega-m", type=_pair, default=(0.1, 0.5), help="prior box LO,HI (default 0.1,0.5)")
+    g.add_argument("--sigma-8", type=_pair, default=(0.6, 1.0), help="prior box LO,HI (default 0.6,1.0)")
+    g.add_argument("--format", choices=("hdf5", "npy"), default="hdf5", help="shard format (default hdf5)")
+    g.add_argument("--shard-size", type=int, default=1024, help="maps per shard (default 1024)")
+
+
+def generate(args: argparse.Namespace) -> int:
+    """Write the shards of every split; prints one line per split."""
+    for name in ("n", "n_val", "n_test", "shard_size", "size", "seed"):
+        if getattr(args, name) < (1 if name in ("n", "shard_size", "size") else 0):
+            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    if args.size % 2 or args.size < 8:
+        raise UserError(f"--size={args.size} must be even and at least 8")
+    if args.box_size <= 0:
+        raise UserError(f"--box-size={args.box_size} must be positive")
+    out = Path(args.out)
+    prior = (tuple(args.omega_m), tuple(args.sigma_8))
+    for split, n in (("train", args.n), ("val", args.n_val), ("test", args.n_test)):
+        if n == 0:
+            continue
+        start = time.perf_counter()
+        meta = write_split(
+            out,
+            split,
+            n,
+            kind=args.kind_of_field,
+            seed=args.seed,
+            size=args.size,
+            box_size=args.box_size,
+            prior=prior,
+            fmt=args.format,
+            shard_size=args.shard_size,
+        )
+        seconds = time.perf_counter() - start
+        print(
+            f"{split}: {n} {args.kind_of_field} maps {args.size}x{args.size} in {len(meta['shards'])} "
+            f"{args.format} shards -> {out / split} ({n / seconds:.0f} maps/s)",
+            flush=True,
+        )
+    return 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """`hpctrain data inspect --kind fields PATH`: what a split folder (or a folder of splits) holds."""
+    from hpctrain.workloads.fields.dataset import ShardFields
+
+    root = Path(args.path)
+    folders = [root] if (root / "meta.json").is_file() else sorted(p.parent for p in root.glob("*/meta.json"))
+    if not folders:
+        raise UserError(f"{root} holds no meta.json (write one with `hpctrain data generate --kind fields`)")
+    for folder in folders:
+        data = ShardFields(folder)
+        m = data.meta
+        print(
+            f"{folder}: {len(data)} {m['kind']} maps {m['size']}x{m['size']}, box {m['box_size']} Mpc/h, "
+            f"split {m['split']}, seed {m['seed']}, {len(data.shards)} {m['format']} shards, "
+            f"prior {m['prior']}"
+        )
+        count = min(args.events, len(data))
+        if count:
+            maps, params = data.__getitems__(list(range(count)))
+            for i in range(count):
+                x = maps[i].numpy()
+                print(
+                    f"  map {i}: omega_m {params[i, 0]:.4f} sigma_8 {params[i, 1]:.4f} | "
+                    f"mean {x.mean():+.3f} std {x.std():.3f} min {x.min():+.3f} max {x.max():+.3f}"
+                )
+    return 0
