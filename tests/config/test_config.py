@@ -86,7 +86,7 @@ def test_yaml_interpolates_paths_from_env(tmp_path: Path):
     ("args", "expected"),
     [
         (["optim.lr=abc"], "optim.lr='abc'"),
-        (["foo.bar=1"], "foo: unknown key"),
+        (["foo.bar=1"], "foo.bar=1: unknown key"),
         (["train.total_updates=-5"], "train.total_updates=-5"),
         (["optim.nme=sgd"], "optim.nme='sgd': unknown key"),
         (["model.type=nope"], "model.type"),
@@ -159,3 +159,9 @@ def test_lr_scaling_with_global_batch():
     cfg = OptimConfig(lr=1e-3, lr_scaling="sqrt", base_batch_size=64)
     assert effective_lr(cfg, 256) == pytest.approx(2e-3)
     assert effective_lr(OptimConfig(lr=1e-3), 256) == 1e-3
+
+
+def test_script_variables_with_the_prefix_are_not_config():
+    """HPCTRAIN_HOME (set by the sbatch templates) must not be read as a config key."""
+    cfg = load(environ={"HPCTRAIN_HOME": "/work/project", "HPCTRAIN_TRAIN__TOTAL_UPDATES": "12"})
+    assert cfg.train.total_updates == 12

@@ -133,3 +133,14 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
     assert "resumed from" in done.out and "step_00000020.pt" in done.out
     assert not list(folder.glob(".*.tmp-*"))
     assert json.loads((tmp_path / "out" / "k" / "summary.json").read_text())["step"] == 60
+
+
+def test_saving_a_step_again_keeps_it_loadable(tmp_path: Path):
+    store = CheckpointStore(tmp_path, keep_last=1)
+    store.save(fake_state(5), 5)
+    store.save(fake_state(5), 5, best=True)  # e.g. the final save after a periodic one at the same step
+    state, path = store.load_latest()
+    assert path.name == "step_00000005.pt" and state["counters"]["step"] == 5
+    # A kill between the data and its hash leaves no hash, never a stale one: still loadable.
+    (tmp_path / "step_00000005.json").unlink()
+    assert store.load_latest() is not None

@@ -17,7 +17,6 @@ def _logging(env: ClusterEnv) -> None:
         level=logging.INFO if env.is_main else logging.WARNING,
         format=f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
-        force=True,
     )
 
 

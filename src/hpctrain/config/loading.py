@@ -105,7 +105,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     found = []
     for name, value in sorted(environ.items()):
-        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+        if name.startswith(ENV_PREFIX) and "__" in name[len(ENV_PREFIX) :]:
+            # Only SECTION__KEY names are config: HPCTRAIN_HOME and other script variables are not.
             key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             found.append((key, parse_value(value), f"environment {name}"))
         elif name in ENV_ALIASES and value != "":
@@ -143,6 +144,12 @@ def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+            full = next((k for k in origins if k.startswith(key + ".")), None)
+            if isinstance(value, dict) and full:  # an unknown section: name the dotted key the user wrote
+                node: Any = value
+                for part in full[len(key) + 1 :].split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                key, value = full, node
         elif error["type"] == "union_tag_not_found":
             key, value, message = f"{key}.type", None, "missing: say which type this section is"
         elif error["type"] == "union_tag_invalid":

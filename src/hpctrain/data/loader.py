@@ -108,7 +108,7 @@ class IndexedStream:
 
     def __iter__(self) -> Iterator[Any]:
         while True:
-            self._generator.manual_seed(self.seed * 7919 + self.epoch)
+            self._generator.manual_seed(self.seed * 7919 + self.epoch + 104_729 * self.rank)
             for batch in self._loader:
                 self.offset += self.batch_size * self.world_size
                 yield batch

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 # Reason codes shared by all ranks through a max-reduction: a higher code wins.
-REASONS = {0: None, 1: "early_stop", 2: "time_budget", 3: "signal"}
+# early_stop ranks highest: a run that has decided to end must not become a resumable stop that trains on.
+REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop"}
 CODES = {reason: code for code, reason in REASONS.items() if reason}
 
 
@@ -110,11 +111,14 @@ class TimeBudget:
         if not force and now - self._deadline_checked < self.cfg.refresh_seconds:
             return
         self._deadline_checked = now
-        if self.env.under_slurm and self.env.job_id:
+        # Only rank 0 asks slurmctld (N ranks x every refresh would be a burst); ranks agree on its decision.
+        if self.env.under_slurm and self.env.job_id and self.env.is_main:
             end = job_end_time(self.env.job_id)
             if end is not None:
                 self.deadline, self.deadline_source = end, f"SLURM job {self.env.job_id} end time"
                 return
+        elif self.env.under_slurm and self.env.job_id:
+            return
         if self.cfg.time_limit:
             self.deadline = self.started + parse_duration(self.cfg.time_limit)
             self.deadline_source = f"budget.time_limit={self.cfg.time_limit}"
@@ -130,7 +134,9 @@ class TimeBudget:
         remaining = self.remaining()
         if remaining is None:
             return None
-        need = self.step.value + (self.eval.value if eval_next else 0.0) + self.save.value
+        # Before any evaluation was timed, guess one as 20 steps.
+        eval_time = self.eval.value if self.eval.recent else 20 * self.step.value
+        need = self.step.value + (eval_time if eval_next else 0.0) + self.save.value
         return "time_budget" if remaining < need + self.cfg.margin_seconds else None
 
     def state_dict(self) -> dict[str, Any]:

@@ -98,11 +98,15 @@ class CheckpointStore:
         data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest()
         path = self.path_for(step)
+        # Saving a step again: drop the old hash first, so a kill between the two writes never leaves new
+        # data beside an old hash (a good checkpoint that would fail verification).
+        path.with_suffix(".json").unlink(missing_ok=True)
         atomic_write_bytes(path, data)
         atomic_write_text(path.with_suffix(".json"), json.dumps({"step": step, "sha256": digest}))
         # The pointer moves last: until here, `latest` still names the previous good checkpoint.
         atomic_write_text(self.folder / "latest", path.name + "\n")
         if best:
+            (self.folder / "best.json").unlink(missing_ok=True)
             atomic_write_bytes(self.folder / "best.pt", data)
             atomic_write_text(self.folder / "best.json", json.dumps({"step": step, "sha256": digest}))
         self._prune(keep=path)

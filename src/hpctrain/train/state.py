@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ def _gather_rng() -> list[dict[str, Any]]:
 class StateKeeper:
     def __init__(self, trainer: Trainer) -> None:
         self.t = trainer
+        self.last_saved_step: int | None = None
+        self._mirror: threading.Thread | None = None
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -79,12 +82,31 @@ class StateKeeper:
         if self.t.env.is_main:
             path = self.t.store.save(state, self.t.step, best=best)
             self.t.trackers.flush()
-            mirror = self.t.cfg.checkpoint.mirror_to
-            if mirror:
-                from hpctrain.data.remote import mirror as mirror_copy
-
-                mirror_copy(str(path.parent), mirror)
+            if self.t.cfg.checkpoint.mirror_to:
+                self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
+        self.last_saved_step = self.t.step
         dist.barrier()
+
+    def _mirror_in_background(self, folder: Path, dest: str) -> None:
+        """A slow remote copy must not hold the other ranks at a collective past distributed.timeout."""
+        from hpctrain.data.remote import mirror as mirror_copy
+
+        self.close()
+
+        def copy() -> None:
+            try:
+                mirror_copy(str(folder), dest)
+            except Exception as exc:  # a failed mirror loses nothing local: warn and go on
+                log.warning("mirroring checkpoints to %s failed: %s", dest, exc)
+
+        self._mirror = threading.Thread(target=copy, name="checkpoint-mirror", daemon=False)
+        self._mirror.start()
+
+    def close(self) -> None:
+        """Wait for a mirror copy under way."""
+        if self._mirror is not None:
+            self._mirror.join()
+            self._mirror = None
 
     # ---- resume -------------------------------------------------------------------------------------------
 
@@ -92,7 +114,18 @@ class StateKeeper:
         t = self.t
         t.resumed_step = None
         mode = t.cfg.checkpoint.resume
-        loaded = None if mode == "never" else t.store.load_latest()
+        loaded = None
+        if mode != "never":
+            # Rank 0 chooses and every rank loads that very file: ranks falling back to different checkpoints
+            # (a flaky read on one node) would disagree on the step and deadlock later.
+            if t.env.is_main:
+                loaded = t.store.load_latest()
+            chosen = dist.broadcast_object(str(loaded[1]) if loaded else None)
+            if chosen and not t.env.is_main:
+                state = load_verified(Path(str(chosen)))
+                if state is None:
+                    raise RuntimeError(f"rank {t.env.rank} cannot read checkpoint {chosen} that rank 0 chose")
+                loaded = (state, Path(str(chosen)))
         if loaded is not None:
             state, path = loaded
             self._restore_full(state)
@@ -126,6 +159,7 @@ class StateKeeper:
         t.resumed_step = t.step
         t.samples = int(counters["samples"])
         t.finished = bool(counters.get("finished"))
+        t.finished_total = int(counters.get("total_updates", 0)) if t.finished else 0
         t.best = counters.get("best")
         t.evals_without_improvement = int(counters.get("evals_without_improvement", 0))
         t.train_stream.load_state_dict(state["data"])
@@ -133,6 +167,7 @@ class StateKeeper:
         t.budget.load_state_dict(state.get("budget", {}))
         t.tracker_state = state.get("trackers", {})
         rngs = state["rng"]
+        self.last_saved_step = t.step
         if len(rngs) == t.env.world_size:
             set_rng_state(rngs[t.env.rank])
         else:

@@ -80,6 +80,8 @@ class Trainer:
         self.best: float | None = None
         self.evals_without_improvement = 0
         self.finished = False
+        self.finished_total = 0
+        self.last_log_step = 0
         self.resumed_step: int | None = None
         self.tracker_state: dict[str, Any] = {}
 
@@ -105,6 +107,11 @@ class Trainer:
         self.train_stream = self.task.build_data("train", self.cfg.run.seed)
         self.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(self.cfg.schedule, self.total_updates)
+        self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
+        if self.cfg.train.eval_every and not self.has_val and self.env.is_main:
+            log.warning(
+                "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
+            )
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(self.cfg.run.seed + 100_003 * (self.env.rank + 1))
         self.keeper = StateKeeper(self)
@@ -134,7 +141,8 @@ class Trainer:
     # ---- the loop ------------------------------------------------------------------------------------------
 
     def fit(self) -> RunResult:
-        if self.finished and self.step >= self.total_updates:
+        if self.finished and self.total_updates <= self.finished_total:
+            # Finished (or stopped early) with this many updates asked for: nothing to do.
             return self._result("already_finished", "finished", EXIT_OK)
         if self.chain is not None:
             self.chain.open_hop(
@@ -147,8 +155,9 @@ class Trainer:
         while self.step < self.total_updates:
             step_start = time.perf_counter()
             micro = self._next_update(batches)
-            if micro is None:
-                continue  # an empty batch: nothing to learn from, nothing counted
+            if self._skip(micro is None):
+                continue  # an empty batch (on any rank): nothing to learn from, nothing counted
+            assert micro is not None  # not skipped means no rank was empty
             self._set_lr()
             self.timers.add("data", time.perf_counter() - step_start)
             compute_start = time.perf_counter()
@@ -172,8 +181,15 @@ class Trainer:
                 break
         if reason is None or reason == "early_stop":
             return self._finish(reason or "finished")
-        self._save()
+        if self.keeper.last_saved_step != self.step:
+            self._save()
         return self._result("stopped", reason, EXIT_RESUMABLE)
+
+    def _skip(self, empty: bool) -> bool:
+        """Skip an update only if every rank skips it (one rank skipping alone would deadlock DDP)."""
+        if dist.active():
+            return bool(dist.agree_max([float(empty)])[0])
+        return empty
 
     def _next_update(self, batches: Any) -> list[MicroBatch] | None:
         micro: list[MicroBatch] = []
@@ -193,9 +209,14 @@ class Trainer:
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
+    def _periodic_save_due(self) -> bool:
+        every = self.cfg.checkpoint.every
+        # The last update is saved by _finish (with the finished flag): never twice.
+        return bool(every) and self.step % every == 0 and self.step < self.total_updates
+
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.train.eval_every
-        return bool(every) and step % every == 0 and step < self.total_updates
+        return bool(every) and self.has_val and step % every == 0 and step < self.total_updates
 
     def _after_update(self) -> str | None:
         """Evaluate, save and decide (all ranks together) whether to stop."""
@@ -204,14 +225,16 @@ class Trainer:
             improved, stop_early = self._evaluate()
             if improved:
                 self._save(best=True)
-            elif self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0:
+            elif self._periodic_save_due():
                 self._save()
             local = CODES["early_stop"] if stop_early else 0
-        elif self.cfg.checkpoint.every and self.step % self.cfg.checkpoint.every == 0:
+        elif self._periodic_save_due():
             self._save()
         if self.step >= self.total_updates:
             return None
-        budget_reason = self.budget.local_stop_reason(eval_next=self._eval_due(self.step + 1))
+        # The final evaluation (in _finish) needs room too.
+        eval_next = self._eval_due(self.step + 1) or (self.has_val and self.step + 1 == self.total_updates)
+        budget_reason = self.budget.local_stop_reason(eval_next=eval_next)
         if budget_reason:
             local = max(local, CODES[budget_reason])
         agreed = int(dist.agree_max([float(local)])[0])
@@ -253,7 +276,7 @@ class Trainer:
             module.eval()
         sums: dict[str, torch.Tensor] = {}
         limit = self.cfg.train.eval_batches
-        val = self.task.build_data("val", self.cfg.run.seed)
+        val = self.task.build_data("val", self.cfg.run.seed) or ()
         for i, batch in enumerate(val):
             if limit and i >= limit:
                 break
@@ -275,7 +298,8 @@ class Trainer:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
-        updates = self.cfg.logging.log_every if self.step % self.cfg.logging.log_every == 0 else 1
+        updates = max(self.step - max(self.last_log_step, self.resumed_step or 0), 1)
+        self.last_log_step = self.step
         scalars = {"loss": float(out.loss), "loss_mean": float(mean_loss)}
         scalars.update({k: float(v) for k, v in out.metrics.items()})
         for name, norm in self.ctx.grad_norms.items():
@@ -313,7 +337,7 @@ class Trainer:
 
     def _finish(self, reason: str) -> RunResult:
         improved = False
-        if reason == "finished" and self.task.build_data("val", self.cfg.run.seed) is not None:
+        if reason == "finished" and self.has_val:
             improved, _ = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
         self.finished = True
         self._save(best=improved)
@@ -343,6 +367,7 @@ class Trainer:
         return RunResult(status, reason, self.step, digest, code)
 
     def close(self) -> None:
+        self.keeper.close()
         self.train_stream.close()
         self.trackers.close()
         if self.console is not None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from hpctrain.config.schema import DataConfigBase
+from hpctrain.config.schema import DataConfigBase, ModelConfigBase, Section
 from hpctrain.workloads.registry import WorkloadSpec
 
 
@@ -17,7 +17,7 @@ class MuonData(DataConfigBase):
     paths: list[str] = Field(
         default_factory=list,
         description="Training files: local paths, globs or folders, or remote URIs (pelican://, osdf:///, "
-        "https://), staged to scratch first.",
+        "https://), indexed from their Parquet footers and staged to node-local scratch just ahead of use.",
     )
     val_paths: list[str] = Field(
         default_factory=list, description="Validation files (empty = no validation)."
@@ -80,10 +80,77 @@ class MuonData(DataConfigBase):
         return self.max_muons_per_event or self.max_muons_per_batch
 
 
+# ---- models (pydantic only; the tasks live in task.py) -----------------------------------------------------
+
+
+class MultiplicitySettings(Section):
+    """The negative-binomial multiplicity head (used alone by muon_multiplicity, inside the generator by
+    muon_wgan)."""
+
+    hidden: list[int] = Field([64, 128, 64], description="Widths of the hidden layers (ELU).")
+    max_muons_per_event: int = Field(
+        0,
+        ge=0,
+        description="Cap on sampled multiplicities (0 = data.max_muons_per_event or max_muons_per_batch; "
+        "both 0 = 100000), so generation cannot run out of memory.",
+    )
+
+
+class CompileSettings(Section):
+    generator: bool = Field(False, description="torch.compile the generator.")
+    critic: bool = Field(
+        False, description="torch.compile the critic (forced off, with a warning, when lambda_gp > 0)."
+    )
+
+
+class MuonWGANConfig(ModelConfigBase):
+    """Conditional WGAN-GP generating muon bundles (see docs/muons.md)."""
+
+    type: Literal["muon_wgan"] = "muon_wgan"
+    latent_global: int = Field(32, ge=1, description="Size of the per-event latent vector.")
+    latent_local: int = Field(16, ge=1, description="Size of the per-muon latent vector.")
+    hidden: int = Field(256, ge=4, description="Width of the generator's event context.")
+    critic_hidden: int = Field(128, ge=4, description="Width of the critic's per-muon features.")
+    multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
+    pooling: Literal["max", "mean", "sum"] = Field(
+        "max", description="Permutation-invariant pooling of the critic's per-muon features per event."
+    )
+    critic_steps: int = Field(5, ge=1, description="Critic updates per generator update (same batch).")
+    lambda_gp: float = Field(10.0, ge=0, description="Gradient-penalty weight (0 = no penalty).")
+    gp_every: int = Field(
+        1, ge=1, description="Apply the penalty on every N-th critic update (counted over critic updates)."
+    )
+    gp_max_pairs: int = Field(
+        0, ge=0, description="At most this many (real, fake) muon pairs in the penalty (0 = all)."
+    )
+    critic_output: Literal["none", "sqrt_batch_clamp", "tanh"] = Field(
+        "none",
+        description="Critic score normalisation: none; the original README's score/sqrt(batch) clamped to "
+        "+-critic_clamp; or critic_clamp*tanh(score/critic_clamp).",
+    )
+    critic_clamp: float = Field(1000.0, gt=0, description="Bound of sqrt_batch_clamp and tanh.")
+    multiplicity_weight: float = Field(
+        1.0, ge=0, description="Weight of the multiplicity negative log-likelihood in the generator loss."
+    )
+    generator_lr: float | None = Field(None, ge=0, description="Generator lr (None = optim.lr).")
+    critic_lr: float | None = Field(None, ge=0, description="Critic lr (None = optim.lr).")
+    compile: CompileSettings = Field(default_factory=CompileSettings)
+
+
+class MuonMultiplicityConfig(ModelConfigBase):
+    """The multiplicity model alone: a negative binomial per primary, trained by likelihood."""
+
+    type: Literal["muon_multiplicity"] = "muon_multiplicity"
+    multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
+
+
 WORKLOAD = WorkloadSpec(
     name="muons",
-    # model.type -> (config, "module:TaskClass"); the muon models are registered here.
-    models={},
+    # model.type -> (config, "module:TaskClass")
+    models={
+        "muon_wgan": (MuonWGANConfig, "hpctrain.workloads.muons.task:MuonWGANTask"),
+        "muon_multiplicity": (MuonMultiplicityConfig, "hpctrain.workloads.muons.task:MuonMultiplicityTask"),
+    },
     data=[MuonData],
     extras={
         "generate": "hpctrain.workloads.muons.tools:generate",

@@ -553,6 +553,8 @@ class EventStream:
             rank,
         )
         self._dataset = ChunkDataset(self.index, seed, shuffle, max(shuffle_window, 1), opts)
+        self._generator = torch.Generator()
+        self._seed, self._rank = seed, rank
         self.epoch = 0
         self.position = 0
         self._start_epoch = 0
@@ -571,6 +573,9 @@ class EventStream:
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             persistent_workers=persistent_workers and num_workers > 0,
             pin_memory=pin_memory,
+            # Worker base seeds come from this private generator, never from the global torch RNG: creating an
+            # iterator (each epoch, after a resume, for validation) must leave the model's random stream alone.
+            generator=self._generator,
         )
 
     @property
@@ -619,6 +624,7 @@ class EventStream:
         """(batch, global position after it) of one epoch from `position`, in order (`then_next`: the next
         epoch follows, so remote files of its start may be staged already)."""
         self._start_epoch, self._start_position = epoch, position
+        self._generator.manual_seed(self._seed * 7919 + epoch + 104_729 * self._rank)
         self._begin_staging(epoch, position, then_next)
         g = self.batch_size * self.world_size
         pending: dict[int, list[MuonBatch | None]] = {}

@@ -1,0 +1,121 @@
+"""Wasserstein losses, critic-score normalisation and the gradient penalty on ragged muon sets.
+
+The penalty interpolates REAL and FAKE muons paired inside each event (the i-th real with the i-th fake muon,
+k = min(n_real, n_fake) pairs), with one alpha per event, and asks the gradient of each event's score with
+respect to its interpolated muons to have norm 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hpctrain.workloads.muons.networks import segment_sum
+
+
+def normalize_scores(scores: torch.Tensor, how: str, clamp: float) -> torch.Tensor:
+    """(B,) critic scores after the configured normalisation (none | sqrt_batch_clamp | tanh)."""
+    if how == "none":
+        return scores
+    if how == "sqrt_batch_clamp":
+        # the original README's version: divide by sqrt(batch) and clamp (hit from the start there: see notes)
+        return (scores / math.sqrt(max(scores.shape[0], 1))).clamp(-clamp, clamp)
+    if how == "tanh":
+        return clamp * torch.tanh(scores / clamp)
+    raise ValueError(f"model.critic_output={how!r}: choose none, sqrt_batch_clamp or tanh")
+
+
+def critic_loss(real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss = E[fake] - E[real], Wasserstein estimate E[real] - E[fake]) from (B,) scores."""
+    distance = real.mean() - fake.mean()
+    return -distance, distance
+
+
+def generator_loss(fake: torch.Tensor) -> torch.Tensor:
+    return -fake.mean()
+
+
+@dataclass
+class Pairs:
+    """Muon pairs for the penalty: real_index, fake_index, event (P,) each; per_event (B,) pairs per event."""
+
+    real_index: torch.Tensor
+    fake_index: torch.Tensor
+    event: torch.Tensor
+    per_event: torch.Tensor
+
+
+def pair_muons(
+    real_counts: torch.Tensor,
+    fake_counts: torch.Tensor,
+    max_pairs: int = 0,
+    same_counts: bool = False,
+    real_total: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Pairs:
+    """Pair the i-th real with the i-th fake muon of each event; keep at most `max_pairs` random pairs.
+
+    With `same_counts` (fake events have the real multiplicities) the pairs are the muons' own positions and
+    `real_total` (known on the host) sizes everything: no GPU->CPU synchronisation. Otherwise the number of
+    pairs is read once from the device."""
+    b = real_counts.shape[0]
+    device = real_counts.device
+    if same_counts:
+        assert real_total is not None, "same_counts needs real_total"
+        total = real_total
+        per_event = real_counts
+        event = torch.repeat_interleave(torch.arange(b, device=device), per_event, output_size=total)
+        real_index = fake_index = torch.arange(total, device=device)
+    else:
+        per_event = torch.minimum(real_counts, fake_counts)
+        total = int(per_event.sum())
+        event = torch.repeat_interleave(torch.arange(b, device=device), per_event, output_size=total)
+        first = torch.cumsum(per_event, 0) - per_event  # (B,) first pair of each event
+        rank = torch.arange(total, device=device) - first[event]  # (P,) position inside the event
+        real_index = (torch.cumsum(real_counts, 0) - real_counts)[event] + rank
+        fake_index = (torch.cumsum(fake_counts, 0) - fake_counts)[event] + rank
+    if max_pairs and total > max_pairs:
+        keep = (
+            torch.randperm(total, device=device, generator=generator)[:max_pairs].sort().values
+        )  # sorted: events stay grouped
+        real_index, fake_index, event = real_index[keep], fake_index[keep], event[keep]
+        per_event = torch.zeros(b, dtype=torch.int64, device=device).index_add(
+            0, event, torch.ones_like(event)
+        )
+    return Pairs(real_index, fake_index, event, per_event)
+
+
+def gradient_penalty(
+    critic: torch.nn.Module,
+    real_muons: torch.Tensor,
+    fake_muons: torch.Tensor,
+    primaries: torch.Tensor,
+    real_counts: torch.Tensor,
+    fake_counts: torch.Tensor,
+    pairs: Pairs,
+    score_norm: str = "none",
+    clamp: float = 1000.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Mean over events with pairs of (||d score / d interpolated muons|| - 1)^2 (a scalar with graph)."""
+    b = primaries.shape[0]
+    alpha = torch.rand(b, 1, device=primaries.device, generator=generator).to(
+        real_muons.dtype
+    )  # one per event
+    a = alpha[pairs.event]  # (P, 1)
+    mixed = a * real_muons[pairs.real_index].detach() + (1 - a) * fake_muons[pairs.fake_index].detach()
+    mixed.requires_grad_(True)
+    # the multiplicity the critic sees is interpolated too; pooling runs over the kept pairs
+    multiplicity = alpha.squeeze(1) * real_counts.to(alpha.dtype) + (1 - alpha.squeeze(1)) * fake_counts.to(
+        alpha.dtype
+    )
+    scores = critic(mixed, pairs.event, primaries, pairs.per_event, multiplicity)
+    scores = normalize_scores(scores, score_norm, clamp)
+    (grad,) = torch.autograd.grad(scores.sum(), mixed, create_graph=True)  # (P, 3)
+    grad = torch.nan_to_num(grad)
+    squared = segment_sum(grad.pow(2).sum(1, keepdim=True), pairs.event, b).squeeze(1)  # (B,)
+    norm = torch.sqrt(squared + 1e-12)
+    has = (pairs.per_event > 0).to(norm.dtype)
+    return ((norm - 1.0).pow(2) * has).sum() / has.sum().clamp_min(1.0)

@@ -1,0 +1,232 @@
+"""Networks of the muon models: ragged sets as a flat muon tensor plus each muon's event index, never padded.
+
+Units are the normalised ones of `physics` (primaries (B, 4), muons (M, 3) [log10(E/PeV), x/500, y/500]).
+Segment sums and maxima use index_add_/scatter_reduce, whose outputs have host-known shapes, so nothing here
+synchronises the GPU with the CPU unless the caller asks for sampled multiplicities.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DEFAULT_MUON_CAP = 100_000
+PRIMARY_DIM, MUON_DIM = 4, 3
+
+
+def event_index(counts: torch.Tensor, total: int) -> torch.Tensor:
+    """(total,) int64 event of each muon; `total` (= counts.sum(), known on the host) avoids a sync."""
+    events = torch.arange(counts.shape[0], device=counts.device)
+    return torch.repeat_interleave(events, counts, output_size=total)
+
+
+def multiplicity_feature(counts: torch.Tensor) -> torch.Tensor:
+    """(B, 1) log10(N + 1): the multiplicity as the networks see it."""
+    return torch.log10(counts.float() + 1.0).unsqueeze(1)
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, F) per-event sums of values (M, F); events without muons get 0."""
+    out = values.new_zeros((n, values.shape[1]))
+    return out.index_add(0, index, values)
+
+
+def segment_max(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, F) per-event maxima; events without muons get 0 (never a -inf/-1e9 sentinel)."""
+    out = values.new_zeros((n, values.shape[1]))
+    expanded = index.unsqueeze(1).expand_as(values)
+    # include_self=False: the initial zeros only survive in rows no muon reaches (the empty events)
+    return out.scatter_reduce(0, expanded, values, reduce="amax", include_self=False)
+
+
+def pool(values: torch.Tensor, index: torch.Tensor, counts: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, F) permutation-invariant summary of each event's muon features (M, F)."""
+    n = counts.shape[0]
+    if how == "max":
+        return segment_max(values, index, n)
+    summed = segment_sum(values, index, n)
+    if how == "sum":
+        return summed
+    return summed / counts.clamp_min(1).unsqueeze(1).to(values.dtype)
+
+
+def mlp(sizes: list[int], act: type[nn.Module], norm: bool = False, last_act: bool = False) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2 or last_act:
+            if norm:
+                layers.append(nn.LayerNorm(b))
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+class MuonScaler(nn.Module):
+    """Muon features <-> the networks' scale: z = asinh((v - center) / scale), per feature.
+
+    Normalised x, y spread over decades (a few cm to 2 km over 500 m): the asinh keeps the core near unit scale
+    and compresses the tail, so neither network works on values of 1e-3 or on a tail-dominated std. The
+    statistics are set once from the first training batch (`fit`) and saved as buffers with the generator."""
+
+    center: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("center", torch.zeros(MUON_DIM))
+        self.register_buffer("scale", torch.ones(MUON_DIM))
+
+    @torch.no_grad()
+    def fit(self, muons: torch.Tensor) -> None:
+        """center = median, scale = median absolute deviation (floored) of muons (M, 3); no-op if M < 2."""
+        if muons.shape[0] < 2:
+            return
+        center = muons.median(0).values
+        self.center.copy_(center)
+        self.scale.copy_((muons - center).abs().median(0).values.clamp_min(1e-4))
+
+    def forward(self, muons: torch.Tensor) -> torch.Tensor:
+        return torch.asinh((muons - self.center) / self.scale)
+
+    def inverse(self, z: torch.Tensor) -> torch.Tensor:
+        return self.center + self.scale * torch.sinh(z.clamp(-15.0, 15.0))
+
+
+class MultiplicityHead(nn.Module):
+    """Negative binomial NB(mean mu, dispersion r) of the muon count given the primary.
+
+    Counts fluctuate like showers do: a Gamma(r, mu/r) mean fed to a Poisson; r -> inf is Poisson."""
+
+    def __init__(self, hidden: list[int], cap: int) -> None:
+        super().__init__()
+        self.cap = int(cap) if cap > 0 else DEFAULT_MUON_CAP
+        self.net = mlp([PRIMARY_DIM, *hidden, 2], nn.ELU)
+
+    def forward(self, primaries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log mu (B,), log r (B,)), clamped to ranges where lgamma and exp stay finite."""
+        out = self.net(primaries)
+        return out[:, 0].clamp(-15.0, 15.0), out[:, 1].clamp(-6.0, 12.0)
+
+    @staticmethod
+    def nll(log_mu: torch.Tensor, log_r: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """(B,) negative log-likelihood of the counts under NB(mu, r)."""
+        k = counts.to(log_mu.dtype)
+        r = log_r.exp()
+        log_total = torch.logaddexp(log_mu, log_r)  # log(mu + r)
+        log_p = (
+            torch.lgamma(k + r)
+            - torch.lgamma(r)
+            - torch.lgamma(k + 1.0)
+            + r * (log_r - log_total)
+            + k * (log_mu - log_total)
+        )
+        return -log_p
+
+    @torch.no_grad()
+    def sample(self, primaries: torch.Tensor, cap: int | None = None) -> torch.Tensor:
+        """(B,) int64 counts drawn from the predicted NB (torch's global RNG), capped at `cap` (default: the
+        head's cap)."""
+        limit = self.cap if cap is None else cap
+        log_mu, log_r = self(primaries.float())
+        # gamma-Poisson mixture: rate ~ Gamma(shape r, scale mu/r), count ~ Poisson(rate)
+        rate = torch._standard_gamma(log_r.double().exp()) * (log_mu - log_r).double().exp()
+        rate = rate.clamp_max(float(limit) * 4.0)  # beyond the cap the value does not matter; keeps it finite
+        return torch.poisson(rate).clamp_max(limit).long()
+
+
+class Generator(nn.Module):
+    """Multiplicity head, event context from (global latent, primary, multiplicity), then per-muon features
+    from (context of the muon's event, per-muon latent)."""
+
+    def __init__(
+        self, latent_global: int, latent_local: int, hidden: int, mult_hidden: list[int], cap: int
+    ) -> None:
+        super().__init__()
+        self.latent_global, self.latent_local = latent_global, latent_local
+        self.multiplicity = MultiplicityHead(mult_hidden, cap)
+        self.scaler = MuonScaler()
+        half = max(hidden // 2, 1)
+        self.global_net = mlp([latent_global + PRIMARY_DIM + 1, half, hidden], nn.LeakyReLU, True, True)
+        # local_net's first layer on cat(context[index], z_local), split in two so the context part runs per
+        # EVENT (B rows) and only its (B, half) result is gathered to the muons: same function, fewer FLOPs
+        self.local_context = nn.Linear(hidden, half)
+        self.local_latent = nn.Linear(latent_local, half, bias=False)
+        self.local_net = nn.Sequential(
+            nn.LeakyReLU(), mlp([half, max(hidden // 4, 1), MUON_DIM], nn.LeakyReLU)
+        )
+
+    def noise(
+        self, events: int, muons: int, device: torch.device, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latents (events, latent_global) and (muons, latent_local) from `generator` (default: global RNG)."""
+        z_global = torch.randn(events, self.latent_global, device=device, generator=generator)
+        z_local = torch.randn(muons, self.latent_local, device=device, generator=generator)
+        return z_global, z_local
+
+    def forward(
+        self,
+        primaries: torch.Tensor,
+        counts: torch.Tensor,
+        index: torch.Tensor,
+        z_global: torch.Tensor | None = None,
+        z_local: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Muons (M, 3) IN SCALED UNITS (`scaler.inverse` gives normalised muons) for events with these counts
+        (index (M,) their event), and the NB parameters
+        (log mu (B,), log r (B,)) for the multiplicity likelihood. Latents are drawn when not given (the
+        trainer passes its own, from a checkpointed generator)."""
+        if z_global is None or z_local is None:
+            z_global, z_local = self.noise(primaries.shape[0], index.shape[0], primaries.device)
+        context = self.global_net(torch.cat([z_global, primaries, multiplicity_feature(counts)], 1))  # (B, H)
+        first = self.local_context(context).index_select(0, index) + self.local_latent(z_local)  # (M, half)
+        muons = self.local_net(first)  # (M, 3)
+        log_mu, log_r = self.multiplicity(primaries)
+        return muons, log_mu, log_r
+
+    @torch.no_grad()
+    def generate(self, primaries: torch.Tensor, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled counts (B,) and normalised muons (sum counts, 3) for normalised primaries (syncs once, for
+        the size)."""
+        counts = self.multiplicity.sample(primaries, cap=cap)
+        total = int(counts.sum())
+        muons, _, _ = self(primaries, counts, event_index(counts, total))
+        return counts, self.scaler.inverse(muons)
+
+
+class Critic(nn.Module):
+    """Per-muon net over (muon, primary), pooling per event, and a decision net that sees the pooled
+    features, the primary, log10(N + 1) and whether the event is empty."""
+
+    def __init__(self, hidden: int, pooling: str) -> None:
+        super().__init__()
+        self.pooling = pooling
+        # point net's first layer on cat(muon, primary[index]), split: the primary part runs per event
+        self.point_muon = nn.Linear(MUON_DIM, hidden // 2)
+        self.point_primary = nn.Linear(PRIMARY_DIM, hidden // 2, bias=False)
+        self.point_net = nn.Sequential(
+            nn.LayerNorm(hidden // 2), nn.LeakyReLU(), mlp([hidden // 2, hidden], nn.LeakyReLU, True, True)
+        )
+        self.decision = mlp([hidden + PRIMARY_DIM + 2, hidden, hidden // 2, 1], nn.LeakyReLU)
+
+    def forward(
+        self,
+        muons: torch.Tensor,
+        index: torch.Tensor,
+        primaries: torch.Tensor,
+        counts: torch.Tensor,
+        multiplicity: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B,) scores of events: muons (M, 3), index (M,) event of each muon, primaries (B, 4), counts (B,)
+        muons per event; `multiplicity` (B,) the count the decision net sees (default `counts`; the gradient
+        penalty passes an interpolated one)."""
+        first = self.point_muon(muons) + self.point_primary(primaries).index_select(0, index)  # (M, H/2)
+        features = self.point_net(first)  # (M, H)
+        pooled = pool(features, index, counts, self.pooling)  # (B, H); empty events: 0
+        empty = (counts == 0).to(pooled.dtype).unsqueeze(1)  # (B, 1): tells 'no muons' from 'features 0'
+        mult = multiplicity_feature(counts if multiplicity is None else multiplicity).to(pooled.dtype)
+        head = torch.cat([pooled, primaries, mult, empty], 1)
+        return self.decision(head).squeeze(1)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

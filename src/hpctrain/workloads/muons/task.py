@@ -1,0 +1,289 @@
+"""The muon tasks: the conditional WGAN-GP (`muon_wgan`) and the multiplicity model alone (`muon_multiplicity`).
+
+One trainer update of muon_wgan = `critic_steps` critic updates on the batch (fresh fakes each time), then one
+generator update. Fake events get the REAL multiplicities (teacher forcing): the per-muon generator learns
+bundles given N, the multiplicity head learns N's distribution by likelihood, and the sampler chains the two.
+Nothing in the step reads a value back to the host: shapes come from the batch (known on the CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
+from hpctrain.workloads.muons.batch import MuonBatch
+from hpctrain.workloads.muons.losses import (
+    critic_loss,
+    generator_loss,
+    gradient_penalty,
+    normalize_scores,
+    pair_muons,
+)
+from hpctrain.workloads.muons.networks import (
+    DEFAULT_MUON_CAP,
+    Critic,
+    Generator,
+    MultiplicityHead,
+    MuonScaler,
+    event_index,
+)
+from hpctrain.workloads.muons.task_base import MuonTaskBase
+
+log = logging.getLogger(__name__)
+EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
+
+
+def muon_cap(cfg: Any) -> int:
+    """Cap on sampled multiplicities: the model's, else the data's per-event cap, else DEFAULT_MUON_CAP."""
+    return int(cfg.model.multiplicity.max_muons_per_event or cfg.data.event_muon_cap or DEFAULT_MUON_CAP)
+
+
+def _fork_rng(device: torch.device) -> Any:
+    devices = [device.index or 0] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=devices)
+
+
+@dataclass
+class _Prepared:
+    batch: MuonBatch
+    index: torch.Tensor  # (M,) event of each muon
+    weight: float
+    real: torch.Tensor  # (M, 3) the real muons in the networks' scale (MuonScaler)
+
+
+class MuonWGANTask(MuonTaskBase):
+    def __init__(self, cfg: Any, env: Any) -> None:
+        super().__init__(cfg, env)
+        self.critic_updates = 0  # counts critic updates over the whole run (gp_every); checkpointed
+        self.scaler_ready = False  # the generator's MuonScaler statistics were set (checkpointed)
+        self._generator: Generator | None = None
+        self._last_fake: torch.Tensor | None = None
+        # The step's randomness (latents, GP alphas and pairs) comes from this generator, checkpointed with the
+        # task: the global RNG is also drawn by data loaders and evaluation, which must not shift training.
+        self._rng: torch.Generator | None = None
+        self._rng_state: torch.Tensor | None = None
+
+    # ---- networks and optimizers --------------------------------------------------------------------------
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        m = self.cfg.model
+        generator = Generator(
+            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg)
+        )
+        self._generator = generator
+        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling)}
+
+    def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
+        return {"generator": ["generator"], "critic": ["critic"]}
+
+    def optimizer_overrides(self, name: str) -> dict[str, Any]:
+        lr = self.cfg.model.generator_lr if name == "generator" else self.cfg.model.critic_lr
+        return {} if lr is None else {"lr": lr}
+
+    def compile_module(self, name: str) -> bool:
+        m = self.cfg.model
+        if name == "generator":
+            return bool(m.compile.generator)
+        if m.compile.critic and m.lambda_gp > 0:
+            log.warning(
+                "model.compile.critic ignored: the gradient penalty (lambda_gp > 0) needs double backward"
+            )
+            return False
+        return bool(m.compile.critic)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
+        rng = self._rng.get_state() if self._rng is not None else self._rng_state
+        if rng is not None:
+            state["rng"] = rng
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critic_updates = int(state.get("critic_updates", 0))
+        self.scaler_ready = bool(state.get("scaler_ready", False))
+        self._rng_state = state.get("rng")
+        if self._rng is not None and self._rng_state is not None:
+            self._rng.set_state(self._rng_state)
+
+    def rng(self, device: torch.device) -> torch.Generator:
+        """The training generator on `device`, seeded from run.seed and the rank (or the checkpoint)."""
+        if self._rng is None:
+            self._rng = torch.Generator(device=device)
+            self._rng.manual_seed(self.cfg.run.seed * 1_000_003 + 17 * (getattr(self.env, "rank", 0) + 1))
+            if self._rng_state is not None:
+                self._rng.set_state(self._rng_state)
+        return self._rng
+
+    # ---- the step -----------------------------------------------------------------------------------------
+
+    def _generator_noise(
+        self, p: _Prepared, device: torch.device, rng: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._generator is not None
+        return self._generator.noise(len(p.batch), p.batch.num_muons, device, rng)
+
+    def _scores(self, critic: nn.Module, muons: torch.Tensor, p: _Prepared) -> torch.Tensor:
+        b = p.batch
+        raw = critic(muons, p.index, b.primaries, b.counts)
+        return normalize_scores(raw.float(), self.cfg.model.critic_output, self.cfg.model.critic_clamp)
+
+    def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
+        scaler: MuonScaler = ctx.raw_modules["generator"].scaler  # type: ignore[assignment]
+        if not self.scaler_ready:
+            # once, from the first batch (then saved with the generator's buffers; DDP broadcasts rank 0's)
+            scaler.fit(micro_batches[0].data.muons)
+            self.scaler_ready = micro_batches[0].data.num_muons >= 2  # else: try again next update
+        prepared = [
+            _Prepared(
+                mb.data, event_index(mb.data.counts, mb.data.num_muons), mb.weight, scaler(mb.data.muons)
+            )
+            for mb in micro_batches
+        ]
+        critic_out = self._critic_updates(prepared, ctx)
+        gen_out = self._generator_update(prepared, ctx)
+        metrics = {**critic_out, **gen_out}
+        samples = sum(mb.samples for mb in micro_batches)
+        muons = sum(p.batch.num_muons for p in prepared)
+        return StepOutput(
+            metrics.pop("critic_loss"), metrics, samples, extra_counts={"events": samples, "muons": muons}
+        )
+
+    def _critic_updates(self, prepared: list[_Prepared], ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        m = self.cfg.model
+        generator, critic = ctx.modules["generator"], ctx.modules["critic"]
+        rng = self.rng(ctx.device)
+        zero = torch.zeros((), device=ctx.device)
+        loss_total, distance, penalty = zero, zero, zero
+        for _ in range(m.critic_steps):
+            self.critic_updates += 1
+            use_gp = m.lambda_gp > 0 and self.critic_updates % m.gp_every == 0
+            loss_total, distance, penalty = zero.clone(), zero.clone(), zero.clone()
+            for i, p in enumerate(prepared):
+                b = p.batch
+                with ctx.no_sync("critic", last=i == len(prepared) - 1):
+                    with ctx.autocast():
+                        with torch.no_grad():
+                            noise = self._generator_noise(p, ctx.device, rng)
+                            fake, _, _ = generator(b.primaries, b.counts, p.index, *noise)
+                        fake = fake.float()
+                        loss, dist = critic_loss(
+                            self._scores(critic, p.real, p), self._scores(critic, fake, p)
+                        )
+                        if use_gp:
+                            pairs = pair_muons(
+                                b.counts, b.counts, m.gp_max_pairs, True, b.num_muons, generator=rng
+                            )
+                            gp = gradient_penalty(
+                                critic, p.real, fake, b.primaries, b.counts, b.counts, pairs,
+                                m.critic_output, m.critic_clamp, rng,
+                            )  # fmt: skip
+                            loss = loss + m.lambda_gp * gp
+                            penalty = penalty + gp.detach().float() * p.weight
+                    ctx.backward(loss * p.weight)
+                loss_total = loss_total + loss.detach().float() * p.weight
+                distance = distance + dist.detach().float() * p.weight
+            ctx.optimizer_step("critic")
+        return {"critic_loss": loss_total, "wasserstein": distance, "gradient_penalty": penalty}
+
+    def _generator_update(self, prepared: list[_Prepared], ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        m = self.cfg.model
+        generator, critic = ctx.modules["generator"], ctx.modules["critic"]
+        rng = self.rng(ctx.device)
+        adv_total = torch.zeros((), device=ctx.device)
+        nll_total = torch.zeros((), device=ctx.device)
+        for i, p in enumerate(prepared):
+            b = p.batch
+            last = i == len(prepared) - 1
+            # the critic only passes gradients through here: no all-reduce of its (discarded) gradients
+            with ctx.no_sync("generator", last=last), ctx.no_sync("critic", last=False):
+                with ctx.autocast():
+                    noise = self._generator_noise(p, ctx.device, rng)
+                    fake, log_mu, log_r = generator(b.primaries, b.counts, p.index, *noise)
+                    adversarial = generator_loss(self._scores(critic, fake.float(), p))
+                    nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), b.counts).mean()
+                    loss = adversarial + m.multiplicity_weight * nll
+                ctx.backward(loss * p.weight)
+            adv_total = adv_total + adversarial.detach().float() * p.weight
+            nll_total = nll_total + nll.detach().float() * p.weight
+            if last:
+                self._last_fake = fake.detach()
+        ctx.zero_grad("critic")
+        ctx.optimizer_step("generator")
+        return {"generator_loss": adv_total, "multiplicity_nll": nll_total}
+
+    # ---- evaluation and histograms ------------------------------------------------------------------------
+
+    def eval_step(self, batch: MuonBatch, ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        generator: Generator = ctx.raw_modules["generator"]  # type: ignore[assignment]
+        critic = ctx.raw_modules["critic"]
+        p = _Prepared(batch, event_index(batch.counts, batch.num_muons), 1.0, generator.scaler(batch.muons))
+        rng = torch.Generator(device=ctx.device).manual_seed(EVAL_SEED)
+        noise = generator.noise(len(batch), batch.num_muons, ctx.device, rng)
+        with ctx.autocast():
+            fake, log_mu, log_r = generator(batch.primaries, batch.counts, p.index, *noise)
+            _, dist = critic_loss(self._scores(critic, p.real, p), self._scores(critic, fake.float(), p))
+        nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), batch.counts)
+        n = float(len(batch))
+        return {
+            "multiplicity_nll_sum": nll.sum().double(),
+            "wasserstein_sum": dist.double() * n,
+            "count": torch.tensor(n, dtype=torch.float64),
+        }
+
+    def finish_eval(self, sums: dict[str, float]) -> dict[str, float]:
+        count = max(sums.get("count", 1.0), 1.0)
+        return {
+            "val_multiplicity_nll": sums.get("multiplicity_nll_sum", 0.0) / count,
+            "val_wasserstein": sums.get("wasserstein_sum", 0.0) / count,
+        }
+
+    def histograms(self, batch: MuonBatch) -> dict[str, torch.Tensor]:
+        out = super().histograms(batch)
+        fake = self._last_fake
+        if fake is not None and fake.shape[0] and self._generator is not None:
+            fake = self._generator.scaler.inverse(fake.float())  # normalised units, like the real ones
+            out.update(gen_muon_log10E_PeV=fake[:, 0], gen_muon_x=fake[:, 1], gen_muon_y=fake[:, 2])
+        if self._generator is not None and len(batch):
+            # sampled multiplicities from a forked RNG: logging must not shift the training's random stream
+            with _fork_rng(batch.primaries.device):
+                counts = self._generator.multiplicity.sample(batch.primaries)
+            out["gen_multiplicity_log10"] = torch.log10(counts.float() + 1.0)
+        return out
+
+
+class MuonMultiplicityTask(MuonTaskBase):
+    """NB(mu, r) of the muon count given the primary, trained by likelihood (one optimizer, 'main')."""
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        return {"multiplicity": MultiplicityHead(self.cfg.model.multiplicity.hidden, muon_cap(self.cfg))}
+
+    def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
+        head = ctx.modules["multiplicity"]
+        total = torch.zeros((), device=ctx.device)
+        for i, mb in enumerate(micro_batches):
+            b = mb.data
+            with ctx.no_sync("multiplicity", last=i == len(micro_batches) - 1):
+                with ctx.autocast():
+                    log_mu, log_r = head(b.primaries)
+                nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), b.counts).mean()
+                ctx.backward(nll * mb.weight)
+            total = total + nll.detach() * mb.weight
+        ctx.optimizer_step("main")
+        samples = sum(mb.samples for mb in micro_batches)
+        return StepOutput(total, {}, samples, extra_counts={"events": samples})
+
+    def eval_step(self, batch: MuonBatch, ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        log_mu, log_r = ctx.raw_modules["multiplicity"](batch.primaries)
+        nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), batch.counts)
+        mean = log_mu.float().exp()
+        err = (torch.log10(mean + 1.0) - torch.log10(batch.counts.float() + 1.0)).abs()
+        return {
+            "loss_sum": nll.sum().double(),
+            "log10_mean_abs_err_sum": err.sum().double(),
+            "count": torch.tensor(float(len(batch)), dtype=torch.float64),
+        }

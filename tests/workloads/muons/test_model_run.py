@@ -1,0 +1,214 @@
+"""muon_wgan and muon_multiplicity through the real trainer: exact resume, sampling, evaluation (tiny, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpctrain.commands.train import run
+from hpctrain.config.loading import ConfigRequest, load_config
+from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.context import Context
+from hpctrain.train.task import MicroBatch
+from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.batch import MuonBatch
+from hpctrain.workloads.muons.task import MuonWGANTask
+from hpctrain.workloads.registry import config_model, fill_default_types
+from tests.conftest import hpctrain, read_jsonl
+from tests.workloads.muons.conftest import write_set
+
+CAP = 150
+
+
+def wgan_overrides(data: Path, out: Path) -> list[str]:
+    return [
+        "run.name=t",
+        f"run.out_dir={out}",
+        "model.type=muon_wgan",
+        f"data.paths=[{data / 'train'}]",
+        f"data.val_paths=[{data / 'val'}]",
+        "data.batch_size=16",
+        f"data.max_muons_per_event={CAP}",
+        "data.max_muons_per_batch=400",  # several micro-batches per update
+        "data.shuffle_window=64",
+        "model.latent_global=4",
+        "model.latent_local=2",
+        "model.hidden=16",
+        "model.critic_hidden=16",
+        "model.multiplicity.hidden=[8]",
+        "model.critic_steps=1",
+        "model.gp_every=2",  # counted over critic updates: GP on every other update here
+        "model.gp_max_pairs=50",
+        "optim.name=adam",
+        "optim.betas=[0.0, 0.9]",
+        "optim.grad_clip_norm=5.0",
+        "model.critic_lr=2e-3",
+        "train.total_updates=10",
+        "train.eval_every=5",
+        "train.eval_batches=2",
+        "train.device=cpu",
+        "logging.log_every=1",
+        "logging.progress=lines",
+        "checkpoint.best_metric=val_multiplicity_nll",
+    ]
+
+
+def make_cfg(data: Path, out: Path, *extra: str):
+    request = ConfigRequest(None, None, [*wgan_overrides(data, out), *extra], None)
+    return load_config(request, config_model(), environ={}, prepare=fill_default_types)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("muondata")
+    write_set(root / "train", files=2, events=160, row_group=40, seed=3)
+    write_set(root / "val", files=1, events=60, row_group=60, seed=4)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ref")
+    assert run(make_cfg(data, out), ClusterEnv()) == EXIT_OK
+    return out / "t"
+
+
+def losses(run_dir: Path) -> dict[int, tuple]:
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), "an update was logged twice"
+    return {r["step"]: (r["loss"], r["generator_loss"], r["gradient_penalty"]) for r in records}
+
+
+def test_wgan_run_logs_rates_and_gp_every_over_critic_updates(reference: Path):
+    records = {r["step"]: r for r in read_jsonl(reference / "metrics.jsonl") if "loss" in r}
+    assert sorted(records) == list(range(1, 11))
+    assert all(records[s]["events_per_s"] > 0 and records[s]["muons_per_s"] > 0 for s in records)
+    # critic_steps 1, gp_every 2: the penalty is on at even critic updates only
+    assert [records[s]["gradient_penalty"] > 0 for s in range(1, 7)] == [False, True] * 3
+    assert all(np.isfinite(records[s]["loss"]) for s in records)
+    evals = [r for r in read_jsonl(reference / "metrics.jsonl") if "val_multiplicity_nll" in r]
+    assert [r["step"] for r in evals] == [5, 10]
+
+
+def test_signal_stop_then_resume_is_bit_exact(
+    data: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    original = MuonWGANTask.train_step
+    calls = {"n": 0}
+
+    def train_step(self, micro, ctx):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return original(self, micro, ctx)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(MuonWGANTask, "train_step", train_step)
+        assert run(make_cfg(data, tmp_path), ClusterEnv()) == EXIT_RESUMABLE
+    run_dir = tmp_path / "t"
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["status"] == "stopped" and first["step"] == 3
+    assert run(make_cfg(data, tmp_path), ClusterEnv()) == EXIT_OK
+    ours = json.loads((run_dir / "summary.json").read_text())
+    ref = json.loads((reference / "summary.json").read_text())
+    assert ours["params_sha256"] == ref["params_sha256"]
+    assert losses(run_dir) == losses(reference)
+
+
+def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, data: Path, tmp_path: Path):
+    out = tmp_path / "gen.parquet"
+    done = hpctrain(
+        "sample", str(reference), "--n-events", "300", "--out", str(out), "--seed", "3", cwd=tmp_path
+    )
+    assert done.code == 0, done.err
+    layout, events = layouts.read_all(str(out))
+    assert layout == "parquet" and len(events) == 300
+    assert int(events.counts.max()) <= CAP and len(events.muons) == int(events.counts.sum())
+    assert np.isfinite(events.muons).all() and (events.muons[:, 0] > 0).all()
+    again = tmp_path / "again.parquet"
+    ckpt = sorted((reference / "checkpoints").glob("step_*.pt"))[-1]
+    primaries = str(data / "val" / "f0.parquet")
+    done = hpctrain("sample", str(ckpt), "--primaries", primaries, "--out", str(again), cwd=tmp_path)
+    assert done.code == 0, done.err
+    _, from_file = layouts.read_all(str(again))
+    _, source = layouts.read_all(primaries)
+    assert np.array_equal(from_file.primaries, source.primaries) and np.array_equal(from_file.ids, source.ids)
+    shown = hpctrain("data", "inspect", str(again), "--events", "1", cwd=tmp_path)
+    assert shown.code == 0 and "layout parquet" in shown.out
+    bad = hpctrain("sample", str(reference), "--n-events", "0", "--out", str(again), cwd=tmp_path)
+    assert bad.code == 2 and "--n-events" in bad.err
+
+
+def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):
+    done = hpctrain("evaluate", str(reference), "--n-events", "400", cwd=tmp_path)
+    assert done.code == 0, done.err
+    result = json.loads((reference / "evaluate.json").read_text())
+    metrics = result["metrics"]
+    for name in ("multiplicity", "energy", "lateral_distance"):
+        assert 0 <= metrics[f"w1_{name}"] < 20 and 0 <= metrics[f"ks_{name}"] <= 1
+        spec = result["distributions"][name]
+        assert len(spec["bins"]) == len(spec["generated"]) + 1 == len(spec["true"]) + 1
+    assert "w1_multiplicity_E7-8" in metrics and len(result["per_bin"]) == 5
+    assert metrics["conditional_w1"] > 0
+    last = read_jsonl(reference / "metrics.jsonl")[-1]
+    assert last["step"] == 10 and last["eval_conditional_w1"] == pytest.approx(metrics["conditional_w1"])
+    from hpctrain.track.report import write_report
+
+    page = write_report(reference, tmp_path / "report")
+    assert (tmp_path / "report" / "dist_energy.png").is_file() and page.is_file()
+
+
+def test_multiplicity_model_trains_and_evaluates(data: Path, tmp_path: Path):
+    cfg = make_cfg(
+        data,
+        tmp_path,
+        "model={type: muon_multiplicity, multiplicity: {hidden: [8]}}",
+        "checkpoint.best_metric=val_loss",
+        "optim.lr=1e-2",
+        "train.total_updates=30",
+        "train.eval_every=15",
+    )
+    assert run(cfg, ClusterEnv()) == EXIT_OK
+    records = read_jsonl(tmp_path / "t" / "metrics.jsonl")
+    train = [r["loss"] for r in records if "loss" in r]
+    assert np.mean(train[-5:]) < np.mean(train[:5])  # the likelihood improves
+    assert any("val_loss" in r for r in records)
+    done = hpctrain("evaluate", str(tmp_path / "t"), "--n-events", "300", cwd=tmp_path)
+    assert done.code == 0, done.err
+    result = json.loads((tmp_path / "t" / "evaluate.json").read_text())
+    assert set(result["distributions"]) == {"multiplicity"} and "w1_energy" not in result["metrics"]
+    refused = hpctrain(
+        "sample", str(tmp_path / "t"), "--n-events", "5", "--out", str(tmp_path / "x.parquet"), cwd=tmp_path
+    )
+    assert refused.code == 2 and "muon_wgan" in refused.err
+
+
+def test_compile_critic_is_refused_with_gp(data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    task = MuonWGANTask(make_cfg(data, tmp_path, "model.compile.critic=true"), ClusterEnv())
+    with caplog.at_level("WARNING"):
+        assert task.compile_module("critic") is False
+    assert "double backward" in caplog.text
+    task = MuonWGANTask(
+        make_cfg(data, tmp_path, "model.compile.critic=true", "model.lambda_gp=0"), ClusterEnv()
+    )
+    assert task.compile_module("critic") is True
+
+
+def test_step_handles_an_all_empty_micro_batch(data: Path, tmp_path: Path):
+    cfg = make_cfg(data, tmp_path, "model.critic_steps=2")
+    task = MuonWGANTask(cfg, ClusterEnv())
+    modules = task.build_modules()
+    optimizers = {n: torch.optim.Adam(modules[n].parameters(), 1e-3) for n in modules}
+    ctx = Context(torch.device("cpu"), modules, modules, optimizers, "fp32", 1.0)
+    z = np.zeros(0)
+    empty = MuonBatch.from_numpy(np.tile([[1e6, 0.5, 0.938, 1500.0]], (4, 1)), z.reshape(0, 3), np.zeros(4))
+    out = task.train_step([MicroBatch(empty.normalize(), 1.0, 4)], ctx)
+    assert torch.isfinite(out.loss) and out.extra_counts == {"events": 4, "muons": 0}
