@@ -23,6 +23,11 @@ hpctrain_setup_env() {
     # A `--export=VAR=...` without ALL strips the job's environment, and srun inherits SLURM_EXPORT_ENV:
     # the inner srun would then fail with "execve(): bash: No such file". Steps get everything.
     export SLURM_EXPORT_ENV=ALL
+    # Since SLURM 22.05 srun no longer inherits --cpus-per-task from sbatch: without this every task (and its
+    # DataLoader workers) would share one CPU under task/affinity or cgroup binding.
+    if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+        export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+    fi
     export PYTHONUNBUFFERED=1
 }
 
@@ -113,19 +118,32 @@ hpctrain_script_path() {
 
 # afterany: queue the successor first, so a hop killed without warning still continues the chain.
 hpctrain_submit_successor() {
-    local script tres gres
+    local script tres gres existing
+    if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+        # Requeued by SLURM itself (node failure): the successor queued by the first run is still there.
+        existing=$(squeue -h -u "${USER:-$(id -un)}" -o '%i %E' 2>/dev/null |
+            awk -v d="afterany:$SLURM_JOB_ID" 'index($2, d) {print $1; exit}')
+        if [ -n "$existing" ]; then
+            hpctrain_successor=$existing
+            hpctrain_log "successor job $existing already queued (afterany:$SLURM_JOB_ID)"
+            return 0
+        fi
+    fi
     script=$(hpctrain_script_path)
     if [ -z "$script" ] || [ ! -f "$script" ]; then
         hpctrain_log "error: cannot find this job's script ($script) to queue its successor"
         return 1
     fi
     tres=$(scontrol show job -o "$SLURM_JOB_ID")
-    gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed 's/^gres://')
+    gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
     hpctrain_successor=$(sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
         --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
         ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
         ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
+        ${SLURM_JOB_ACCOUNT:+--account="$SLURM_JOB_ACCOUNT"} ${SLURM_JOB_QOS:+--qos="$SLURM_JOB_QOS"} \
+        ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
+        ${SLURM_MEM_PER_NODE:+--mem="${SLURM_MEM_PER_NODE}M"} \
         "$script" "${HPCTRAIN_ORIGINAL_ARGS[@]}") || return 1
     hpctrain_successor=${hpctrain_successor%%;*}
     hpctrain_log "successor job $hpctrain_successor queued (afterany:$SLURM_JOB_ID)"
@@ -204,6 +222,13 @@ hpctrain_wait_step() {
         # A trapped signal interrupts `wait` (rc > 128) while srun still runs (a zombie still answers kill -0).
         kill -0 "$hpctrain_step_pid" 2>/dev/null || break
     done
+    if [ "$rc" -gt 128 ]; then
+        # The signal interrupted `wait` just as the step ended: its stored status is still there to collect.
+        local again
+        wait "$hpctrain_step_pid" 2>/dev/null
+        again=$?
+        [ "$again" != 127 ] && rc=$again
+    fi
     return "$rc"
 }
 

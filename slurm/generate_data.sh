@@ -34,7 +34,7 @@ hpctrain_data_job() {
         exit 2
     fi
     # Task index within the array (arrays may start anywhere: --array=4-7), then its contiguous share.
-    local k=$((task - first)) lo hi
+    local k=$(((task - first) / ${SLURM_ARRAY_TASK_STEP:-1})) lo hi
     lo=$((k * total / count))
     hi=$(((k + 1) * total / count))
     if [ "$hi" -le "$lo" ]; then

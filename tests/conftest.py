@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -47,6 +48,34 @@ def hpctrain(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: 
         timeout=timeout,
     )
     return Done(proc.returncode, proc.stdout, proc.stderr)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_train(*args: str, cwd: Path, nproc: int = 2) -> subprocess.Popen:
+    """`torchrun --nproc-per-node N -m hpctrain train ARGS` on 127.0.0.1 (real DDP, gloo on CPU)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "hpctrain",
+        "train",
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:

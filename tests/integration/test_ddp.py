@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from hpctrain.train.checkpoint import load_verified
-from tests.conftest import clean_env, hpctrain, read_jsonl
+from tests.conftest import hpctrain, read_jsonl, torchrun_train
 
 COMMON = [
     "run.name=d",
@@ -25,31 +23,8 @@ COMMON = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "hpctrain",
-        "train",
-        *args,
-    ]
-    return subprocess.Popen(
-        cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return torchrun_train(*args, cwd=cwd)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

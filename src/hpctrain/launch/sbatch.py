@@ -85,7 +85,8 @@ def shape_from_allocation(
     gpus = int(match.group(1)) if match else int(environ.get("SLURM_GPUS_ON_NODE") or 0)
     return JobShape(
         nodes=nodes,
-        tasks_per_node=int(per_node.split("(")[0].split(",")[0]),
+        # Under torchrun the template launches ONE task per node whatever the allocation's task count.
+        tasks_per_node=1 if launcher == "torchrun" else int(per_node.split("(")[0].split(",")[0]),
         gpus_per_node=gpus,
         time_seconds=parse_time_limit(job.get("TimeLimit", "")),
         signal_lead_seconds=signal_lead,

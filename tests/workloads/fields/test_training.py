@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.fields.task import FieldTask
 from hpctrain.workloads.registry import config_model, fill_default_types
-from tests.conftest import clean_env
+from tests.conftest import torchrun_train
 
 TINY = """\
 run: {name: f}
@@ -31,12 +28,6 @@ checkpoint: {best_metric: val_r2_omega_m, best_mode: max}
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -45,19 +36,7 @@ def summary(run_dir: Path) -> dict:
 def test_early_stopping_is_agreed_by_both_ddp_ranks(tmp_path: Path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     # lr = 0: the validation loss can never improve, so patience 1 stops at the second evaluation.
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "hpctrain",
-        "train",
+    proc = torchrun_train(
         "--config",
         "tiny.yaml",
         "run.out_dir=out",
@@ -68,9 +47,10 @@ def test_early_stopping_is_agreed_by_both_ddp_ranks(tmp_path: Path):
         "checkpoint.best_metric=val_loss",
         "checkpoint.best_mode=min",
         "train.threads=1",
-    ]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]  # torchrun: every rank exited 0
+        cwd=tmp_path,
+    )
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]  # torchrun: every rank exited 0
     done = summary(tmp_path / "out" / "f")
     assert done["status"] == "finished" and done["reason"] == "early_stop"
     assert done["step"] == 4 < done["total_updates"] == 500
