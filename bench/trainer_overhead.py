@@ -38,6 +38,7 @@ def config(out: Path, hidden: list[int], batch: int, updates: int):
         "data.n_val=0",
         "logging.log_every=10",
         "checkpoint.resume=never",
+        "checkpoint.every=0",  # the hand loop saves once at the end: so does the trainer here
         "data.n_train=16384",
         "optim.name=adamw",
     ]
@@ -106,7 +107,7 @@ def compare(hidden: list[int], batch: int, updates: int, repeats: int) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--updates", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -47,15 +47,22 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
         timeout=datetime.timedelta(seconds=timeout_seconds),
         **kwargs,
     )
+    global _active
+    _active = torch_dist.get_world_size() > 1
 
 
 def teardown() -> None:
+    global _active
+    _active = False
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
 
+_active = False  # cached: asked several times per update
+
+
 def active() -> bool:
-    return torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1
+    return _active
 
 
 def _device() -> torch.device:

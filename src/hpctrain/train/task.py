@@ -136,7 +136,7 @@ class Task(ABC):
 
 def _move(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
         return {k: _move(v, device) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):

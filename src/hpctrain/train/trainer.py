@@ -150,8 +150,7 @@ class Trainer:
             )
         batches = iter(self.train_stream)
         reason = None
-        loss_sum = torch.zeros((), device=self.device)
-        loss_count = 0
+        window_losses: list[torch.Tensor] = []  # stacked only when logging: no per-update tensor arithmetic
         while self.step < self.total_updates:
             step_start = time.perf_counter()
             micro = self._next_update(batches)
@@ -165,14 +164,12 @@ class Trainer:
             self.step += 1
             local_samples = sum(m.samples for m in micro)
             self.samples += local_samples * self.env.world_size
-            loss_sum += out.loss.detach()
-            loss_count += 1
+            window_losses.append(out.loss.detach())
             self.timers.add("step", time.perf_counter() - compute_start)
             self.budget.step.observe(time.perf_counter() - step_start)
             if self.step % self.cfg.logging.log_every == 0 or self.step == self.total_updates:
-                self._log(out, loss_sum / loss_count)
-                loss_sum.zero_()
-                loss_count = 0
+                self._log(out, torch.stack(window_losses).float().mean())
+                window_losses.clear()
             elif self.console is not None:
                 self.console.tick(self.step)
             self._histograms(micro)

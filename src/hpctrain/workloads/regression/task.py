@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from hpctrain.data.loader import IndexedStream, eval_batches
@@ -88,11 +89,13 @@ class RegressionTask(SupervisedTask):
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x, y = batch
-        err = model(x).float() - y  # (B, 1)
+        pred = model(x)  # (B, 1)
+        if pred.dtype != y.dtype:
+            pred = pred.float()  # autocast output
         kind = self.cfg.model.loss
         if kind == "mae":
-            return err.abs().mean(), {}
-        mse = (err**2).mean()
+            return F.l1_loss(pred, y), {}
+        mse = F.mse_loss(pred, y)
         return (mse if kind == "mse" else torch.sqrt(mse + 1e-12)), {}
 
     def eval_step(self, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
