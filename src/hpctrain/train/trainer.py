@@ -56,6 +56,12 @@ class Timers:
         shares = {f"{k}_share": v / elapsed for k, v in self.window.items()}
         return shares, elapsed
 
+    @property
+    def training_seconds(self) -> float:
+        """Time inside training updates: fetching their batches and computing them (what goodput counts;
+        start-up, evaluation, checkpointing and anything lost to a stop are not)."""
+        return self.total["data"] + self.total["step"]
+
     def reset_window(self) -> None:
         self.window = dict.fromkeys(self.KINDS, 0.0)
         self.window_start = time.perf_counter()
@@ -330,7 +336,7 @@ class Trainer:
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
         if self.chain is not None:
-            self.chain.progress(self.step, self.timers.total["step"])
+            self.chain.progress(self.step, self.timers.training_seconds)
 
     def _finish(self, reason: str) -> RunResult:
         improved = False
@@ -343,7 +349,7 @@ class Trainer:
     def _result(self, status: str, reason: str, code: int) -> RunResult:
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
-            hop = self.chain.close_hop(self.step, self.timers.total["step"], reason) if self.chain else {}
+            hop = self.chain.close_hop(self.step, self.timers.training_seconds, reason) if self.chain else {}
             totals = self.chain.totals() if self.chain else {}
             wall = hop.get("end", time.time()) - hop.get("start", time.time())
             summary = {
