@@ -94,17 +94,44 @@ def fixed_list(values: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1)))
 
 
-def gather_ragged(offsets: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gather_ragged(
+    offsets: np.ndarray, index: np.ndarray, scratch: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Row indices of the events `index` in a ragged array with `offsets` (events + 1,), and their counts.
 
-    `values[rows]` is then the concatenation of the selected events' rows, in the order of `index`."""
+    `values[rows]` is then the concatenation of the selected events' rows, in the order of `index`. With an
+    int64 `scratch` at least as long as the result, the rows are written into its start (a view is returned):
+    reusing it spares fresh pages for every call."""
     index = np.asarray(index, dtype=np.int64)
     starts = offsets[index]
     counts = offsets[index + 1] - starts
-    total = int(counts.sum())
+    nonempty = counts > 0
+    s, c = starts[nonempty], counts[nonempty]
+    total = int(c.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64), counts
-    # row j of the output belongs to event e: start_e + (j - first output row of e)
-    first = np.cumsum(counts) - counts
-    rows = np.arange(total, dtype=np.int64) + np.repeat(starts - first, counts)
-    return rows, counts
+    # One cumulative sum of steps: +1 within an event, a jump to the next event's start at its first row
+    # (a single pass over the output; arange + repeat + add would make three).
+    rows = np.empty(total, dtype=np.int64) if scratch is None or len(scratch) < total else scratch[:total]
+    rows.fill(1)
+    rows[0] = s[0]
+    first = np.cumsum(c[:-1])  # output row where each later event starts
+    rows[first] = s[1:] - (s[:-1] + c[:-1] - 1)
+    return np.cumsum(rows, out=rows), counts
+
+
+def take_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`values[rows]` for a 2-D C-contiguous `values` (rows, width), optionally written into `out`.
+
+    Each row is moved as one opaque item (a structured view), several times faster than NumPy's
+    row-wise fancy indexing of a 2-D array. `rows` must be valid indices (not checked)."""
+    values = np.ascontiguousarray(values)
+    n, width = values.shape
+    if out is None:
+        out = np.empty((len(rows), width), dtype=values.dtype)
+    if len(rows) == 0 or width == 0:
+        return out
+    item = np.dtype((np.void, width * values.dtype.itemsize))
+    # mode="clip": with mode="raise" NumPy would gather into a temporary buffer first
+    np.take(values.view(item).reshape(n), rows, out=out.view(item).reshape(len(rows)), mode="clip")
+    return out

@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -33,13 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from hpctrain.data.loader import seed_worker
-from hpctrain.data.ragged import gather_ragged
+from hpctrain.data.ragged import gather_ragged, take_rows
 from hpctrain.data.remote import is_remote
 from hpctrain.workloads.muons import layouts, physics
-from hpctrain.workloads.muons.batch import MuonBatch
+from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
 from hpctrain.workloads.muons.staged import FileMeta, StagedFiles, StagingSpec, remote_index
 
 log = logging.getLogger("hpctrain.muons")
@@ -188,22 +189,59 @@ class WorkItem:
 @dataclass
 class ItemResult:
     """All pieces of one work item as ONE batch of events (few tensors to ship from a worker) and the pieces
-    as (batch k, part, parts, events) in order; `pieces()` cuts it back into views."""
+    as (batch k, part, parts, events) in order; `pieces()` cuts it back into views.
+
+    When `buffer` is set, every tensor of `events` is a view into it (see batch.packed): pickling (from a
+    DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy."""
 
     events: MuonBatch
     sizes: list[tuple[int, int, int, int]]
     stats: dict[str, int] = field(default_factory=dict)
     epoch: int = -1
     chunk: int = -1
+    buffer: torch.Tensor | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.buffer is None:
+            return (ItemResult, (self.events, self.sizes, self.stats, self.epoch, self.chunk))
+        shape = (len(self.events), self.events.num_muons)
+        return (_rebuild_item, (self.buffer, shape, self.sizes, self.stats, self.epoch, self.chunk))
 
     def pin_memory(self) -> ItemResult:
-        return ItemResult(self.events.pin_memory(), self.sizes, self.stats, self.epoch, self.chunk)
+        if self.buffer is None:
+            return ItemResult(self.events.pin_memory(), self.sizes, self.stats, self.epoch, self.chunk)
+        shape = (len(self.events), self.events.num_muons)
+        return _rebuild_item(self.buffer.pin_memory(), shape, self.sizes, self.stats, self.epoch, self.chunk)
 
     def pieces(self) -> Iterator[tuple[int, int, int, MuonBatch]]:
+        ev = self.events
+        offsets = ev.offsets.numpy()  # (events + 1,) read through NumPy: tensor indexing costs µs per call
         start = 0
         for k, part, nparts, n in self.sizes:
-            yield k, part, nparts, self.events.select(start, start + n)
-            start += n
+            stop = start + n
+            lo, hi = int(offsets[start]), int(offsets[stop])
+            piece = MuonBatch(
+                ev.primaries[start:stop],
+                ev.muons[lo:hi],
+                ev.counts[start:stop],
+                torch.from_numpy(offsets[start : stop + 1] - lo),
+                ev.ids[start:stop],
+                ev.positions[start:stop],
+                ev.normalized,
+            )
+            yield k, part, nparts, piece
+            start = stop
+
+
+def _rebuild_item(
+    buffer: torch.Tensor,
+    shape: tuple[int, int],
+    sizes: list[tuple[int, int, int, int]],
+    stats: dict[str, int],
+    epoch: int,
+    chunk: int,
+) -> ItemResult:
+    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer)
 
 
 def work_items(
@@ -263,6 +301,8 @@ class ChunkDataset(Dataset[ItemResult]):
         self._readers: OrderedDict[int, layouts.Reader] = OrderedDict()
         self._paths: dict[int, str] | None = None  # the current item's staged paths
         self._outlier_seq = 0
+        self._scratch = np.empty(0, dtype=np.int64)
+        self._recycled = _Recycled()
 
     def __len__(self) -> int:
         return self.index.total
@@ -295,7 +335,7 @@ class ChunkDataset(Dataset[ItemResult]):
             stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
             return None
         try:
-            events = self._reader(f).read_unit(u)
+            events = self._load(f, u)
         except Exception as err:  # a corrupt row group: pyarrow/h5py raise many types
             path = self.index.files[f]
             if self.opts.on_bad_file != "skip":
@@ -313,6 +353,32 @@ class ChunkDataset(Dataset[ItemResult]):
             )
         return events
 
+    def _locate(self, item: WorkItem) -> tuple[Any, ...]:
+        """(plan, units, unit_starts, lo, hi, wanted, where, unit) of an item: the chunk-local events it wants
+        in batch order, their chunk-local positions, and the unit (index into `units`) of each."""
+        plan = self.plan(item.epoch)
+        units = plan.chunks[item.chunk]
+        order = plan.chunk_order(item.chunk)
+        unit_starts = np.concatenate([[0], np.cumsum([u[2] for u in units])])
+        lo = np.array([p[3] for p in item.pieces], dtype=np.int64)  # (pieces,) chunk-local positions
+        hi = np.array([p[4] for p in item.pieces], dtype=np.int64)
+        if np.array_equal(lo[1:], hi[:-1]):  # back to back (one rank): one slice of the order
+            wanted, where = order[lo[0] : hi[-1]], np.arange(lo[0], hi[-1], dtype=np.int64)
+        else:
+            wanted = np.concatenate([order[a:b] for a, b in zip(lo, hi)])
+            where = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi)])
+        wanted = wanted.astype(np.int64, copy=False)  # (events,) chunk-local events in batch order
+        unit = np.searchsorted(unit_starts, wanted, side="right") - 1
+        return plan, units, unit_starts, lo, hi, wanted, where, unit
+
+    def _load(self, f: int, u: int) -> layouts.Events:
+        return self._reader(f).read_unit(u)
+
+    def close(self) -> None:
+        """Close the open files."""
+        while self._readers:
+            self._readers.popitem()[1].close()
+
     def __getitem__(self, item: WorkItem) -> ItemResult:  # type: ignore[override]
         if item.paths is not None:
             # staged files are deleted after use: hold only this item's files open (an open deleted file
@@ -320,14 +386,34 @@ class ChunkDataset(Dataset[ItemResult]):
             self._paths = item.paths
             for f in [f for f in self._readers if f not in item.paths]:
                 self._readers.pop(f).close()
-        plan = self.plan(item.epoch)
-        units = plan.chunks[item.chunk]
-        order = plan.chunk_order(item.chunk)
-        unit_starts = np.concatenate([[0], np.cumsum([u[2] for u in units])])
-        wanted = np.concatenate([order[a:b] for _, _, _, a, b in item.pieces]).astype(np.int64)
+        plan, units, unit_starts, lo, hi, wanted, where, unit = self._locate(item)
         stats: dict[str, int] = {}
-        # decode the needed units; `row` maps a chunk-local event to its row in the concatenation
-        need = np.unique(np.searchsorted(unit_starts, wanted, side="right") - 1)
+        data, base, sources = self._decode(units, np.unique(unit), stats)
+        offsets = data.offsets
+        keep_all = self._filter(data, offsets, units, unit_starts, base, sources, item, stats)
+        # `row`: each wanted event's row in the decoded concatenation (dropped: unit unreadable or filtered)
+        row = base[unit] + (wanted - unit_starts[unit])
+        ok = base[unit] >= 0
+        ok[ok] &= keep_all[row[ok]]
+        kept = np.concatenate([[0], np.cumsum(ok)])
+        ends = np.cumsum(hi - lo)
+        n_kept = kept[ends] - kept[ends - (hi - lo)]
+        sizes = [(k, part, nparts, int(n)) for (k, part, nparts, _, _), n in zip(item.pieces, n_kept)]
+        if not ok.all():
+            row, where = row[ok], where[ok]
+        muons = int(data.counts[row].sum()) if len(row) else 0
+        if len(self._scratch) < muons:  # room for the muon indices of the gather, kept between items
+            self._scratch = np.empty(muons + muons // 4, dtype=np.int64)
+        events, buffer = _gather(
+            data, offsets, row, where + int(plan.starts[item.chunk]), self._scratch, self._recycled
+        )
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer)
+
+    def _decode(
+        self, units: list[tuple[int, int, int]], need: np.ndarray, stats: dict[str, int]
+    ) -> tuple[layouts.Events, np.ndarray, list[tuple[int, int]]]:
+        """The needed units decoded and concatenated, each unit's first row in it (-1: not readable) and the
+        (file, unit) of each part."""
         parts, sources = [], []
         base = np.full(len(units), -1, dtype=np.int64)
         rows_so_far = 0
@@ -340,39 +426,7 @@ class ChunkDataset(Dataset[ItemResult]):
             rows_so_far += len(unit_events)
             parts.append(unit_events)
             sources.append((f, u))
-        data = layouts.concat_events(parts)
-        offsets = data.offsets
-        keep_all = self._filter(data, offsets, units, unit_starts, base, sources, item, stats)
-        chunk_start = int(plan.starts[item.chunk])
-        rows, wheres, sizes = [], [], []
-        for k, part, nparts, a, b in item.pieces:
-            local = order[a:b]
-            where = np.arange(a, b, dtype=np.int64)
-            unit = np.searchsorted(unit_starts, local, side="right") - 1
-            row = base[unit] + (local - unit_starts[unit])
-            ok = base[unit] >= 0
-            ok[ok] &= keep_all[row[ok]]
-            rows.append(row[ok])
-            wheres.append(where[ok])
-            sizes.append((k, part, nparts, int(ok.sum())))
-        row = np.concatenate(rows)
-        where = chunk_start + np.concatenate(wheres)
-        if len(row) and row[-1] - row[0] == len(row) - 1 and np.all(row[1:] > row[:-1]):
-            # consecutive rows (no shuffling): views, no gather
-            a0, b0 = int(row[0]), int(row[-1]) + 1
-            events = MuonBatch.from_numpy(
-                data.primaries[a0:b0],
-                data.muons[offsets[a0] : offsets[b0]],
-                data.counts[a0:b0],
-                data.ids[a0:b0],
-                where,
-            )
-        else:  # one gather for the whole item
-            muon_rows, counts = gather_ragged(offsets, row)
-            events = MuonBatch.from_numpy(
-                data.primaries[row], data.muons[muon_rows], counts, data.ids[row], where
-            )
-        return ItemResult(events, sizes, stats, item.epoch, item.chunk)
+        return layouts.concat_events(parts), base, sources
 
     def _filter(
         self,
@@ -388,7 +442,12 @@ class ChunkDataset(Dataset[ItemResult]):
         """(events,) bool: events kept after the bad-event, outlier and empty-event rules."""
         opts = self.opts
         keep = np.ones(len(data), dtype=bool)
-        bad = physics.bad_events(data.primaries, data.muons, offsets)
+        # Fast path: a float32 sum is finite only if every value is (an overflow just takes the exact path)
+        # and a positive minimum energy proves all positive; then only the primaries need checking.
+        muons = data.muons
+        if len(muons) and np.isfinite(muons.sum()) and muons[:, 0].min() > 0:
+            muons = muons[:0]
+        bad = physics.bad_events(data.primaries, muons, offsets)
         if bad.any():
             if opts.on_bad_event != "skip":
                 first = int(np.flatnonzero(bad)[0])
@@ -446,6 +505,71 @@ class ChunkDataset(Dataset[ItemResult]):
         write_unique(Path(self.opts.outliers_dir or "."), f"outliers-r{self.opts.rank}", table)
 
 
+class _Recycled:
+    """Byte buffers for the items of the main process (0 workers), reused once no tensor refers to them.
+
+    Fresh pages cost a page fault each when first written: for a chunk's muons, as long as the gather itself.
+    Bounded: at most `keep` buffers are kept; beyond that (batches held elsewhere) new ones are not kept."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._arrays: list[np.ndarray] = []
+
+    def _unused(self, i: int) -> bool:
+        # only this list (and getrefcount's argument) refer to it: every view made from it is gone
+        return sys.getrefcount(self._arrays[i]) == 2
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        free = [i for i in range(len(self._arrays)) if self._unused(i)]
+        for i in free:
+            if len(self._arrays[i]) >= nbytes:
+                return torch.from_numpy(self._arrays[i][:nbytes])
+        array = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # room for a slightly bigger next chunk
+        if free:  # replace a free one that was too small
+            self._arrays[free[0]] = array
+        elif len(self._arrays) < self.keep:
+            self._arrays.append(array)
+        return torch.from_numpy(array[:nbytes])
+
+
+def _gather(
+    data: layouts.Events,
+    offsets: np.ndarray,
+    row: np.ndarray,
+    where: np.ndarray,
+    scratch: np.ndarray,
+    recycled: _Recycled,
+) -> tuple[MuonBatch, torch.Tensor | None]:
+    """The events `row` of `data` in that order as one batch (positions `where`), with one copy of the muons
+    (`scratch`: int64 room for the muon indices, see gather_ragged; `recycled`: the main process's buffers).
+
+    In a DataLoader worker the batch is written straight into one shared-memory buffer (shipping it then
+    costs no further copy); in the main process consecutive rows stay views of the decoded arrays."""
+    shared = get_worker_info() is not None
+    n = len(row)
+    contiguous = n > 0 and int(row[-1] - row[0]) == n - 1 and bool(np.all(row[1:] > row[:-1]))
+    if contiguous and not shared:  # no shuffling: views, no copy
+        a, b = int(row[0]), int(row[-1]) + 1
+        views = (data.primaries[a:b], data.muons[offsets[a] : offsets[b]], data.counts[a:b], data.ids[a:b])
+        return MuonBatch.from_numpy(*views, where), None
+    counts = data.counts[row]  # (n,)
+    m = int(counts.sum())
+    buffer, batch = (
+        packed(n, m, shared=True) if shared else packed(n, m, buffer=recycled.get(packed_size(n, m)))
+    )
+    batch.counts.numpy()[:] = counts
+    batch.offsets[0] = 0
+    np.cumsum(counts, out=batch.offsets.numpy()[1:])
+    take_rows(data.primaries, row, out=batch.primaries.numpy())
+    take_rows(data.ids, row, out=batch.ids.numpy())
+    batch.positions.numpy()[:] = where
+    if contiguous:
+        batch.muons.numpy()[:] = data.muons[offsets[row[0]] : offsets[row[-1] + 1]]
+    else:
+        take_rows(data.muons, gather_ragged(offsets, row, scratch)[0], out=batch.muons.numpy())
+    return batch, buffer
+
+
 def write_unique(folder: Path, prefix: str, table: pa.Table) -> Path:
     """Write `table` to a new file in `folder` whose name no earlier run used (reserved with O_EXCL)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -487,6 +611,7 @@ def _identity(x: Any) -> Any:
 def _init_worker(worker_id: int) -> None:
     seed_worker(worker_id)
     torch.set_num_threads(1)  # decoding is NumPy/Arrow work; torch threads would only compete
+    pa.set_cpu_count(1)  # one core per worker: Arrow's decode threads would compete with the other workers
 
 
 class EventStream:
@@ -690,6 +815,7 @@ class EventStream:
     def close(self) -> None:
         self._stop_prefetcher()
         self._loader._iterator = None  # type: ignore[attr-defined]  # shuts persistent workers down
+        self._dataset.close()
         if self._staged is not None:
             self._staged.close()
         if self._on_close is not None:
