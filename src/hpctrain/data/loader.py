@@ -101,6 +101,30 @@ class IndexedStream:
             generator=self._generator,
         )
 
+    @classmethod
+    def from_config(
+        cls,
+        dataset: Any,
+        data: Any,
+        seed: int,
+        env: Any,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> IndexedStream:
+        """The stream a `data` section (DataConfigBase) asks for, sharded by the ClusterEnv's rank."""
+        return cls(
+            dataset,
+            data.batch_size,
+            seed,
+            env.rank,
+            env.world_size,
+            num_workers=data.num_workers,
+            shuffle=data.shuffle,
+            collate_fn=collate_fn,
+            prefetch_factor=data.prefetch_factor,
+            persistent_workers=data.persistent_workers,
+            pin_memory=data.pin_memory and torch.cuda.is_available(),
+        )
+
     @property
     def samples_per_epoch(self) -> int:
         global_batch = self.batch_size * self.world_size

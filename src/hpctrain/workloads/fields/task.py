@@ -82,19 +82,7 @@ class FieldTask(SupervisedTask):
         dataset = self.dataset(split)
         if split == "train":
             assert dataset is not None
-            return IndexedStream(
-                dataset,
-                d.batch_size,
-                seed,
-                self.env.rank,
-                self.env.world_size,
-                num_workers=d.num_workers,
-                shuffle=d.shuffle,
-                collate_fn=as_batch,
-                prefetch_factor=d.prefetch_factor,
-                persistent_workers=d.persistent_workers,
-                pin_memory=d.pin_memory and torch.cuda.is_available(),
-            )
+            return IndexedStream.from_config(dataset, d, seed, self.env, collate_fn=as_batch)
         if dataset is None:
             return None
         if split == "val" and d.cache_val:

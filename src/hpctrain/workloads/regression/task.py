@@ -67,19 +67,7 @@ class RegressionTask(SupervisedTask):
     def build_data(self, split: str, seed: int) -> Any:
         d = self.cfg.data
         if split == "train":
-            return IndexedStream(
-                self._dataset("train"),
-                d.batch_size,
-                seed,
-                self.env.rank,
-                self.env.world_size,
-                num_workers=d.num_workers,
-                shuffle=d.shuffle,
-                collate_fn=as_batch,
-                prefetch_factor=d.prefetch_factor,
-                persistent_workers=d.persistent_workers,
-                pin_memory=d.pin_memory and torch.cuda.is_available(),
-            )
+            return IndexedStream.from_config(self._dataset("train"), d, seed, self.env, collate_fn=as_batch)
         if d.n_val == 0:
             return None
         return eval_batches(self._dataset("val"), d.batch_size, self.env.rank, self.env.world_size)
