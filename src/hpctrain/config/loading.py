@@ -51,7 +51,7 @@ SECRET_HINTS = {
     "logging.wandb.api_key": "put WANDB_API_KEY=... in .env (or in the environment as WANDB_API_KEY)",
 }
 # Key names that look secret: their values are masked in messages and in sys.argv even when misspelt.
-_SECRET_NAME = re.compile(r"(?i)(token|api_?key|secret|password|passwd|credentials?)$")
+_SECRET_NAME = re.compile(r"(?i)(token|api[_-]?key|secret|password|passwd|credentials?)$")
 
 
 def looks_secret(key: str) -> bool:
