@@ -293,5 +293,10 @@ def test_status_stopped_resumable_finished_and_not_started(tmp_path: Path) -> No
     info = _status(tmp_path / "f", _run_folder(tmp_path / "f", hops, done))
     assert info["status"] == "finished" and info["remaining_hops"] == 0
 
+    hops = [_hop(0, now - 900, now - 600, 0, 60, "early_stop")]
+    early = {"status": "finished", "reason": "early_stop", "step": 60, "total_updates": 100, "hops": 1}
+    info = _status(tmp_path / "e", _run_folder(tmp_path / "e", hops, early))
+    assert info["status"] == "finished" and "early_stop" in info["evidence"]
+
     info = _status(tmp_path / "n", _run_folder(tmp_path / "n", [], None))
     assert info["status"] == "not started"

@@ -106,12 +106,10 @@ def run_state(
     if last is not None and (not summary or (isinstance(written_by, int) and written_by < len(hops))):
         return "crashed", f"hop #{last.get('hop', len(hops) - 1)} closed but wrote no summary.json"
     status = summary.get("status")
-    if finished:
-        return "finished", f"summary.json: {status}"
+    if finished or status in ("finished", "already_finished"):  # early stopping finishes short of the total
+        return "finished", f"summary.json: {status} ({summary.get('reason')})"
     if status == "stopped":
         return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
-    if status in ("finished", "already_finished"):
-        return "stopped", f"summary.json: {status}, but train.total_updates is higher now: resumable"
     return "crashed", f"summary.json says {status!r}"
 
 
