@@ -165,3 +165,82 @@ def test_script_variables_with_the_prefix_are_not_config():
     """HPCTRAIN_HOME (set by the sbatch templates) must not be read as a config key."""
     cfg = load(environ={"HPCTRAIN_HOME": "/work/project", "HPCTRAIN_TRAIN__TOTAL_UPDATES": "12"})
     assert cfg.train.total_updates == 12
+
+
+SECRET = "s3cr3tTokenValue0123456789"
+
+
+@pytest.mark.parametrize(
+    ("verb", "source", "expected"),
+    [
+        (
+            "train",
+            {"arg": f"data.pelican.token={SECRET}"},
+            "error: data.pelican.token is a secret and may not be given on the command line "
+            "(data.pelican.token=...), where process lists, shell history and job records keep it: put the "
+            "token in a file only you can read and set data.pelican.token_file=PATH, or put BEARER_TOKEN=... "
+            "in .env",
+        ),
+        (
+            "submit",
+            {"arg": f"logging.wandb.api_key={SECRET}"},
+            "error: logging.wandb.api_key is a secret and may not be given on the command line "
+            "(logging.wandb.api_key=...), where process lists, shell history and job records keep it: put "
+            "WANDB_API_KEY=... in .env (or in the environment as WANDB_API_KEY)",
+        ),
+        (
+            "train",
+            {"arg": f"data.pelican={{token: {SECRET}}}"},
+            "error: data.pelican.token is a secret and may not be given on the command line (data.pelican=...)",
+        ),
+        (
+            "train",
+            {"env": {"HPCTRAIN_DATA__PELICAN__TOKEN": SECRET}},
+            "error: data.pelican.token is a secret and may not be given in the environment variable "
+            "HPCTRAIN_DATA__PELICAN__TOKEN, where",
+        ),
+        (
+            "config",
+            {"arg": f"logging.wandb.apikey={SECRET}"},  # misspelt: unknown, and still never echoed
+            "error: logging.wandb.apikey=***: unknown key (from override logging.wandb.apikey=***)",
+        ),
+    ],
+)
+def test_secrets_on_the_command_line_are_refused_without_echo(
+    tmp_path: Path, verb: str, source: dict, expected: str
+) -> None:
+    args = [verb, "show"] if verb == "config" else [verb]
+    if "arg" in source:
+        args.append(source["arg"])
+    done = hpctrain(
+        *args, f"run.out_dir={tmp_path / 'logs'}", cwd=tmp_path, env=clean_env(**source.get("env", {}))
+    )
+    assert done.code == 2
+    assert done.err.strip().startswith(expected) and len(done.err.strip().splitlines()) == 1
+    assert SECRET not in done.err + done.out
+    assert not (tmp_path / "logs").exists()
+
+
+def test_secrets_from_dotenv_and_token_files_are_accepted_and_masked(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(f"BEARER_TOKEN={SECRET}\nWANDB_API_KEY={SECRET}x\n")
+    done = hpctrain("config", "show", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert SECRET not in done.out + done.err
+    assert "token: '**********'" in done.out and "api_key: '**********'" in done.out
+    cfg = load(env_file=str(tmp_path / ".env"))
+    assert cfg.data.pelican.token.get_secret_value() == SECRET
+
+
+def test_argv_scrubbing_masks_secret_looking_values() -> None:
+    from hpctrain.config.loading import scrub_argv, secret_keys
+
+    assert secret_keys(config_model()) == {"data.pelican.token", "logging.wandb.api_key"}
+    argv = ["-m", "hpctrain", "train", "optim.lr=2", f"data.pelican.token={SECRET}", f"--api-key={SECRET}"]
+    assert scrub_argv(argv) == [
+        "-m",
+        "hpctrain",
+        "train",
+        "optim.lr=2",
+        "data.pelican.token=***",
+        "--api-key=***",
+    ]

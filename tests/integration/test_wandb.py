@@ -20,6 +20,10 @@ from tests.conftest import clean_env, hpctrain, read_jsonl
 pytestmark = pytest.mark.integration
 
 KEY = "hpctrainTestKey0123456789abcdef0123456789"  # 40 characters like a real key; must never be written
+# The Pelican token by both allowed routes: BEARER_TOKEN in .env and a token file (the file wins when read).
+DOTENV_TOKEN = "hpctrainDotenvToken0123456789abcdef"
+FILE_TOKEN = "hpctrainFileToken0123456789abcdef"
+SECRETS = (KEY, DOTENV_TOKEN, FILE_TOKEN)
 
 
 def _wandb_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -49,7 +53,9 @@ def _wandb_env(tmp: Path, **extra: str) -> dict[str, str]:
 def two_hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
     """Hop 1 stops at its budget of 40 updates; hop 2 continues the same run folder to 80."""
     tmp = tmp_path_factory.mktemp("wandb")
-    (tmp / ".env").write_text(f"WANDB_API_KEY={KEY}\n")  # read by the config loader like on a cluster
+    # Read by the config loader like on a cluster.
+    (tmp / ".env").write_text(f"WANDB_API_KEY={KEY}\nBEARER_TOKEN={DOTENV_TOKEN}\n")
+    (tmp / "token").write_text(FILE_TOKEN + "\n")
     env = _wandb_env(tmp)
     outputs = []
     common = [
@@ -60,6 +66,7 @@ def two_hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
         "logging.wandb.enabled=true",
         "logging.log_every=20",
         f"logging.tensorboard.dir={tmp / 'tb'}",
+        f"data.pelican.token_file={tmp / 'token'}",
     ]
     for total in (40, 80):
         done = hpctrain("train", *common, f"train.total_updates={total}", cwd=tmp, env=env)
@@ -86,6 +93,7 @@ def test_two_hops_append_to_one_run(two_hops: tuple[Path, Path, list[str]]) -> N
     config = {item.key: json.loads(item.value_json) for item in run_records[0].config.update}
     assert config["train"]["total_updates"] == 80
     assert config["logging"]["wandb"]["api_key"] == "**********"
+    assert config["data"]["pelican"]["token"] == "**********"
 
 
 def test_tensorboard_steps_continue_across_hops(two_hops: tuple[Path, Path, list[str]]) -> None:
@@ -97,12 +105,21 @@ def test_tensorboard_steps_continue_across_hops(two_hops: tuple[Path, Path, list
     assert [e.step for e in acc.Scalars("val/loss")] == [40, 80]
 
 
-def test_the_api_key_is_never_written_or_printed(two_hops: tuple[Path, Path, list[str]]) -> None:
+def test_no_secret_is_ever_written_or_printed(two_hops: tuple[Path, Path, list[str]]) -> None:
+    """Every file of the run folder (config.yaml, checkpoints, metrics, offline W&B records), TensorBoard and
+    W&B's own folders, read as bytes; and what was printed."""
     tmp, run_dir, outputs = two_hops
-    assert not any(KEY in text for text in outputs)
-    for path in [*run_dir.rglob("*"), *(tmp / "tb").rglob("*"), *(tmp / "wandb_home").rglob("*")]:
-        if path.is_file():
-            assert KEY.encode() not in path.read_bytes(), path
+    assert not any(secret in text for text in outputs for secret in SECRETS)
+    files = [*run_dir.rglob("*"), *(tmp / "tb").rglob("*"), *(tmp / "wandb_home").rglob("*")]
+    checked = [path for path in files if path.is_file()]
+    assert any(p.suffix == ".wandb" for p in checked) and any(p.suffix == ".pt" for p in checked)
+    for path in checked:
+        data = path.read_bytes()
+        for secret in SECRETS:
+            assert secret.encode() not in data, path
+        if path.suffix == ".wandb":
+            # W&B keeps no command line at all (its metadata would hold sys.argv, which `sync` uploads).
+            assert b"logging.log_every=20" not in data and b"run.name=wb" not in data, path
 
 
 def test_sync_against_an_unreachable_server_fails_fast(two_hops: tuple[Path, Path, list[str]]) -> None:
@@ -116,7 +133,7 @@ def test_sync_against_an_unreachable_server_fails_fast(two_hops: tuple[Path, Pat
     assert "FAILED" in done.out and "1 failed" in done.out
     assert "0 uploaded" in done.out  # stopped at the first hop: the second must not land before it
     assert not (run_dir / "wandb_sync.json").exists()
-    assert KEY not in done.out + done.err
+    assert not any(secret in done.out + done.err for secret in SECRETS)
 
 
 def test_sync_dry_run_lists_hops_in_order(two_hops: tuple[Path, Path, list[str]]) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import clean_env, hpctrain
+from tests.conftest import Done, clean_env, hpctrain
 
 
 def test_dry_run_prints_the_submitit_script_and_never_imports_torch(tmp_path: Path) -> None:
@@ -77,8 +77,226 @@ def test_status_never_imports_torch_and_shows_hops(tmp_path: Path) -> None:
     assert info["last_checkpoint"]["step"] == 60
     assert abs(info["goodput"] - 48 / 60) < 1e-6  # 48 s of steps in 40 + 20 s of hops
     assert info["remaining_hops"] == 2  # 40 updates left at 30 per hop
-    text = hpctrain("status", str(run), cwd=tmp_path)
+    text = hpctrain("status", str(run), cwd=tmp_path, env=clean_env(PATH=_bin(tmp_path, squeue="")))
     assert text.code == 0
     assert "updates 60 of 100 (60.0%)" in text.out and "#1 job 7 on c1" in text.out
-    assert "running (or killed)" in text.out and "step_00000060.pt (update 60" in text.out
+    assert "-> killed:" in text.out and "step_00000060.pt (update 60" in text.out
     assert hpctrain("status", str(tmp_path / "nope"), cwd=tmp_path).code == 2
+
+
+# ---- submit: what can be caught before queueing, and a failing sbatch ---------------------------------------
+
+
+def _bin(tmp_path: Path, **scripts: str) -> str:
+    """A PATH holding only the given fake commands (name -> shell body)."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        script = folder / name
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    return str(folder)
+
+
+def _submit(tmp_path: Path, *args: str, path: str | None = None) -> Done:
+    env = clean_env() if path is None else clean_env(PATH=path)
+    return hpctrain("submit", f"run.out_dir={tmp_path / 'logs'}", *args, cwd=tmp_path, env=env)
+
+
+def test_check_catches_missing_inputs_token_folder_and_resume_path(tmp_path: Path) -> None:
+    muons = ["model.type=muon_wgan", "data.type=muons"]
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "part-0.parquet").write_bytes(b"x")
+    ok = _submit(tmp_path, *muons, f"data.paths=[{tmp_path / 'train'}, pelican:///ns/f.parquet]", "--check")
+    assert ok.code == 0, ok.err
+    assert "hpctrain_run_dir=" in ok.out
+    cases = {
+        f"data.val_paths=[{tmp_path / 'val'}]": f"error: data.val_paths: {tmp_path / 'val'}: no such file or "
+        f"folder (nearest existing folder: {tmp_path})",
+        f"data.paths=[{tmp_path / 'train' / '*.h5'}]": f"error: data.paths: {tmp_path / 'train' / '*.h5'}: no "
+        f"file matches this pattern (nearest existing folder: {tmp_path / 'train'})",
+        "data.paths=[pelican://osg-htc.org]": "error: data.paths: pelican://osg-htc.org: no namespace path "
+        "(e.g. pelican:///<namespace>/<file or folder>)",
+        f"data.pelican.token_file={tmp_path / 'token'}": "error: data.pelican.token_file: cannot read token "
+        f"file {tmp_path / 'token'} (No such file or directory)",
+        f"checkpoint.resume={tmp_path / 'step_00000010.pt'}": f"error: checkpoint.resume="
+        f"'{tmp_path / 'step_00000010.pt'}' does not exist: name a step_*.pt file, or use auto or never",
+    }
+    for override, line in cases.items():
+        done = _submit(tmp_path, *muons, f"data.paths=[{tmp_path / 'train'}]", override, "--check")
+        assert (done.code, done.err.strip()) == (2, line), override
+    (tmp_path / "token").write_text("")
+    done = _submit(tmp_path, f"data.pelican.token_file={tmp_path / 'token'}", "--check")
+    assert done.code == 2 and done.err.strip().endswith("is empty")
+
+
+def test_check_catches_an_unwritable_output_folder(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    done = hpctrain("submit", f"run.out_dir={tmp_path / 'file' / 'sub'}", "--check", cwd=tmp_path)
+    assert done.code == 2
+    assert done.err.strip() == (
+        f"error: run.out_dir: {tmp_path / 'file' / 'sub' / 'debug'} cannot be created: "
+        f"{tmp_path / 'file'} is a file, not a folder"
+    )
+    # Even root cannot create files in /proc: a real probe, not the permission bits.
+    done = hpctrain("submit", "run.out_dir=/proc/hpctrain-test", "--check", cwd=tmp_path)
+    assert done.code == 2
+    assert done.err.startswith("error: run.out_dir: /proc/hpctrain-test/debug is not writable")
+    assert "(nearest existing folder: /proc)" in done.err and len(done.err.strip().splitlines()) == 1
+
+
+def test_sbatch_failures_are_one_line_naming_the_command(tmp_path: Path) -> None:
+    none = _submit(tmp_path, path=str(tmp_path / "empty"))
+    assert none.code == 2
+    assert none.err.strip() == (
+        "error: sbatch (through submitit) failed: sbatch and srun not found on PATH; run `hpctrain submit` "
+        "on a SLURM login node (or use --local, or --dry-run to see the script)"
+    )
+    refused = _bin(
+        tmp_path,
+        srun="exit 0",
+        sbatch='echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2; '
+        "exit 1",
+    )
+    done = _submit(tmp_path, path=refused)
+    assert done.code == 2
+    assert done.err.strip() == (
+        "error: sbatch (through submitit) failed: sbatch: error: Batch job submission failed: "
+        "Invalid partition name specified"
+    )
+    garbled = _bin(tmp_path, srun="exit 0", sbatch="echo 'all good, probably'")
+    done = _submit(tmp_path, path=garbled)
+    assert done.code == 2 and len(done.err.strip().splitlines()) == 1
+    assert done.err.startswith("error: sbatch (through submitit) failed: FailedSubmissionError: ")
+    assert "all good, probably" in done.err
+
+
+def test_login_node_verbs_never_import_torch(tmp_path: Path) -> None:
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "a.parquet").write_bytes(b"x")
+    code = (
+        "import sys\n"
+        "import hpctrain.commands.submit, hpctrain.commands.status, hpctrain.commands.sync\n"
+        "from hpctrain.cli import main\n"
+        "rc = main(['submit', '--check', 'model.type=muon_wgan', 'data.type=muons', "
+        f"'data.paths=[{tmp_path / 'train'}]', 'run.out_dir={tmp_path / 'logs'}'])\n"
+        "assert rc == 0, rc\n"
+        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=clean_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# ---- status: a state from evidence -------------------------------------------------------------------------
+
+
+def _hop(n: int, start: float, end: float | None, first: int, last: int, reason: str | None) -> dict:
+    return {
+        "hop": n,
+        "job_id": str(40 + n),
+        "nodes": "c1",
+        "start": start,
+        "end": end,
+        "first_update": first,
+        "last_update": last,
+        "exit_reason": reason,
+        "train_seconds": 10.0,
+    }
+
+
+def _run_folder(tmp_path: Path, hops: list[dict], summary: dict | None, lock: dict | None = None) -> Path:
+    run = tmp_path / "logs" / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  total_updates: 100\n")
+    if hops:
+        (run / "chain.json").write_text(json.dumps(hops))
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+    if lock is not None:
+        (run / "run.lock").write_text(json.dumps(lock))
+    return run
+
+
+def _status(tmp_path: Path, run: Path, squeue: str = "") -> dict:
+    path = _bin(tmp_path, squeue=squeue)  # squeue answers what the test says (nothing: not in the queue)
+    done = hpctrain("status", str(run), "--json", cwd=tmp_path, env=clean_env(PATH=path))
+    assert done.code == 0, done.err
+    text = hpctrain("status", str(run), cwd=tmp_path, env=clean_env(PATH=path))
+    info = json.loads(done.out)
+    info["text"] = text.out
+    return info
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_status_running_from_a_live_lock_holder(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    now = time.time()
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "started": now - 900}
+    lock["heartbeat"] = now - 600  # an old heartbeat, but the process is alive on this host
+    run = _run_folder(tmp_path, [_hop(0, now - 900, None, 0, 30, None)], None, lock)
+    info = _status(tmp_path, run)
+    assert info["status"] == "running" and f"live process {os.getpid()}" in info["evidence"]
+    assert "#0 job 40 on c1" in info["text"] and "-> running:" in info["text"]
+
+
+def test_status_running_from_a_fresh_heartbeat_on_another_node(tmp_path: Path) -> None:
+    now = time.time()
+    lock = {"pid": 12345, "host": "another-node", "job_id": "41", "started": now - 300, "heartbeat": now - 20}
+    run = _run_folder(tmp_path, [_hop(0, now - 300, None, 0, 30, None)], None, lock)
+    info = _status(tmp_path, run)
+    assert info["status"] == "running" and "heartbeat" in info["evidence"]
+
+
+def test_status_running_from_squeue(tmp_path: Path) -> None:
+    now = time.time()
+    run = _run_folder(tmp_path, [_hop(0, now - 300, None, 0, 30, None)], None)
+    info = _status(tmp_path, run, squeue='echo "RUNNING elapsed 5:00, left 55:00, c1"')
+    assert info["status"] == "running" and info["evidence"] == "squeue: job 40 RUNNING"
+
+
+def test_status_crashed_when_the_last_hop_never_closed_and_nobody_holds_the_lock(tmp_path: Path) -> None:
+    import socket
+
+    now = time.time()
+    hops = [_hop(0, now - 900, now - 600, 0, 40, "time_budget"), _hop(1, now - 500, None, 40, 60, None)]
+    stale = {"pid": _dead_pid(), "host": socket.gethostname(), "job_id": "41", "started": now - 500}
+    stale["heartbeat"] = now - 400
+    summary = {"status": "stopped", "reason": "time_budget", "step": 40, "total_updates": 100, "hops": 1}
+    run = _run_folder(tmp_path, hops, summary, stale)
+    info = _status(tmp_path, run)
+    assert info["status"] == "crashed"
+    assert "hop #1 never closed and no process holds run.lock" in info["evidence"]
+    assert info["text"].startswith(f"run {run}: crashed (resume with the same command")
+    assert "-> killed:" in info["text"]
+
+
+def test_status_stopped_resumable_finished_and_not_started(tmp_path: Path) -> None:
+    now = time.time()
+    hops = [_hop(0, now - 900, now - 600, 0, 40, "time_budget")]
+    stopped = {"status": "stopped", "reason": "time_budget", "step": 40, "total_updates": 100, "hops": 1}
+    info = _status(tmp_path / "s", _run_folder(tmp_path / "s", hops, stopped))
+    assert info["status"] == "stopped" and "resumable" in info["evidence"]
+    assert "stopped, resumable" in info["text"]
+
+    hops = [_hop(0, now - 900, now - 600, 0, 100, "finished")]
+    done = {"status": "finished", "reason": "finished", "step": 100, "total_updates": 100, "hops": 1}
+    info = _status(tmp_path / "f", _run_folder(tmp_path / "f", hops, done))
+    assert info["status"] == "finished" and info["remaining_hops"] == 0
+
+    hops = [_hop(0, now - 900, now - 600, 0, 60, "early_stop")]
+    early = {"status": "finished", "reason": "early_stop", "step": 60, "total_updates": 100, "hops": 1}
+    info = _status(tmp_path / "e", _run_folder(tmp_path / "e", hops, early))
+    assert info["status"] == "finished" and "early_stop" in info["evidence"]
+
+    info = _status(tmp_path / "n", _run_folder(tmp_path / "n", [], None))
+    assert info["status"] == "not started"

@@ -1,14 +1,23 @@
 """`hpctrain status RUN_DIR`: progress, hops, last checkpoint, throughput, goodput, what is left, queue state.
 
-Reads only the run folder's small files (chain.json, summary.json, config.yaml, checkpoints/latest) and asks
-`squeue` about the current job when it exists. Never imports torch: it runs on login nodes.
+Reads only the run folder's small files (chain.json, summary.json, config.yaml, run.lock, checkpoints/latest)
+and asks `squeue` about the current job when it exists. Never imports torch: it runs on login nodes.
+
+The state comes from evidence, in this order:
+- running: run.lock names a live process on this host, or its heartbeat is younger than HEARTBEAT_FRESH
+  seconds (a process on another node), or squeue says the last hop's job runs;
+- finished / stopped (resumable): summary.json, written at a clean exit, belongs to the last hop;
+- crashed: the last hop never closed (or its summary is missing) and nobody holds the lock;
+- not started: no hop and no summary yet.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -43,6 +52,67 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+# run.lock's heartbeat is refreshed at least every 30 s while the run holds it.
+HEARTBEAT_FRESH = 120.0
+_RUNNING_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, someone else's
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def lock_holder(run_dir: Path, now: float) -> str | None:
+    """Who holds run.lock, as evidence for 'running' (None: nobody, or a stale lock)."""
+    lock = _read(run_dir / "run.lock", None)
+    if not isinstance(lock, dict):
+        return None
+    pid, host, beat = lock.get("pid"), lock.get("host"), lock.get("heartbeat")
+    if isinstance(pid, int) and host == socket.gethostname() and _pid_alive(pid):
+        return f"run.lock held by live process {pid} on this host"
+    if isinstance(beat, (int, float)) and now - beat < HEARTBEAT_FRESH:
+        return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"
+    return None
+
+
+def run_state(
+    hops: list[dict[str, Any]],
+    summary: dict[str, Any],
+    holder: str | None,
+    queue: str | None,
+    finished: bool,
+) -> tuple[str, str]:
+    """(state, the evidence for it): running | finished | stopped | crashed | not started."""
+    if holder:
+        return "running", holder
+    if queue and queue.split(" ", 1)[0] in _RUNNING_STATES:
+        return "running", f"squeue: job {hops[-1].get('job_id')} {queue.split(' ', 1)[0]}"
+    if not hops and not summary:
+        return "not started", "no hop in chain.json and no summary.json"
+    last = hops[-1] if hops else None
+    if last is not None and last.get("end") is None:
+        return "crashed", (
+            f"hop #{last.get('hop', len(hops) - 1)} never closed and no process holds run.lock "
+            "(killed, out of memory, node failure, or an error: see the job's log)"
+        )
+    written_by = summary.get("hops")  # the number of hops when the summary was written
+    if last is not None and (not summary or (isinstance(written_by, int) and written_by < len(hops))):
+        return "crashed", f"hop #{last.get('hop', len(hops) - 1)} closed but wrote no summary.json"
+    status = summary.get("status")
+    if finished or status in ("finished", "already_finished"):  # early stopping finishes short of the total
+        return "finished", f"summary.json: {status} ({summary.get('reason')})"
+    if status == "stopped":
+        return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
+    return "crashed", f"summary.json says {status!r}"
+
+
 def queue_state(job_id: str | None) -> str | None:
     """`squeue` on the job: state, elapsed, time left, reason; None when squeue is missing or silent."""
     exe = shutil.which("squeue")
@@ -68,8 +138,11 @@ def collect(run_dir: Path) -> dict[str, Any]:
     hops = read_hops(run_dir)
     summary = _read(run_dir / "summary.json", {}) or {}
     cfg = _read(run_dir / "config.yaml", {}) or {}
-    if not hops and not summary and not cfg:
-        raise UserError(f"{run_dir} is not a run folder (no chain.json, summary.json or config.yaml)")
+    markers = ("chain.json", "summary.json", "config.yaml", "run.lock", "checkpoints")
+    if not any((run_dir / name).exists() for name in markers):
+        raise UserError(
+            f"{run_dir} is not a run folder (no chain.json, summary.json, config.yaml or run.lock)"
+        )
     total = summary.get("total_updates") or cfg.get("train", {}).get("total_updates")
     pointer = _read(run_dir / "checkpoints" / "latest", None)
     checkpoint = None
@@ -94,9 +167,13 @@ def collect(run_dir: Path) -> dict[str, Any]:
     per_wall = progress / wall if wall > 0 else None
     per_hop = progress / len(hops) if hops else None
     slurm = cfg.get("slurm", {}) or {}
+    holder = lock_holder(run_dir, now)
+    queue = queue_state(hops[-1].get("job_id")) if hops and not finished else None
+    state, evidence = run_state(hops, summary, holder, queue, finished)
     return {
         "run_dir": str(run_dir),
-        "status": "finished" if finished else (summary.get("status") or "running"),
+        "status": state,
+        "evidence": evidence,
         "updates_done": done,
         "total_updates": total,
         "hops": hops,
@@ -107,20 +184,30 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "remaining_wall_seconds": (left / per_wall) if per_wall else (0.0 if finished else None),
         "remaining_hops": (math.ceil(left / per_hop) if per_hop else None) if not finished else 0,
         "resubmit": slurm.get("resubmit"),
-        "queue": queue_state(hops[-1].get("job_id")) if hops and not finished else None,
+        "queue": queue,
     }
+
+
+_STATE_TEXT = {
+    "stopped": "stopped, resumable (run the same command again, or hpctrain submit)",
+    "crashed": "crashed (resume with the same command: it continues from the last checkpoint)",
+}
 
 
 def render(info: dict[str, Any]) -> str:
     total = info["total_updates"]
     share = f" ({100 * info['updates_done'] / total:.1f}%)" if total else ""
     lines = [
-        f"run {info['run_dir']}: {info['status']}",
+        f"run {info['run_dir']}: {_STATE_TEXT.get(info['status'], info['status'])} ({info['evidence']})",
         f"updates {info['updates_done']} of {total if total is not None else '?'}{share}",
         f"hops {len(info['hops'])}:",
     ]
     for hop in info["hops"]:
-        end = _when(hop.get("end")) if hop.get("end") else "running (or killed)"
+        end = (
+            _when(hop.get("end"))
+            if hop.get("end")
+            else ("running" if info["status"] == "running" else "killed")
+        )
         goodput = f"{hop['goodput']:.2f}" if hop.get("goodput") is not None else "-"
         lines.append(
             f"  #{hop.get('hop', '?')} job {hop.get('job_id') or '-'} on {hop.get('nodes')} "

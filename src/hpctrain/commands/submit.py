@@ -3,21 +3,30 @@
     hpctrain submit [--config FILE] [--preset NAME] [key=value ...] [--dry-run] [--local] [--check]
 
 `--check` only validates (the sbatch templates call it first, in the batch shell, against the running
-allocation) and prints the settings the templates need as shell assignments. Never imports torch:
-login nodes are slow.
+allocation) and prints the settings the templates need as shell assignments. Every mode checks the job
+settings and what can be checked before queueing (inputs, token file, output folders, resume path: see
+hpctrain.train.preflight). A failing sbatch or submitit is one line naming the command and its stderr, exit 2.
+Never imports torch: login nodes are slow.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
 from hpctrain.config.loading import ConfigRequest
-from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
 from hpctrain.launch import sbatch
+from hpctrain.train.preflight import check_config
 
 
 def _parser() -> ArgParser:
@@ -56,7 +65,7 @@ def job_shape(cfg: Any, args: Any) -> sbatch.JobShape:
 def check(cfg: Any, args: Any) -> Path:
     """Raise UserError (exit 2) naming every mistake; return the run folder."""
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
-    errors = sbatch.validate_job(cfg, job_shape(cfg, args), run_dir)
+    errors = sbatch.validate_job(cfg, job_shape(cfg, args), run_dir) + check_config(cfg)
     if errors:
         raise UserError("; ".join(errors))
     return run_dir
@@ -89,7 +98,7 @@ def main(argv: list[str]) -> int:
     if args.check:
         print(shell_settings(cfg, run_dir), end="")
         return EXIT_OK
-    from hpctrain.launch.submitit_launcher import TrainJob, make_executor, sbatch_text
+    from hpctrain.launch.submitit_launcher import TrainJob, sbatch_text
 
     folder = sbatch.ensure_log_dir().resolve() / "submitit"
     if args.dry_run:
@@ -97,11 +106,60 @@ def main(argv: list[str]) -> int:
         print(f"# run folder: {run_dir.resolve()} (dry run: nothing submitted)")
         return EXIT_OK
     request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
-    executor = make_executor(cfg, folder, local=args.local)
-    job = executor.submit(TrainJob(request))
+    job = _submit(cfg, folder, args.local, TrainJob(request))
     print(f"job {job.job_id}; run folder {run_dir.resolve()}", flush=True)
     if args.local:
-        code = int(job.result())
-        print(f"local job {job.job_id} exited {code}")
-        return code
+        return _wait_local(job)
     return EXIT_OK
+
+
+def _one_line(text: str) -> str:
+    return " | ".join(line.strip() for line in str(text).splitlines() if line.strip()) or "(no message)"
+
+
+def _submit(cfg: Any, folder: Path, local: bool, job: Any) -> Any:
+    """executor.submit, with sbatch's and submitit's failures as one UserError naming the command."""
+    from submitit.core.utils import FailedJobError
+
+    from hpctrain.launch.submitit_launcher import make_executor
+
+    what = "submitit's local executor" if local else "sbatch (through submitit)"
+    missing = [] if local else [cmd for cmd in ("sbatch", "srun") if shutil.which(cmd) is None]
+    if missing:
+        raise UserError(
+            f"{what} failed: {' and '.join(missing)} not found on PATH; run `hpctrain submit` on a SLURM "
+            "login node (or use --local, or --dry-run to see the script)"
+        )
+    # submitit prints sbatch's stderr itself before raising: keep it for our one line instead.
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
+            executor = make_executor(cfg, folder, local=local)
+            return executor.submit(job)
+    except FileNotFoundError as exc:
+        name = Path(exc.filename).name if exc.filename else "sbatch"
+        raise UserError(
+            f"{what} failed: {name!r} was not found on PATH; run `hpctrain submit` on a SLURM login node "
+            "(or use --local / --dry-run)"
+        ) from None
+    except FailedJobError as exc:
+        raise UserError(f"{what} failed: {_one_line(str(exc) or noise.getvalue())}") from None
+    except (OSError, subprocess.SubprocessError, RuntimeError, ValueError) as exc:
+        raise UserError(f"{what} failed: {type(exc).__name__}: {_one_line(str(exc))}") from None
+
+
+def _wait_local(job: Any) -> int:
+    """The local job's exit code; a failed job is one line (its error), with the log to look at."""
+    try:
+        code = int(job.result())
+    except Exception as exc:
+        errors = re.findall(r"^\S*(?:Error|Exception): (.*)$", str(exc), flags=re.MULTILINE)
+        cause = errors[-1] if errors else _one_line(str(exc))[-300:]
+        bad_input = cause.startswith("error: ")
+        print(
+            f"error: local job {job.job_id} failed: {cause.removeprefix('error: ')} (log: {job.paths.stderr})",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT if bad_input else EXIT_FAILURE
+    print(f"local job {job.job_id} exited {code}")
+    return code

@@ -10,7 +10,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,71 @@ class DotEnv(BaseSettings):
     DATA_DIR: str | None = None
     RESULTS_DIR: str | None = None
     WANDB_API_KEY: SecretStr | None = None
+    BEARER_TOKEN: SecretStr | None = None  # the Pelican/OSDF token (data.pelican.token)
+
+
+# Where each secret may come from instead of the command line (said in the refusal).
+SECRET_HINTS = {
+    "data.pelican.token": "put the token in a file only you can read and set data.pelican.token_file=PATH, "
+    "or put BEARER_TOKEN=... in .env",
+    "logging.wandb.api_key": "put WANDB_API_KEY=... in .env (or in the environment as WANDB_API_KEY)",
+}
+# Key names that look secret: their values are masked in messages and in sys.argv even when misspelt.
+_SECRET_NAME = re.compile(r"(?i)(token|api[_-]?key|secret|password|passwd|credentials?)$")
+
+
+def looks_secret(key: str) -> bool:
+    """Whether a dotted key (or an argument's `key=`) names something secret-like, e.g. `*.token`."""
+    return bool(_SECRET_NAME.search(key.lstrip("-").rsplit(".", 1)[-1].rsplit("__", 1)[-1]))
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """`argv` with the value of every secret-looking `key=value` replaced by ***."""
+    out = []
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        out.append(f"{key}=***" if sep and looks_secret(key) else arg)
+    return out
+
+
+def _types_in(annotation: Any) -> Iterator[Any]:
+    """The classes an annotation may hold: through Optional, unions, Annotated and containers."""
+    args = typing.get_args(annotation)
+    if not args:
+        yield annotation
+    for arg in args:
+        yield from _types_in(arg)
+
+
+def secret_keys(cls: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted keys of every SecretStr field; a union's members (model/data types) share their section's key."""
+    found: set[str] = set()
+    for name, info in cls.model_fields.items():
+        for kind in _types_in(info.annotation):
+            if kind is SecretStr:
+                found.add(prefix + name)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found |= secret_keys(kind, f"{prefix}{name}.")
+    return found
+
+
+def _flat_keys(key: str, value: Any) -> Iterator[str]:
+    yield key
+    if isinstance(value, dict):
+        for child, sub in value.items():
+            yield from _flat_keys(f"{key}.{child}", sub)
+
+
+def refuse_secret(key: str, value: Any, secrets: set[str], source: str) -> None:
+    """A secret on the command line or in an HPCTRAIN_ variable is visible to others and recorded by shells,
+    process lists, SLURM and W&B: refuse it (without echoing it) and say where it belongs."""
+    for dotted in _flat_keys(key, value):
+        if dotted in secrets:
+            hint = SECRET_HINTS.get(dotted, "put it in .env or a YAML config file only you can read")
+            raise UserError(
+                f"{dotted} is a secret and may not be given {source}, where process lists, shell history "
+                f"and job records keep it: {hint}"
+            )
 
 
 @dataclass
@@ -158,6 +224,8 @@ def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
             message = f"unknown type (allowed: {expected})"
             value = error.get("ctx", {}).get("tag", value)
         shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
+        if looks_secret(key) or isinstance(value, SecretStr):
+            shown = "=***" if shown else ""  # a (misspelt) secret is never echoed
         origin = origins.get(key)
         parts.append(f"{key}{shown}: {message}" + (f" (from {origin})" if origin else ""))
     return "; ".join(parts)
@@ -192,17 +260,23 @@ def load_config(
         for key, value in presets.flat(request.preset):
             set_dotted(tree, key, value, f"preset {request.preset}")
             origins[key] = f"preset {request.preset}"
+    secrets = secret_keys(cls)
     for text in request.overrides:
         key, value = parse_override(text)
-        set_dotted(tree, key, value, f"override {text!r}")
-        origins[key] = f"override {text!r}"
+        refuse_secret(key, value, secrets, f"on the command line ({key}=...)")
+        shown = f"override {key}=***" if looks_secret(key) else f"override {text!r}"
+        set_dotted(tree, key, value, shown)
+        origins[key] = shown
     for key, value, source in env_overrides(environ):
+        refuse_secret(key, value, secrets, f"in the {source.replace('environment', 'environment variable')}")
         set_dotted(tree, key, value, source)
         origins[key] = source
     if dotenv.RESULTS_DIR:
         set_dotted(tree, "run.out_dir", dotenv.RESULTS_DIR, "RESULTS_DIR")
     if dotenv.WANDB_API_KEY is not None:
         set_dotted(tree, "logging.wandb.api_key", dotenv.WANDB_API_KEY.get_secret_value(), "WANDB_API_KEY")
+    if dotenv.BEARER_TOKEN is not None:
+        set_dotted(tree, "data.pelican.token", dotenv.BEARER_TOKEN.get_secret_value(), "BEARER_TOKEN")
 
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
     if isinstance(run, dict) and not run.get("name"):

@@ -41,8 +41,9 @@ class PelicanConfig(BaseModel):
     )
     token: SecretStr | None = Field(
         default=None,
-        description="Bearer token itself (prefer token_file or the BEARER_TOKEN environment): never printed, "
-        "sent only to Pelican/OSDF endpoints as an Authorization header.",
+        description="Bearer token itself: from BEARER_TOKEN in .env (or the environment), never from the command "
+        "line or an HPCTRAIN_ variable (refused: prefer token_file). Never printed or saved; sent only to "
+        "Pelican/OSDF endpoints as an Authorization header.",
     )
     federation_url: str | None = Field(
         default=None,

@@ -8,7 +8,7 @@ workload registry is visible, so this module stays below the workloads.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
 
@@ -60,6 +60,10 @@ class RunConfig(Section):
 
 class DataConfigBase(Section):
     """Fields every data source shares; workloads subclass it with a `type` literal."""
+
+    # Names of the fields that hold input paths (a str or a list of local paths, globs, folders or URIs):
+    # `hpctrain submit --check` and the start of a training check them before any work is done.
+    input_paths: ClassVar[tuple[str, ...]] = ()
 
     batch_size: int = Field(64, ge=1, description="Samples (events, maps) per batch PER GPU/process.")
     num_workers: int = Field(
@@ -210,7 +214,11 @@ class WandbConfig(Section):
     group: str | None = Field(None, description="W&B group.")
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
     dir: str | None = Field(None, description="Where offline runs are written (default: the run folder).")
-    api_key: SecretStr | None = Field(None, description="Secret (WANDB_API_KEY in env/.env): never printed.")
+    api_key: SecretStr | None = Field(
+        None,
+        description="Secret: from WANDB_API_KEY in .env or the environment (refused on the command line); never "
+        "printed or saved.",
+    )
 
 
 class LoggingConfig(Section):

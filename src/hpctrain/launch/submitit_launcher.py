@@ -2,8 +2,9 @@
 
 How a stop works under submitit (never a save inside a signal handler):
 1. submitit asks SLURM for `--signal=USR2@<slurm.signal_lead_seconds>`, which reaches every task.
-2. While the trainer runs, its own StopSignals handler (installed by `commands.train.run` on every rank, over
-   submitit's) only sets a flag; all ranks agree at the next step boundary, save once, and return 75.
+2. While the trainer runs, its own StopSignals handler (installed by `hpctrain.train.entry.run`, the same life
+   cycle `hpctrain train` runs, on every rank, over submitit's) only sets a flag; all ranks agree at the next
+   step boundary, save once, and return 75.
 3. Then, on global rank 0, `TrainJob` hands over to submitit's own requeue path
    (`SignalHandler.checkpoint_and_try_requeue`): it calls `checkpoint()`, which saves nothing and returns the
    same callable (the run folder holds the state), counts the timeout against `max_num_timeout` (set from
@@ -24,7 +25,7 @@ from typing import Any
 
 from hpctrain.config.loading import ConfigRequest
 from hpctrain.config.schema import SlurmConfig, parse_duration
-from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import decide, read_hops
 from hpctrain.launch.sbatch import tasks_per_node
 
@@ -39,6 +40,10 @@ def load_request(request: ConfigRequest) -> Any:
     return load_config(request, config_model(), prepare=fill_default_types)
 
 
+class JobInputError(RuntimeError):
+    """A user mistake found inside the job (the config or data changed since submission): one line."""
+
+
 @dataclass
 class TrainJob:
     """The training of one run folder, resumable any number of times. Pickled by submitit."""
@@ -46,12 +51,16 @@ class TrainJob:
     request: ConfigRequest  # paths made absolute at submission; the job inherits the submitter's environment
 
     def __call__(self) -> int:
-        from hpctrain.commands.train import run
         from hpctrain.runtime.env import ClusterEnv
+        from hpctrain.train.entry import run
 
-        cfg = load_request(self.request)
-        env = ClusterEnv.from_environ()
-        code = run(cfg, env)
+        try:
+            cfg = load_request(self.request)
+            env = ClusterEnv.from_environ()
+            code = run(cfg, env)
+        except UserError as exc:
+            # The job fails (submitit and SLURM see it), its log ends with the one line that says why.
+            raise JobInputError(f"error: {exc} (exit code {EXIT_BAD_INPUT})") from None
         if code == EXIT_RESUMABLE and env.is_main:
             self._requeue(cfg, env)
         if code not in (EXIT_OK, EXIT_RESUMABLE):

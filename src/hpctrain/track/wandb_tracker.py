@@ -4,7 +4,9 @@ The W&B run id is kept in each checkpoint (state_dict), so a resumed hop calls `
 resume="allow")` and logs with the trainer's update count as the step: the hops' offline folders
 (<dir>/wandb/offline-run-<time>-<id>) then sync, in order, into one run with one step axis.
 The API key comes only from the environment or .env (logging.wandb.api_key); it is handed to wandb in memory
-and never printed, logged or written.
+and never printed, logged or written. Nothing else secret reaches W&B either: the config is sent masked, and
+W&B's own capture of the command line, the code and the git state (which an offline record keeps and
+`hpctrain sync` uploads) is switched off; sys.argv is scrubbed besides.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import secrets
 import string
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,16 @@ from hpctrain.track.tensorboard import MAX_HIST_VALUES, cap_values
 log = logging.getLogger(__name__)
 
 RECORD_FILE = "wandb.json"
+# W&B settings that stop it from recording the command line (x_disable_meta: the run metadata, which holds
+# sys.argv, the program path, host and git remote), the code and the git state. Only those the installed
+# wandb knows are passed.
+PRIVATE_SETTINGS: dict[str, Any] = {
+    "x_disable_meta": True,
+    "disable_code": True,
+    "save_code": False,
+    "disable_git": True,
+    "disable_job_creation": True,
+}
 
 
 def new_run_id(length: int = 8) -> str:
@@ -83,7 +96,7 @@ class WandbTracker:
     def _init(self, cfg: Any) -> Any:
         import wandb
 
-        from hpctrain.config.loading import dump_config
+        from hpctrain.config.loading import dump_config, scrub_argv
 
         wcfg = cfg.logging.wandb
         if self.run_id is None:
@@ -103,9 +116,14 @@ class WandbTracker:
             "allow_val_change": True,  # a resumed hop may run with a longer total_updates
         }
 
+        known = set(type(wandb.Settings()).model_fields)
+        private = {k: v for k, v in PRIVATE_SETTINGS.items() if k in known}
+        # Whatever wandb still reads from the command line sees no secret-looking value.
+        sys.argv[:] = scrub_argv(sys.argv)
+
         def settings(mode: str) -> Any:
             # console="off": stdout already goes to the SLURM log; a wrapped stdout only costs time.
-            extra: dict[str, Any] = {"console": "off", "silent": True}
+            extra: dict[str, Any] = {"console": "off", "silent": True, **private}
             if mode == "online" and key:
                 extra["api_key"] = key
             return wandb.Settings(**extra)

@@ -90,6 +90,9 @@ class Trainer:
         self.last_log_step = 0
         self.resumed_step: int | None = None
         self.tracker_state: dict[str, Any] = {}
+        # What close() touches exists from here on: a build that fails half-way still closes cleanly.
+        self.keeper = StateKeeper(self)
+        self.train_stream: Any = None
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -120,7 +123,6 @@ class Trainer:
             )
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(self.cfg.run.seed + 100_003 * (self.env.rank + 1))
-        self.keeper = StateKeeper(self)
         # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
         # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
         state_bytes = sum(
@@ -370,8 +372,10 @@ class Trainer:
         return RunResult(status, reason, self.step, digest, code)
 
     def close(self) -> None:
+        """Safe on a trainer whose build failed half-way (everything touched here is set in __init__)."""
         self.keeper.close()
-        self.train_stream.close()
+        if self.train_stream is not None:
+            self.train_stream.close()
         self.trackers.close()
         if self.console is not None:
             self.console.close()

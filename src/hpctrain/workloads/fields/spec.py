@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,6 +14,7 @@ PARAMETERS = ("omega_m", "sigma_8")
 
 class FieldsData(DataConfigBase):
     type: Literal["fields"] = "fields"
+    input_paths: ClassVar[tuple[str, ...]] = ("path",)
     kind: Literal["gaussian", "lognormal", "lpt"] = Field(
         "gaussian",
         description="Generator: a Gaussian random field, its lognormal transform, or 1st+2nd order LPT "

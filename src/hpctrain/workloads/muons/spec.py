@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -14,6 +14,7 @@ class MuonData(DataConfigBase):
     """Muon-bundle events from Parquet/HDF5 files (layout detected per file; see docs/data.md)."""
 
     type: Literal["muons"] = "muons"
+    input_paths: ClassVar[tuple[str, ...]] = ("paths", "val_paths")
     paths: list[str] = Field(
         default_factory=list,
         description="Training files: local paths, globs or folders, or remote URIs (pelican://, osdf:///, "
