@@ -21,13 +21,18 @@ def _logging(env: ClusterEnv) -> None:
 
 
 def prepare_run_dir(cfg: Any, env: ClusterEnv) -> Path:
-    from hpctrain.train.checkpoint import atomic_write_text
-
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     if env.is_main:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
     return run_dir
+
+
+def write_run_config(cfg: Any, env: ClusterEnv, run_dir: Path) -> None:
+    """config.yaml, once the run folder accepted this config (a refused resume leaves the run's own)."""
+    from hpctrain.train.checkpoint import atomic_write_text
+
+    if env.is_main:
+        atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
 
 
 def run(cfg: Any, env: ClusterEnv) -> int:
@@ -60,6 +65,7 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         if budget.deadline is not None:
             say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})", flush=True)
         say(trainer.resume(), flush=True)
+        write_run_config(cfg, env, run_dir)
         trainer.start_tracking()
         result = trainer.fit()
         if result.status == "already_finished":
