@@ -86,8 +86,9 @@ def differences(old: dict[str, Any], cfg: BaseModel) -> list[Change]:
     marks = classify(cfg)
     changes = []
     for key, mark in marks.items():
-        parent = key.rpartition(".")[0]
-        if mark == SECRET or (parent and _retyped(old, new, parent)):
+        parts = key.split(".")
+        sections = [".".join(parts[:i]) for i in range(1, len(parts))]
+        if mark == SECRET or any(_retyped(old, new, s) and key != f"{s}.type" for s in sections):
             continue  # a section of another `type` differs by its type alone
         known, before = _lookup(old, key)
         after = _lookup(new, key)[1]
