@@ -55,6 +55,8 @@ def project_folder(root: Path, hop_minutes: int, lead: int) -> Path:
 
 def measure(args: argparse.Namespace, env: dict[str, str], root: Path) -> dict[str, object]:
     overrides = [
+        "--preset",
+        "debug",  # the CPU job this benchmark measured, not single_gpu.sh's own preset
         "run.name=bench",
         f"train.total_updates={args.updates}",
         "train.threads=1",

@@ -33,7 +33,9 @@ hpctrain_setup_env() {
 
 # ------------------------------------------------------------------------------------------ arguments
 # `sbatch script.sh --export=LR=2e-5` hands `--export=...` to the SCRIPT, not to sbatch: export its variables
-# here. Everything else (--config, --preset, key=value) goes to `hpctrain train`, in order.
+# here. Everything else (--config, --preset, key=value) goes to `hpctrain train`, in order. Without a --preset,
+# the template's own (hpctrain_default_preset, e.g. multi_gpu) comes first: the run gets its own folder
+# (<config stem>-<preset>) instead of continuing the CPU debug job's logs/debug.
 hpctrain_parse_args() {
     HPCTRAIN_ARGS=()
     local arg pending=0
@@ -52,6 +54,12 @@ hpctrain_parse_args() {
     if [ "$pending" = 1 ]; then
         hpctrain_log "error: --export needs NAME=VALUE[,NAME=VALUE...]"
         return 2
+    fi
+    if [ -n "${hpctrain_default_preset:-}" ]; then
+        for arg in "${HPCTRAIN_ARGS[@]}"; do
+            case "$arg" in --preset | --preset=*) return 0 ;; esac
+        done
+        HPCTRAIN_ARGS=(--preset "$hpctrain_default_preset" "${HPCTRAIN_ARGS[@]}")
     fi
 }
 

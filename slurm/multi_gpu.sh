@@ -15,7 +15,10 @@
 #   sbatch slurm/multi_gpu.sh [--config FILE] [--preset NAME] [key=value ...] [--export=LR=2e-5,...]
 #   sbatch --export=ALL,LR=2e-5 slurm/multi_gpu.sh
 # Everything after the script name goes to `hpctrain train`; see docs/slurm.md.
+# Without --preset the job takes --preset multi_gpu (--preset none: the YAML alone), and so its own run folder:
+# logs/<config stem>-multi_gpu, or logs/multi_gpu without --config (never the CPU debug job's logs/debug).
 # sbatch runs a copy of this file from its spool folder: the project is found from SLURM_SUBMIT_DIR.
 HPCTRAIN_HOME="${HPCTRAIN_HOME:-${SLURM_SUBMIT_DIR:-$PWD}}"
+hpctrain_default_preset=multi_gpu
 source "$HPCTRAIN_HOME/slurm/common.sh" || exit 2
 hpctrain_job "$@"

@@ -27,9 +27,13 @@ def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
     return torchrun_train(*args, cwd=cwd)
 
 
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+def load_latest(run_dir: Path) -> dict:
     name = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return load_verified(run_dir / "checkpoints" / name)["modules"]["model"]
+    return load_verified(run_dir / "checkpoints" / name)
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_latest(run_dir)["modules"]["model"]
 
 
 def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
@@ -80,3 +84,36 @@ def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
         r["step"]: r["loss"] for r in read_jsonl(tmp_path / "ref" / "d" / "metrics.jsonl") if "loss" in r
     }
     assert cut_losses == ref_losses
+
+
+def test_world_size_change_continues_the_data_position_exactly(tmp_path: Path):
+    """1 process, then 2 ranks (an allowed change, logged): the second hop takes exactly the samples that one
+    process with the new global batch takes from the same position (an accepted batch-size change)."""
+    first = [*COMMON, "data.batch_size=16", "train.total_updates=20"]
+    for out in ("grown", "ref"):
+        assert hpctrain("train", *first, f"run.out_dir={out}", cwd=tmp_path).code == 0
+    proc = torchrun(
+        *COMMON, "data.batch_size=16", "train.total_updates=40", "run.out_dir=grown", cwd=tmp_path
+    )
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed from" in out and "at update 20" in out
+    assert "world size 1 -> 2" in err and "train.total_updates 20 -> 40" in err
+    assert "the data position stays exact" in err and "UserWarning" not in err
+    ref = hpctrain(
+        "train",
+        *COMMON,
+        "data.batch_size=32",
+        "train.total_updates=40",
+        "run.out_dir=ref",
+        "checkpoint.accept_changes=[data.batch_size]",
+        cwd=tmp_path,
+    )
+    assert ref.code == 0, ref.err
+    grown, one = tmp_path / "grown" / "d", tmp_path / "ref" / "d"
+    assert load_latest(grown)["data"] == load_latest(one)["data"]  # the same position: 320 + 20 x 32 samples
+    for key, value in final_weights(one).items():
+        torch.testing.assert_close(final_weights(grown)[key], value, rtol=1e-4, atol=1e-5)
+    hops = json.loads((grown / "chain.json").read_text())
+    assert [h["world_size"] for h in hops] == [1, 2]
+    assert hops[1]["allowed_changes"] == {"train.total_updates": [20, 40], "world_size": [1, 2]}

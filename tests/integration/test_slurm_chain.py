@@ -28,6 +28,8 @@ from tests.integration.slurm_project import (
 )
 
 pytestmark = pytest.mark.integration
+# The CPU debug job's settings (as the uninterrupted reference runs them), not the template's own preset.
+DEBUG = ["--preset", "debug"]
 
 
 @pytest.fixture
@@ -46,7 +48,7 @@ def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmClu
     job = submit(
         slurm_cluster,
         project,
-        [script.name, "run.name=chain", "budget.margin_seconds=42", *work],
+        [script.name, *DEBUG, "run.name=chain", "budget.margin_seconds=42", *work],
         _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",  # 60 saves x 0.5 s: at least 30 s of work
     )
     # The same run without interruption, meanwhile, outside SLURM.
@@ -87,6 +89,7 @@ def test_preemption_by_scancel_signal_usr1(slurm_cluster: SlurmCluster, project:
         project,
         [
             "slurm/single_gpu.sh",
+            *DEBUG,
             "run.name=preempt",
             "train.threads=1",
             "train.total_updates=200",
@@ -132,6 +135,7 @@ def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmClu
         "--ntasks-per-node=2",
         "--gres=gpu:2",
         "slurm/multi_gpu.sh",
+        *DEBUG,
         "run.name=killed",
         "train.threads=1",
         "train.total_updates=200",
@@ -164,6 +168,7 @@ def test_no_progress_cap_stops_the_chain(slurm_cluster: SlurmCluster, project: P
         project,
         [
             "slurm/single_gpu.sh",
+            *DEBUG,
             "run.name=stuck",
             "train.threads=1",
             "checkpoint.every=1",

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.conftest import clean_env
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import log_of, make_project, read_json, submit, wait_done, wait_for
 
 pytestmark = pytest.mark.integration
 
 SMALL = ["train.threads=1", "train.total_updates=30", "logging.log_every=10"]
+DEBUG = ["--preset", "debug"]  # the CPU debug job's settings instead of the template's own preset: quicker
 
 
 @pytest.fixture
@@ -50,6 +54,7 @@ def test_two_nodes_with_one_and_two_tasks_per_node(slurm_cluster: SlurmCluster, 
                 f"--ntasks-per-node={tasks}",
                 f"--gres=gpu:{tasks}",
                 "slurm/multi_node.sh",
+                *DEBUG,
                 f"run.name=n2t{tasks}",
                 *SMALL,
             ],
@@ -69,13 +74,13 @@ def test_export_forms_both_set_the_learning_rate(slurm_cluster: SlurmCluster, pr
         "sbatch_option": submit(
             slurm_cluster,
             project,
-            [*common, "--export=ALL,LR=2e-5", "slurm/multi_gpu.sh", "run.name=exp_a", *SMALL],
+            [*common, "--export=ALL,LR=2e-5", "slurm/multi_gpu.sh", *DEBUG, "run.name=exp_a", *SMALL],
         ),
         # The seed docs' form: `--export=` after the script goes to the SCRIPT; common.sh exports it.
         "script_argument": submit(
             slurm_cluster,
             project,
-            [*common, "slurm/multi_gpu.sh", "--export=LR=2e-5", "run.name=exp_b", *SMALL],
+            [*common, "slurm/multi_gpu.sh", "--export=LR=2e-5", *DEBUG, "run.name=exp_b", *SMALL],
         ),
     }
     for (form, job), name in zip(jobs.items(), ("exp_a", "exp_b")):
@@ -118,6 +123,7 @@ def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, pr
             "--ntasks-per-node=1",
             "--gres=gpu:2",
             "slurm/multi_node.sh",
+            *DEBUG,
             "run.name=trun",
             "slurm.launcher=torchrun",
             "train.threads=1",
@@ -139,3 +145,37 @@ def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, pr
     hops = read_json(run / "chain.json", [])
     assert [(h["exit_reason"], h["world_size"]) for h in hops] == [("signal", 4), ("finished", 4)], hops
     assert hops[1]["first_update"] == hops[0]["last_update"]
+
+
+def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmCluster, project: Path) -> None:
+    # The README's first command, then the issue's sbatch line: it must not continue the CPU debug run.
+    made = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "train", "train.threads=1"],
+        cwd=project,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert made.returncode == 0, made.stderr
+    debug = project / "logs" / "debug"
+    before = {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()}
+    job = submit(
+        slurm_cluster,
+        project,
+        [
+            "--ntasks-per-node=2",
+            "--gres=gpu:2",
+            "slurm/multi_gpu.sh",
+            "--export=LR=2e-5",
+            "train.total_updates=30",
+            "train.threads=1",
+        ],
+    )
+    assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", log_of(project, job)[-3000:]
+    assert {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()} == before  # untouched
+    summary = finished(project, "multi_gpu", world=2)  # the template's preset names its own run folder
+    assert summary["step"] == 30
+    cfg = yaml.safe_load((project / "logs" / "multi_gpu" / "config.yaml").read_text())
+    assert cfg["optim"]["lr"] == pytest.approx(2e-5) and cfg["train"]["precision"] == "bf16"
+    assert f"run folder {project / 'logs' / 'multi_gpu'}" in log_of(project, job)

@@ -179,3 +179,28 @@ def test_export_argument_forms() -> None:
         env=clean_env(),
     )
     assert bad.returncode == 2 and "is not a variable name" in bad.stderr
+
+
+def test_templates_imply_their_own_preset() -> None:
+    """Without --preset a template's job takes its own (so its own run folder); a named one always wins."""
+    script = (
+        f'hpctrain_default_preset=multi_gpu; source "{ROOT}/slurm/common.sh"; hpctrain_parse_args "$@" || exit $?; '
+        'printf "%s\\n" "${HPCTRAIN_ARGS[@]}"'
+    )
+
+    def parsed(*args: str) -> list[str]:
+        done = subprocess.run(
+            ["bash", "-c", script, "x", *args], capture_output=True, text=True, env=clean_env()
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert parsed("--export=LR=2e-5", "train.total_updates=300") == [
+        "--preset",
+        "multi_gpu",
+        "train.total_updates=300",
+    ]
+    assert parsed("--config", "c.yaml", "--preset", "debug") == ["--config", "c.yaml", "--preset", "debug"]
+    assert parsed("--preset=none") == ["--preset=none"]
+    for name in TEMPLATES:
+        assert f"\nhpctrain_default_preset={name}\n" in (ROOT / "slurm" / f"{name}.sh").read_text()

@@ -18,7 +18,9 @@ class ArgParser(argparse.ArgumentParser):
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="YAML experiment file (default: the debug preset)")
-    parser.add_argument("--preset", help="debug | single_gpu | multi_gpu | multi_node")
+    parser.add_argument(
+        "--preset", help="debug | single_gpu | multi_gpu | multi_node | none (names the run folder too)"
+    )
     parser.add_argument("--env-file", default=".env", help="file with paths and secrets (default .env)")
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=2e-5"

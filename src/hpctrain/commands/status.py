@@ -28,6 +28,7 @@ import yaml
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.launch.chain import read_hops
+from hpctrain.track.chain import changes_text
 
 
 def _read(path: Path, default: Any) -> Any:
@@ -202,7 +203,10 @@ def render(info: dict[str, Any]) -> str:
         f"updates {info['updates_done']} of {total if total is not None else '?'}{share}",
         f"hops {len(info['hops'])}:",
     ]
-    for hop in info["hops"]:
+    for i, hop in enumerate(info["hops"]):
+        changed = changes_text(hop, info["hops"][i - 1] if i else None)
+        if changed:  # the boundary where this hop's configuration differs from the previous hop's
+            lines.append(f"  -- changed at update {hop.get('first_update')}: {changed}")
         end = (
             _when(hop.get("end"))
             if hop.get("end")

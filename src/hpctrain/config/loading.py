@@ -21,6 +21,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hpctrain.config import presets
+from hpctrain.config.identity import identity_values
 from hpctrain.errors import UserError
 
 ENV_PREFIX = "HPCTRAIN_"
@@ -224,6 +225,9 @@ def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
             message = f"unknown type (allowed: {expected})"
             value = error.get("ctx", {}).get("tag", value)
         shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
+        if not key:  # a check across sections (the whole config): its message names the keys
+            parts.append(message.removeprefix("Value error, "))
+            continue
         if looks_secret(key) or isinstance(value, SecretStr):
             shown = "=***" if shown else ""  # a (misspelt) secret is never echoed
         origin = origins.get(key)
@@ -280,10 +284,21 @@ def load_config(
 
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
     if isinstance(run, dict) and not run.get("name"):
-        run["name"] = Path(request.config_path).stem if request.config_path else (request.preset or "default")
+        run["name"] = default_run_name(request.config_path, request.preset)
     if prepare is not None:
         prepare(tree)
     return validate(cls, tree, origins)
+
+
+def default_run_name(config_path: str | None, preset: str | None) -> str:
+    """<config stem>, <config stem>-<preset> with a preset, the preset alone without a config file (debug).
+
+    So a job with other settings (an sbatch template implies its preset) gets a folder of its own instead of
+    continuing another run's."""
+    if not config_path:
+        return preset if preset and preset != "none" else "default"
+    stem = Path(config_path).stem
+    return f"{stem}-{preset}" if preset and preset != "none" else stem
 
 
 def dump_config(cfg: BaseModel) -> dict[str, Any]:
@@ -292,12 +307,9 @@ def dump_config(cfg: BaseModel) -> dict[str, Any]:
 
 
 def config_hash(cfg: BaseModel) -> str:
-    """Hash of what defines the training (not where, how long per hop, or how it is watched)."""
-    data = dump_config(cfg)
-    for volatile in ("budget", "slurm", "logging", "checkpoint", "distributed"):
-        data.pop(volatile, None)
-    data.get("train", {}).pop("threads", None)
-    data.get("data", {}).pop("num_workers", None)
+    """Hash of the identity keys (what defines the training, config/identity.py), not where, how long or how it
+    is watched: equal hashes, the same run."""
+    data = identity_values(cfg)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -50,11 +50,17 @@ def multi_node() -> dict[str, Any]:
     }
 
 
+def none() -> dict[str, Any]:
+    """Nothing on top of the YAML file: for an sbatch template, which otherwise implies its own preset."""
+    return {}
+
+
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "debug": debug,
     "single_gpu": single_gpu,
     "multi_gpu": multi_gpu,
     "multi_node": multi_node,
+    "none": none,
 }
 
 

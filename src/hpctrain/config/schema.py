@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 
@@ -19,6 +20,14 @@ class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment too."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# What a key means for a run that continues from its checkpoint, as `json_schema_extra=` of its field (a field
+# without one takes the mark of the field holding its section; config/identity.py reads them; a test asserts
+# that every key of every workload's config has one):
+IDENTITY: JsonDict = {"resume": "identity"}  # another run: refused unless in checkpoint.accept_changes
+MAY_CHANGE: JsonDict = {"resume": "may_change"}  # where, how fast, how it is watched: listed at start
+GROWS: JsonDict = {"resume": "grows"}  # the run's length: may stay or grow, never shrink
 
 
 _HMS = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
@@ -44,11 +53,23 @@ def parse_duration(text: str) -> float:
 class RunConfig(Section):
     name: str | None = Field(
         None,
-        description="Run name: the run folder is <out_dir>/<name>. Defaults to the config file's stem (or "
-        "'default'), so the same command continues the same run.",
+        description="Run name: the run folder is <out_dir>/<name>. Default: the config file's stem, "
+        "<stem>-<preset> with a --preset (each sbatch template implies its own: multi_gpu.sh -> multi_gpu), "
+        "or without --config the preset's name (debug). The same command continues the same run; another "
+        "one (other identity keys) is refused there.",
+        json_schema_extra=MAY_CHANGE,
     )
-    out_dir: str = Field("logs", description="Folder that holds run folders (RESULTS_DIR in .env sets it).")
-    seed: int = Field(0, ge=0, description="Seed of the model initialisation, the data order and every RNG.")
+    out_dir: str = Field(
+        "logs",
+        description="Folder that holds run folders (RESULTS_DIR in .env sets it).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the model initialisation, the data order and every RNG.",
+        json_schema_extra=IDENTITY,
+    )
 
     @field_validator("name")
     @classmethod
@@ -59,28 +80,59 @@ class RunConfig(Section):
 
 
 class DataConfigBase(Section):
-    """Fields every data source shares; workloads subclass it with a `type` literal."""
+    """Fields every data source shares; workloads subclass it with a `type` literal.
+
+    A workload's own data fields are identity keys (data content and order) unless marked MAY_CHANGE."""
 
     # Names of the fields that hold input paths (a str or a list of local paths, globs, folders or URIs):
     # `hpctrain submit --check` and the start of a training check them before any work is done.
     input_paths: ClassVar[tuple[str, ...]] = ()
 
-    batch_size: int = Field(64, ge=1, description="Samples (events, maps) per batch PER GPU/process.")
-    num_workers: int = Field(
-        0, ge=0, description="DataLoader worker processes per rank (0 = in the main one)."
+    batch_size: int = Field(
+        64,
+        ge=1,
+        description="Samples (events, maps) per batch PER GPU/process.",
+        json_schema_extra=IDENTITY,
     )
-    prefetch_factor: int = Field(2, ge=1, description="Batches each worker prepares ahead (num_workers > 0).")
-    persistent_workers: bool = Field(False, description="Keep workers alive across epochs.")
-    pin_memory: bool = Field(True, description="Pin host memory for faster copies (only used on CUDA).")
-    shuffle: bool = Field(True, description="Shuffle the order of samples each epoch (seeded, resumable).")
-    pelican: PelicanConfig = Field(default_factory=PelicanConfig, description="Pelican/OSDF access.")
+    num_workers: int = Field(
+        0,
+        ge=0,
+        description="DataLoader worker processes per rank (0 = in the main one).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    prefetch_factor: int = Field(
+        2,
+        ge=1,
+        description="Batches each worker prepares ahead (num_workers > 0).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    persistent_workers: bool = Field(
+        False, description="Keep workers alive across epochs.", json_schema_extra=MAY_CHANGE
+    )
+    pin_memory: bool = Field(
+        True,
+        description="Pin host memory for faster copies (only used on CUDA).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    shuffle: bool = Field(
+        True,
+        description="Shuffle the order of samples each epoch (seeded, resumable).",
+        json_schema_extra=IDENTITY,
+    )
+    pelican: PelicanConfig = Field(
+        default_factory=PelicanConfig, description="Pelican/OSDF access.", json_schema_extra=MAY_CHANGE
+    )
     staging: StagingConfig = Field(
-        default_factory=StagingConfig, description="Staging to node-local scratch."
+        default_factory=StagingConfig,
+        description="Staging to node-local scratch.",
+        json_schema_extra=MAY_CHANGE,
     )
 
 
 class ModelConfigBase(Section):
-    """Base of every workload's model section; subclasses add `type: Literal[...]`."""
+    """Base of every workload's model section; subclasses add `type: Literal[...]`.
+
+    Model fields are identity keys unless marked MAY_CHANGE (e.g. a memory format)."""
 
 
 class OptimConfig(Section):
@@ -141,20 +193,52 @@ class EarlyStoppingConfig(Section):
 
 
 class TrainConfig(Section):
-    total_updates: int = Field(200, ge=1, description="Optimizer updates in the whole run (all hops).")
-    epochs: float | None = Field(
-        None, gt=0, description="If set, replaces total_updates (converted with the data set's size)."
+    total_updates: int = Field(
+        200,
+        ge=1,
+        description="Optimizer updates in the whole run (all hops); may be raised when the run continues.",
+        json_schema_extra=GROWS,
     )
-    eval_every: int = Field(0, ge=0, description="Evaluate every N updates (0 = only at the end).")
-    eval_batches: int = Field(0, ge=0, description="Batches per evaluation (0 = the whole validation set).")
-    grad_accum_steps: int = Field(1, ge=1, description="Batches accumulated into one update.")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Autocast precision.")
-    compile: bool = Field(False, description="torch.compile the networks.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
-    allow_tf32: bool = Field(True, description="Allow TF32 matmuls on Ampere+ GPUs.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available.")
-    threads: int = Field(0, ge=0, description="torch CPU threads per process (0 = leave torch's default).")
-    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    epochs: float | None = Field(
+        None,
+        gt=0,
+        description="If set, replaces total_updates (converted with the data set's size).",
+        json_schema_extra=GROWS,
+    )
+    eval_every: int = Field(
+        0, ge=0, description="Evaluate every N updates (0 = only at the end).", json_schema_extra=MAY_CHANGE
+    )
+    eval_batches: int = Field(
+        0,
+        ge=0,
+        description="Batches per evaluation (0 = the whole validation set).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    grad_accum_steps: int = Field(
+        1, ge=1, description="Batches accumulated into one update.", json_schema_extra=IDENTITY
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
+    )
+    compile: bool = Field(False, description="torch.compile the networks.", json_schema_extra=MAY_CHANGE)
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward.", json_schema_extra=MAY_CHANGE
+    )
+    allow_tf32: bool = Field(
+        True, description="Allow TF32 matmuls on Ampere+ GPUs.", json_schema_extra=MAY_CHANGE
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = CUDA when available.", json_schema_extra=MAY_CHANGE
+    )
+    threads: int = Field(
+        0,
+        ge=0,
+        description="torch CPU threads per process (0 = leave torch's default).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    early_stopping: EarlyStoppingConfig = Field(
+        default_factory=EarlyStoppingConfig, json_schema_extra=MAY_CHANGE
+    )
 
 
 class CheckpointConfig(Section):
@@ -171,13 +255,30 @@ class CheckpointConfig(Section):
         True,
         description="true: restore everything; false: fine-tune (weights only, fresh optimizer/schedule).",
     )
-    best_metric: str = Field("val_loss", description="Evaluation metric that selects the `best` checkpoint.")
+    best_metric: str = Field(
+        "val_loss",
+        description="Evaluation metric that selects the `best` checkpoint.",
+        json_schema_extra=IDENTITY,  # the best value kept so far is of this metric
+    )
     best_mode: Literal["min", "max"] = Field(
-        "min", description="Whether lower or higher best_metric is better."
+        "min", description="Whether lower or higher best_metric is better.", json_schema_extra=IDENTITY
     )
     mirror_to: str | None = Field(
         None, description="Copy each committed checkpoint here (folder or fsspec URL)."
     )
+    accept_changes: list[str] = Field(
+        default_factory=list,
+        description="Identity keys (or whole sections, e.g. optim) allowed to differ from the checkpoint's when "
+        "this run continues, e.g. [optim.lr] for a new learning rate for the rest of the run; recorded in the "
+        "checkpoint and chain.json. A single key or a comma-separated string works too.",
+    )
+
+    @field_validator("accept_changes", mode="before")
+    @classmethod
+    def _list_of_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
 
 
 class BudgetConfig(Section):
@@ -269,15 +370,28 @@ class SlurmConfig(Section):
 
 
 class ConfigBase(Section):
+    # Section marks (IDENTITY, MAY_CHANGE) hold for every key inside unless a field says otherwise.
     run: RunConfig = Field(default_factory=RunConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=IDENTITY)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=IDENTITY)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    budget: BudgetConfig = Field(default_factory=BudgetConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, json_schema_extra=MAY_CHANGE)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=MAY_CHANGE)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, json_schema_extra=MAY_CHANGE)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=MAY_CHANGE)
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, json_schema_extra=MAY_CHANGE)
+
+    @model_validator(mode="after")
+    def _accepted_keys_exist(self) -> ConfigBase:
+        from hpctrain.config.identity import unknown_keys
+
+        unknown = unknown_keys(self, self.checkpoint.accept_changes)
+        if unknown:
+            raise ValueError(
+                f"checkpoint.accept_changes: {', '.join(map(repr, unknown))} is not a config key "
+                "(give dotted keys such as optim.lr, or a section such as optim)"
+            )
+        return self
 
 
 def build_config_model(
@@ -295,10 +409,18 @@ def build_config_model(
         __base__=ConfigBase,
         model=(
             union(model_types),
-            Field(default_factory=lambda: {"type": default_type}, validate_default=True),
+            Field(
+                default_factory=lambda: {"type": default_type},
+                validate_default=True,
+                json_schema_extra=IDENTITY,
+            ),
         ),
         data=(
             union(data_types),
-            Field(default_factory=lambda: {"type": default_type}, validate_default=True),
+            Field(
+                default_factory=lambda: {"type": default_type},
+                validate_default=True,
+                json_schema_extra=IDENTITY,
+            ),
         ),
     )

@@ -214,18 +214,30 @@ TEMPLATE_BODY = """\
 # Submit from the project folder (logs go to {log_dir}/, which must exist: mkdir -p {log_dir}):
 #   sbatch {path} [--config FILE] [--preset NAME] [key=value ...] [--export=LR=2e-5,...]
 #   sbatch --export=ALL,LR=2e-5 {path}
-# Everything after the script name goes to `hpctrain train`; see docs/slurm.md.
+# Everything after the script name goes to `hpctrain train`; see docs/slurm.md.{preset_note}
 # sbatch runs a copy of this file from its spool folder: the project is found from SLURM_SUBMIT_DIR.
-HPCTRAIN_HOME="${{HPCTRAIN_HOME:-${{SLURM_SUBMIT_DIR:-$PWD}}}}"
+HPCTRAIN_HOME="${{HPCTRAIN_HOME:-${{SLURM_SUBMIT_DIR:-$PWD}}}}"{preset_line}
 source "$HPCTRAIN_HOME/slurm/common.sh" || exit 2
 hpctrain_job "$@"
 """
+PRESET_NOTE = """
+# Without --preset the job takes --preset {preset} (--preset none: the YAML alone), and so its own run folder:
+# logs/<config stem>-{preset}, or logs/{preset} without --config (never the CPU debug job's logs/debug)."""
 
 
-def render_script(slurm: SlurmConfig, job_name: str, summary: str, path: str) -> str:
-    """A complete sbatch script: #SBATCH lines from the slurm section, then slurm/common.sh's body."""
+def render_script(
+    slurm: SlurmConfig, job_name: str, summary: str, path: str, preset: str | None = None
+) -> str:
+    """A complete sbatch script: #SBATCH lines from the slurm section, then slurm/common.sh's body; `preset`
+    is the one the job takes when the arguments name none."""
     header = "\n".join(f"#SBATCH {opt}" for opt in sbatch_options(slurm, job_name))
-    body = TEMPLATE_BODY.format(summary=summary, log_dir=LOG_DIR, path=path)
+    body = TEMPLATE_BODY.format(
+        summary=summary,
+        log_dir=LOG_DIR,
+        path=path,
+        preset_note=PRESET_NOTE.format(preset=preset) if preset else "",
+        preset_line=f"\nhpctrain_default_preset={preset}" if preset else "",
+    )
     return f"#!/bin/bash\n{header}\n{body}"
 
 
@@ -249,7 +261,11 @@ TEMPLATES: dict[str, tuple[dict[str, Any], str]] = {
 def render_template(name: str) -> str:
     settings, summary = TEMPLATES[name]
     return render_script(
-        SlurmConfig(**settings), f"hpctrain-{name.replace('_', '-')}", summary, f"slurm/{name}.sh"
+        SlurmConfig(**settings),
+        f"hpctrain-{name.replace('_', '-')}",
+        summary,
+        f"slurm/{name}.sh",
+        preset=name,
     )
 
 

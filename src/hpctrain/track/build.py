@@ -11,10 +11,16 @@ from hpctrain.track.metrics_file import MetricsFile
 
 
 def build_trackers(
-    cfg: Any, run_dir: Path, env: ClusterEnv, resume_step: int | None, state: dict[str, Any]
+    cfg: Any,
+    run_dir: Path,
+    env: ClusterEnv,
+    resume_step: int | None,
+    state: dict[str, Any],
+    hop: dict[str, Any] | None = None,
 ) -> Trackers:
-    """The sinks of rank 0; `state` is Trackers.state_dict() from the checkpoint we resumed from (or {})."""
-    trackers = Trackers([MetricsFile(run_dir / "metrics.jsonl", resume_step)])
+    """The sinks of rank 0; `state` is Trackers.state_dict() from the checkpoint we resumed from (or {}); `hop`
+    goes into the hop's first metrics record."""
+    trackers = Trackers([MetricsFile(run_dir / "metrics.jsonl", resume_step, hop)])
     tb = cfg.logging.tensorboard
     if tb.dir:
         from hpctrain.track.tensorboard import TensorBoardTracker

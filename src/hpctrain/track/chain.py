@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.identity import show
+
 
 def write_json(path: Path, data: Any) -> None:
     """Atomically: a reader (status, report, sync) never sees half a file."""
@@ -65,7 +67,9 @@ class ChainLog:
         first_update: int,
         world_size: int,
         deadline: float | None = None,
+        identity: dict[str, Any] | None = None,
     ) -> None:
+        """`identity`: config_hash, accepted_changes and allowed_changes ({key: [old, new]}) of this hop."""
         for hop in self.hops:
             # A hop that never closed was killed (SIGKILL, node failure): say so instead of leaving it open.
             if hop.get("end") is None:
@@ -84,6 +88,7 @@ class ChainLog:
             "last_update": first_update,
             "exit_reason": None,
             "train_seconds": 0.0,
+            **(identity or {}),
         }
         self.hops.append(self.current)
         write_json(self.path, self.hops)
@@ -120,6 +125,21 @@ class ChainLog:
             "run_train_seconds": train,
             "run_goodput": train / wall if wall > 0 else 0.0,
         }
+
+
+def changes_text(hop: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
+    """What changed at the start of this hop, in one line ("" when nothing did): the identity keys accepted with
+    checkpoint.accept_changes, then the keys that may change between hops (world size included)."""
+    parts = []
+    for kind in ("accepted", "allowed"):
+        changes = hop.get(f"{kind}_changes") or {}
+        if changes:
+            shown = ", ".join(f"{key} {show(old)} -> {show(new)}" for key, (old, new) in changes.items())
+            parts.append(f"{shown} ({kind})")
+    before, now = (previous or {}).get("config_hash"), hop.get("config_hash")
+    if not hop.get("accepted_changes") and before and now and before != now:
+        parts.insert(0, f"config hash {before} -> {now}")  # changed without a record (an older version)
+    return "; ".join(parts)
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

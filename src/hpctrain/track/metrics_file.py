@@ -17,8 +17,11 @@ def _clean(value: float) -> float | None:
 class MetricsFile:
     name = "metrics"
 
-    def __init__(self, path: Path, resume_step: int | None) -> None:
+    def __init__(self, path: Path, resume_step: int | None, hop: dict[str, Any] | None = None) -> None:
         self.path = path
+        # The hop's first record carries `hop`: its index, world size, config hash and changes (empty ones left
+        # out), so that the history shows where a hop began and what changed there.
+        self._hop = {k: v for k, v in (hop or {}).items() if v not in ({}, None)} or None
         if resume_step is not None:
             self.truncate_after(resume_step)
         elif path.exists():
@@ -44,6 +47,8 @@ class MetricsFile:
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         record: dict[str, Any] = {"step": step}
         record.update({k: _clean(float(v)) for k, v in scalars.items()})
+        if self._hop is not None:
+            record["hop"], self._hop = self._hop, None
         self._handle.write(json.dumps(record) + "\n")
 
     def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.track.chain import read_json
+from hpctrain.track.chain import changes_text, read_json
 from hpctrain.track.metrics_file import read_metrics
 
 WIDTH, HEIGHT, DPI = 8.0, 4.5, 100  # every PNG is 800 x 450 pixels
@@ -91,10 +91,19 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def _mark_hops(ax: Any, data: RunData) -> None:
+    """A dashed grey line where each hop began, naming the keys that changed there: red for identity keys
+    accepted with checkpoint.accept_changes (another configuration), purple for keys that may change."""
     for i, hop in enumerate(data.hops[1:], start=1):
         x = hop.get("first_update", 0)
-        ax.axvline(x, color="0.5", linestyle="--", linewidth=0.8)
+        accepted = list(hop.get("accepted_changes") or {})
+        if not accepted and changes_text(hop, data.hops[i - 1]).startswith("config hash"):
+            accepted = ["config"]
+        changed = accepted + list(hop.get("allowed_changes") or {})
+        color = "tab:red" if accepted else ("tab:purple" if changed else "0.5")
+        ax.axvline(x, color=color, linestyle="-" if accepted else "--", linewidth=0.8)
         label = f"hop {i}" + (f" (job {hop['job_id']})" if hop.get("job_id") else "")
+        if changed:
+            label += ": " + ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "") + " changed"
         ax.annotate(
             label,
             (x, 1.0),
@@ -103,7 +112,7 @@ def _mark_hops(ax: Any, data: RunData) -> None:
             va="top",
             ha="right",
             fontsize=7,
-            color="0.4",
+            color=color if changed else "0.4",
         )
 
 
@@ -302,10 +311,11 @@ def _html(data: RunData, images: list[Path]) -> str:
                 h.get("exit_reason"),
                 (h.get("end") or h["start"]) - h["start"],
                 h.get("goodput"),
+                changes_text(h, data.hops[i - 1] if i else None),
             ]
             for i, h in enumerate(data.hops)
         ],
-        ["hop", "job", "nodes", "first update", "last update", "exit", "wall [s]", "goodput"],
+        ["hop", "job", "nodes", "first update", "last update", "exit", "wall [s]", "goodput", "changes"],
     )
     metrics = data.evaluation.get("metrics", {})
     evaluation = _table([[k, v] for k, v in metrics.items()], ["evaluation", "value"]) if metrics else ""

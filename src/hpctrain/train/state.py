@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
+from hpctrain.config.identity import judge, refusal, show
 from hpctrain.config.loading import config_hash, dump_config
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
@@ -51,6 +51,10 @@ class StateKeeper:
         self.t = trainer
         self.last_saved_step: int | None = None
         self._mirror: threading.Thread | None = None
+        # What changed since the checkpoint this hop resumed from ({"accepted": {key: [old, new]}, "allowed": ...}),
+        # and every hop's changes so far (kept in the checkpoint).
+        self.changes: dict[str, dict[str, list[Any]]] = {"accepted": {}, "allowed": {}}
+        self.history: list[dict[str, Any]] = []
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -75,6 +79,15 @@ class StateKeeper:
             "trackers": t.trackers.state_dict(),
             "config": dump_config(t.cfg),
             "config_hash": config_hash(t.cfg),
+            "config_changes": self.history,
+        }
+
+    def hop_identity(self) -> dict[str, Any]:
+        """What chain.json and the hop's first metrics record say about this hop's configuration."""
+        return {
+            "config_hash": config_hash(self.t.cfg),
+            "accepted_changes": self.changes["accepted"],
+            "allowed_changes": self.changes["allowed"],
         }
 
     def save(self, best: bool = False) -> None:
@@ -149,6 +162,7 @@ class StateKeeper:
 
     def _restore_full(self, state: dict[str, Any]) -> None:
         t = self.t
+        self._judge_config(state)
         self._restore_modules(state)
         for name, optimizer in t.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
@@ -170,13 +184,65 @@ class StateKeeper:
         self.last_saved_step = t.step
         if len(rngs) == t.env.world_size:
             set_rng_state(rngs[t.env.rank])
-        else:
-            warnings.warn(
-                f"checkpoint was written by {len(rngs)} ranks, this run has {t.env.world_size}: random streams "
-                "restart from the seed (the data position is still exact)",
-                stacklevel=2,
+        elif t.env.is_main:
+            log.info(
+                "checkpoint written by %d rank(s), this run has %d: the data position stays exact (one global "
+                "sample order), the random streams restart from the seed",
+                len(rngs),
+                t.env.world_size,
             )
-        if state.get("config_hash") != config_hash(t.cfg) and t.env.is_main:
-            log.warning(
-                "the configuration changed since this checkpoint was written; continuing with the new one"
+
+    def _judge_config(self, state: dict[str, Any]) -> None:
+        """A run folder continues only its own run (config/identity.py): identity keys that differ from the
+        checkpoint's are refused unless accepted; what changed is logged, and recorded in the checkpoint and the
+        hop record. Every rank judges the same checkpoint and config, so all refuse together."""
+        t = self.t
+        self.history = list(state.get("config_changes", []))
+        old = state.get("config")
+        counters = state["counters"]
+        if not isinstance(old, dict):
+            if t.env.is_main:
+                log.info("this checkpoint holds no configuration (an older version): nothing to compare")
+            return
+        step = int(counters["step"])
+        old_world = int(counters.get("world_size") or len(state.get("rng") or [None]))
+        verdict = judge(
+            old,
+            t.cfg,
+            old_total=counters.get("total_updates"),
+            new_total=t.total_updates,
+            old_world=old_world,
+            new_world=t.env.world_size,
+        )
+        where, remedy = self._ways_forward()
+        if t.total_updates < step:
+            raise UserError(
+                f"train.total_updates={t.total_updates} is below update {step}, which {where} has reached: a run "
+                f"cannot be shortened; {remedy}"
             )
+        if verdict.refused:
+            raise UserError(refusal(where, verdict.refused, remedy))
+        self.changes = verdict.record()
+        if verdict.accepted or verdict.allowed:
+            self.history.append({"step": step, **self.changes})
+        if t.env.is_main and verdict.accepted:
+            log.info(
+                "accepted changes (checkpoint.accept_changes): %s", ", ".join(map(str, verdict.accepted))
+            )
+        if t.env.is_main and verdict.allowed:
+            shown = ", ".join(
+                f"world size {show(c.old)} -> {show(c.new)}" if c.key == "world_size" else str(c)
+                for c in verdict.allowed
+            )
+            log.info("changed since the checkpoint (may change between hops): %s", shown)
+
+    def _ways_forward(self) -> tuple[str, str]:
+        """Whose configuration differs, and how to start a run of one's own instead."""
+        t = self.t
+        mode = t.cfg.checkpoint.resume
+        if mode not in ("auto", "never"):
+            return f"checkpoint {mode}", "start from its weights alone with checkpoint.restart=false"
+        name, n = t.cfg.run.name, 2
+        while (t.run_dir.parent / f"{name}-{n}").exists():
+            n += 1
+        return str(t.run_dir), f"start a new run with run.name={name}-{n}"

@@ -141,8 +141,14 @@ class Trainer:
             return
         from hpctrain.track.build import build_trackers
 
+        hop = {"hop": len(self.chain.hops) if self.chain else 0, "world_size": self.env.world_size}
         self.trackers = build_trackers(
-            self.cfg, self.run_dir, self.env, resume_step=self.resumed_step, state=self.tracker_state
+            self.cfg,
+            self.run_dir,
+            self.env,
+            resume_step=self.resumed_step,
+            state=self.tracker_state,
+            hop={**hop, **self.keeper.hop_identity()},
         )
         self.console = Console(self.total_updates, self.step, self.cfg.logging.progress)
 
@@ -154,7 +160,12 @@ class Trainer:
             return self._result("already_finished", "finished", EXIT_OK)
         if self.chain is not None:
             self.chain.open_hop(
-                self.env.job_id, self.env.node_list, self.step, self.env.world_size, self.budget.deadline
+                self.env.job_id,
+                self.env.node_list,
+                self.step,
+                self.env.world_size,
+                self.budget.deadline,
+                identity=self.keeper.hop_identity(),
             )
         batches = iter(self.train_stream)
         reason = None

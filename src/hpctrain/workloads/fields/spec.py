@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.schema import DataConfigBase, ModelConfigBase
+from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase
 from hpctrain.workloads.registry import WorkloadSpec
 
 PARAMETERS = ("omega_m", "sigma_8")
@@ -36,7 +36,9 @@ class FieldsData(DataConfigBase):
         "when set, maps are read from its shards instead of generated, and kind/size/box/prior come from it.",
     )
     cache_val: bool = Field(
-        True, description="Keep the validation maps in memory after the first evaluation."
+        True,
+        description="Keep the validation maps in memory after the first evaluation.",
+        json_schema_extra=MAY_CHANGE,
     )
 
     @field_validator("size")
@@ -76,7 +78,11 @@ class FieldCNNConfig(ModelConfigBase):
     loss: Literal["gaussian_nll", "mse", "mae", "rmse"] = Field(
         "gaussian_nll", description="gaussian_nll predicts a mean and a log-variance per parameter."
     )
-    channels_last: bool = Field(True, description="channels-last memory format on GPU (ignored on CPU).")
+    channels_last: bool = Field(
+        True,
+        description="channels-last memory format on GPU (ignored on CPU).",
+        json_schema_extra=MAY_CHANGE,
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> FieldCNNConfig:

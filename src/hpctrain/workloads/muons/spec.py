@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from hpctrain.config.schema import DataConfigBase, ModelConfigBase, Section
+from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase, Section
 from hpctrain.workloads.registry import WorkloadSpec
 
 
@@ -38,17 +38,20 @@ class MuonData(DataConfigBase):
         None,
         description="Write the skipped huge events here (Parquet, current layout, plus source_file and "
         "source_row), under names that never overwrite earlier runs; first epoch only.",
+        json_schema_extra=MAY_CHANGE,
     )
     drop_empty_events: bool = Field(False, description="Remove events without muons.")
     on_bad_file: Literal["fail", "skip"] = Field(
         "fail",
         description="A truncated or corrupt file stops the run (fail) or is skipped and listed in "
         "<run folder>/bad_files.txt (skip).",
+        json_schema_extra=MAY_CHANGE,
     )
     on_bad_event: Literal["fail", "skip"] = Field(
         "fail",
         description="An event with a zero, negative or non-finite energy or mass (or a non-finite value) "
         "stops the run naming file and row (fail) or is skipped and counted in the log (skip).",
+        json_schema_extra=MAY_CHANGE,
     )
     shuffle_window: int = Field(
         8192,
@@ -57,7 +60,10 @@ class MuonData(DataConfigBase):
         "groups); bigger mixes better and holds more in memory.",
     )
     prefetch_batches: int = Field(
-        0, ge=0, description="Ready batches kept ahead by a background thread (0 = none)."
+        0,
+        ge=0,
+        description="Ready batches kept ahead by a background thread (0 = none).",
+        json_schema_extra=MAY_CHANGE,
     )
     max_events: int = Field(0, ge=0, description="Use only the first N events of the files (0 = all).")
     hdf5_unit_events: int = Field(
@@ -135,7 +141,7 @@ class MuonWGANConfig(ModelConfigBase):
     )
     generator_lr: float | None = Field(None, ge=0, description="Generator lr (None = optim.lr).")
     critic_lr: float | None = Field(None, ge=0, description="Critic lr (None = optim.lr).")
-    compile: CompileSettings = Field(default_factory=CompileSettings)
+    compile: CompileSettings = Field(default_factory=CompileSettings, json_schema_extra=MAY_CHANGE)
 
 
 class MuonMultiplicityConfig(ModelConfigBase):
