@@ -412,7 +412,7 @@ def summarize(
     anomalies: Counter[str] = Counter()
     for o in outcomes:
         for text in (o.verdict or {}).get("anomalies", []):
-            anomalies[f"{text} (kill at {o.culprit})"] += 1
+            anomalies[text if text.startswith("temporary") else f"{text} (kill at {o.culprit})"] += 1
     return {
         "kills": len(kills),
         "kills_by_point": dict(sorted(Counter(h.landed for h in kills).items())),

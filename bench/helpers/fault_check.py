@@ -153,8 +153,9 @@ def verify(job: Job, run_dir: Path, last_line: str | None, ref: Reference) -> di
     if best.exists() and not best.with_suffix(".json").exists():
         anomalies.append("best.pt has no best.json (its hash cannot be checked)")
     temporaries = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if "tmp" in p.name)
-    if temporaries:
-        anomalies.append("temporary files left in the run folder")
+    if temporaries:  # named without their writer's pid: which write was cut says where the kill was
+        kinds = sorted({re.sub(r"\d+$", "*", name) for name in temporaries})
+        anomalies.append(f"temporary files left in the run folder: {', '.join(kinds)}")
     return {
         "params_sha256": digest,
         "params_equal": digest == ref.digest,
