@@ -1,9 +1,11 @@
 """Checkpoint commit protocol.
 
-A save writes the whole file under a temporary name in the same folder, fsyncs it, renames it to
-`step_XXXXXXXX.pt`, writes a sidecar with its SHA-256, and only then moves the `latest` pointer (also written to a
-temporary name and renamed). Old checkpoints are pruned after that, never the one `latest` names. A loader
-verifies the hash and falls back to older checkpoints when one is unreadable.
+A save writes the whole file under a temporary name in the same folder (named after its writer's pid and host),
+fsyncs it, renames it to `step_XXXXXXXX.pt`, writes a sidecar with its SHA-256 and its place in the order of
+saves, and only then moves the `latest` pointer (also written to a temporary name and renamed). Old checkpoints
+are pruned after that, by recency, never the one `latest` names. A loader verifies the hash and falls back to
+older checkpoints when one is unreadable; when a folder holds checkpoints and none can be used it fails (RunError)
+rather than let a run start again from zero over them.
 """
 
 from __future__ import annotations

@@ -295,14 +295,15 @@ def _mismatch(module: nn.Module, weights: dict[str, Any]) -> str:
     missing = [key for key in own if key not in weights]
     unexpected = [key for key in weights if key not in own]
     parts = []
-    for count, what, items in (
-        (len(differ), "differ in shape", differ),
-        (len(missing), "missing from the checkpoint", missing),
-        (len(unexpected), "in the checkpoint but not in the model", unexpected),
+    for template, items in (
+        ("shapes differ for {n} ({shown})", differ),
+        ("{n} of the model missing from the checkpoint ({shown})", missing),
+        ("{n} in the checkpoint not in the model ({shown})", unexpected),
     ):
-        if count:
-            more = f", and {count - _SHOWN} more" if count > _SHOWN else ""
-            parts.append(f"{count} parameters {what} ({'; '.join(items[:_SHOWN])}{more})")
+        if items:
+            more = f", and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+            count = f"{len(items)} parameter{'s' if len(items) > 1 else ''}"
+            parts.append(template.format(n=count, shown="; ".join(items[:_SHOWN]) + more))
     return "; ".join(parts)
 
 
