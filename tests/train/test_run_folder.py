@@ -498,3 +498,38 @@ def test_folder_mirror_holds_a_whole_checkpoint_after_every_single_operation(tmp
             copier.sync(local, last=("latest",))
     assert checked["n"] > 15
     assert listing(dest / "checkpoints") == listing(local)
+
+
+def test_a_flock_kept_by_a_dead_holders_forked_workers_is_taken_over(tmp_path: Path, monkeypatch, caplog):
+    monkeypatch.setattr(runlock, "TAKEOVER_PAUSE", 0.01)
+    record = {
+        "pid": dead_pid(),
+        "host": runlock.HOST,
+        "job_id": None,
+        "started": 1.0,
+        "heartbeat": time.time(),
+    }
+    (tmp_path / "run.lock").write_text(json.dumps(record))
+    # A DataLoader worker forked by the dead holder: it still holds the flock of the file for a few seconds.
+    orphan = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(60)",
+            str(tmp_path / "run.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert orphan.stdout is not None and orphan.stdout.readline().strip() == "locked"
+        lock = runlock.RunLock(tmp_path)
+        lock.acquire()
+        assert "taking over the lock" in caplog.text
+        with pytest.raises(UserError, match=f"in use by pid {os.getpid()}"):
+            runlock.RunLock(tmp_path).acquire()  # the new file is locked: nobody else gets in
+        lock.release()
+    finally:
+        orphan.kill()
+        orphan.wait()

@@ -7,9 +7,10 @@ over with a warning.
 
 Holding it on each kind of file system:
 - flock works (local disks, NFSv4, Lustre/GPFS mounted with flock): the holder keeps an exclusive flock on the
-  file named run.lock; the kernel drops it however the holder dies. The record is still checked, because flock
-  can be local to one client (NFS `local_lock=flock`, Lustre `localflock`): a fresh heartbeat from another host
-  means held, whatever flock said.
+  file named run.lock; the kernel drops it however the holder dies (once the processes it forked, DataLoader
+  workers, are gone too: a flock held after its holder's pid died on this host is taken over by renaming a new,
+  locked file over the name). The record is still checked, because flock can be local to one client (NFS
+  `local_lock=flock`, Lustre `localflock`): a fresh heartbeat from another host means held, whatever flock said.
 - flock missing (ENOLCK, EOPNOTSUPP, e.g. Lustre without `flock`, NFSv3 without lockd): the file is created with
   O_EXCL and the record alone decides. Taking over a stale record is a rename checked again after a pause, and
   the holder checks at each heartbeat that the record is still its own (a loud error if not).
@@ -123,6 +124,7 @@ class RunLock:
         self.job_id = job_id
         self.restart_count = restart_count
         self.record: LockRecord | None = None  # ours, while held
+        self._flock = True  # whether this file system has flock (found out when acquiring)
         self._fd: int | None = None  # the flocked file (None without flock)
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -134,7 +136,7 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock or raise UserError naming its holder (one line)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(50):  # the name moves to a new file at each heartbeat: try again on a moved one
+        for _ in range(100):  # the name moves to a new file at each heartbeat: try again on a moved one
             if self._try_acquire():
                 break
         else:
@@ -177,12 +179,23 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise self._held_error(LockRecord.read(self.path)) from None
+            holder = LockRecord.read(self.path)
+            if holder is not None and holder.host == HOST and not self._alive(holder):
+                # The holder is dead, but processes it forked (DataLoader workers) keep its flock for a few
+                # seconds. They write nothing: lock a new file and move the name to it.
+                self._flock = True
+                return self._take_over_by_rename(holder)
+            raise self._held_error(holder) from None
         except OSError as exc:
             os.close(fd)
             if exc.errno not in _NO_FLOCK:
                 raise
-            return self._acquire_without_flock(created)
+            log.info("%s: no flock on this file system; locking by O_EXCL creation and heartbeat", self.path)
+            self._flock = False
+            if created:  # O_EXCL made it ours: nobody else can have created it too
+                return self._write_record()
+            return self._acquire_by_record()
+        self._flock = True
         if not _names(self.path, fd):
             os.close(fd)
             return False  # locked a file that a heartbeat or a release just replaced
@@ -194,40 +207,41 @@ class RunLock:
             os.close(fd)
             raise self._held_error(previous)
         self._take_over_from(previous)
-        self._write_record()
-        return True
+        return self._write_record()
 
-    def _acquire_without_flock(self, created: bool) -> bool:
-        """O_EXCL creation, or a takeover of a dead holder's record (no flock on this file system)."""
-        log.info("%s: no flock on this file system; locking by O_EXCL creation and heartbeat", self.path)
-        if created:  # O_EXCL made it ours: nobody else can have created it too
-            self._write_record()
-            return True
+    def _acquire_by_record(self) -> bool:
+        """Without flock, a lock file we did not create: held while its record says so, else taken over."""
         previous = LockRecord.read(self.path)
         if previous is None:
             time.sleep(TAKEOVER_PAUSE)  # created by O_EXCL a moment ago, its record not yet written?
             previous = LockRecord.read(self.path)
         if previous is not None and self._alive(previous):
             raise self._held_error(previous)
+        return self._take_over_by_rename(previous)
+
+    def _take_over_by_rename(self, previous: LockRecord | None) -> bool:
+        """Rename our record over a dead holder's; of two takers at once the later rename wins, and the other
+        one sees that when it reads the record back after TAKEOVER_PAUSE."""
         current = LockRecord.read(self.path)
         if current is not None and not current.same_holder(previous):
             return False  # someone else took it over meanwhile: judge the new holder
         self._take_over_from(previous)
         self._write_record()
-        time.sleep(TAKEOVER_PAUSE)  # two takers at once: the later rename wins, and the other one sees it now
+        time.sleep(TAKEOVER_PAUSE)
         winner = LockRecord.read(self.path)
         if self.record is None or not self.record.same_holder(winner):
             self.record = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
             raise self._held_error(winner)
         return True
 
     def _alive(self, record: LockRecord) -> bool:
         """Whether the holder in `record` may still run (the shared convention, plus two cases of our own)."""
         if record.host == HOST:
-            if record.pid == os.getpid():
-                return (
-                    os.path.abspath(self.path) in _HELD_HERE
-                )  # else: our pid reused (containers) by a dead holder
+            if record.pid == os.getpid():  # ours, or our pid reused (containers) after a dead holder
+                return os.path.abspath(self.path) in _HELD_HERE
             return pid_alive(record.pid)
         if self.restart_count > 0 and self.job_id is not None and record.job_id == self.job_id:
             return False  # a requeued SLURM job: its previous run on another node has ended
@@ -250,15 +264,15 @@ class RunLock:
 
     # ---- the record and its heartbeat ----------------------------------------------------------------------
 
-    def _write_record(self) -> None:
-        """Our record under a temporary name (locked first, under flock), renamed over run.lock."""
+    def _write_record(self) -> bool:
+        """Our record under a temporary name (locked first, under flock), renamed over run.lock; True."""
         now = time.time()
         started = self.record.started if self.record is not None else now
         record = LockRecord(os.getpid(), HOST, self.job_id, started, now)
         tmp = temp_name(self.path)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            if self._fd is not None:
+            if self._flock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows this file: never blocks
             os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
             os.fsync(fd)
@@ -270,10 +284,12 @@ class RunLock:
         _fsync_dir(self.path.parent)
         if self._fd is not None:
             os.close(self._fd)  # the old file's flock: run.lock now names the new, locked one
+        if self._flock:
             self._fd = fd
         else:
             os.close(fd)
         self.record = record
+        return True
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
