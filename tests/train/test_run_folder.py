@@ -345,7 +345,8 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_one_line_exit_2(tmp_path: P
 
 
 def test_missing_and_unexpected_keys_and_unreadable_resume_paths(tmp_path: Path):
-    assert run(cfg_for(tmp_path, "train.total_updates=2", "model.hidden=[8]"), ClusterEnv()) == EXIT_OK
+    first = cfg_for(tmp_path, "train.total_updates=2", "model.hidden=[8]", "optim.name=adamw")
+    assert run(first, ClusterEnv()) == EXIT_OK
     with pytest.raises(UserError) as info:
         run(cfg_for(tmp_path, "train.total_updates=4", "model.hidden=[8,8]"), ClusterEnv())
     message = str(info.value)
@@ -353,6 +354,11 @@ def test_missing_and_unexpected_keys_and_unreadable_resume_paths(tmp_path: Path)
         "shapes differ for 2 parameters (net.2.weight: checkpoint [1, 8], model [8, 8]; net.2.bias" in message
     )
     assert "2 parameters of the model missing from the checkpoint (net.4.weight; net.4.bias)" in message
+    # Another optimizer: one line, not a KeyError in the middle of the first update.
+    with pytest.raises(
+        UserError, match=r"holds AdamW state for optimizer 'main', this run uses SGD \(optim.name"
+    ):
+        run(cfg_for(tmp_path, "train.total_updates=4", "model.hidden=[8]", "optim.name=sgd"), ClusterEnv())
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match=r"checkpoint.resume=.*garbage.pt: cannot be used: unreadable"):

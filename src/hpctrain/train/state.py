@@ -74,6 +74,7 @@ class StateKeeper:
             "format": FORMAT_VERSION,
             "modules": {name: m.state_dict() for name, m in t.raw_modules.items()},
             "optimizers": {name: o.state_dict() for name, o in t.optimizers.items()},
+            "optimizer_types": {name: type(o).__name__ for name, o in t.optimizers.items()},
             "scaler": t.ctx.scaler.state_dict() if t.ctx.scaler is not None else None,
             "counters": {
                 "step": t.step,
@@ -161,11 +162,11 @@ class StateKeeper:
                     f"rank {t.env.rank} cannot read checkpoint {path} that rank 0 chose: {exc}"
                 ) from None
         if kind == "resume":
-            self._restore_full(state, f"checkpoint {path}", _FRESH_HINT)
+            self._restore_full(state, path, f"checkpoint {path}", _FRESH_HINT)
             return f"resumed from {path} at update {t.step}"
         given = f"checkpoint.resume={note}"
         if kind == "restart":
-            self._restore_full(state, given, _OTHER_HINT)
+            self._restore_full(state, path, given, _OTHER_HINT)
             return f"restored everything from {note} at update {t.step}"
         self._restore_modules(state, given, _OTHER_HINT)
         return f"fine-tuning from the weights of {note} (fresh optimizer and schedule)"
@@ -232,7 +233,31 @@ class StateKeeper:
                 first = str(exc).strip().splitlines()[0][:300]
                 raise UserError(f"{source} does not fit network {name!r}: {first}; {hint}") from None
 
-    def _restore_full(self, state: dict[str, Any], source: str, hint: str) -> None:
+    def _restore_optimizer(
+        self, name: str, optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path, source: str
+    ) -> None:
+        """Load one optimizer's state; another optimizer type's state is one line, not a KeyError mid-update."""
+        fresh = "to go on from its weights with a fresh optimizer, start another run.name with "
+        fresh += f"checkpoint.resume={path} and checkpoint.restart=false"
+        saved_type = state.get("optimizer_types", {}).get(name)
+        if saved_type is not None and saved_type != type(optimizer).__name__:
+            raise UserError(
+                f"{source} holds {saved_type} state for optimizer {name!r}, this run uses "
+                f"{type(optimizer).__name__} (optim.name changed?): set it back, or {fresh}"
+            )
+        if name not in state["optimizers"]:
+            raise UserError(
+                f"{source} has no optimizer {name!r} (it has {sorted(state['optimizers'])}): {fresh}"
+            )
+        try:
+            optimizer.load_state_dict(state["optimizers"][name])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise UserError(
+                f"{source}: its state does not fit optimizer {name!r} ({first}): {fresh}"
+            ) from None
+
+    def _restore_full(self, state: dict[str, Any], path: Path, source: str, hint: str) -> None:
         t = self.t
         if not is_full_state(state):
             missing = [key for key in FULL_STATE_KEYS if key not in state]
@@ -242,18 +267,7 @@ class StateKeeper:
             )
         self._restore_modules(state, source, hint)
         for name, optimizer in t.optimizers.items():
-            try:
-                optimizer.load_state_dict(state["optimizers"][name])
-            except (KeyError, ValueError, RuntimeError) as exc:
-                why = (
-                    f"no state for it (it has {sorted(state['optimizers'])})"
-                    if isinstance(exc, KeyError)
-                    else exc
-                )
-                raise UserError(
-                    f"{source}: the optimizer state does not fit optimizer {name!r}: {why}; to take the weights "
-                    f"only use checkpoint.resume=<that file> with checkpoint.restart=false, or {hint}"
-                ) from None
+            self._restore_optimizer(name, optimizer, state, path, source)
         if t.ctx.scaler is not None and state.get("scaler"):
             t.ctx.scaler.load_state_dict(state["scaler"])
         counters = state["counters"]
