@@ -66,8 +66,9 @@ def temp_name(path: Path) -> Path:
 def writer_gone(temp: Path) -> bool:
     """Whether the process that wrote this temporary file is dead (see `temp_name`).
 
-    On this host: its pid no longer runs. From another host (or with no host in the name, written by an older
-    version): not modified for STALE_SECONDS; callers hold the run lock, so its writer was a previous holder.
+    On this host: its pid no longer runs (or is ours: callers clean up before this process writes anything).
+    From another host (or with no host in the name, written by an older version): not modified for
+    STALE_SECONDS; callers hold the run lock, so its writer was a previous holder.
     """
     writer = temp.name.rsplit(".tmp-", 1)[-1]
     pid_text, _, host = writer.partition("@")
@@ -153,9 +154,8 @@ class RunLock:
             self._beat.join()
             self._beat = None
         if self.record is not None and self.record.same_holder(LockRecord.read(self.path)):
-            self.path.unlink(
-                missing_ok=True
-            )  # before the flock goes: a waiter then finds no file, or a new one
+            # Before the flock goes: a waiter then finds no file, or a new one.
+            self.path.unlink(missing_ok=True)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -295,12 +295,13 @@ class RunLock:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
                 current = LockRecord.read(self.path)
-                if self.record is None or not self.record.same_holder(current):
-                    who = current.describe() if current is not None else "nobody (the file is gone)"
+                if current is None:  # removed by hand, or unreadable for a moment: ours until someone else's
+                    log.warning("%s is gone or unreadable; writing it again", self.path)
+                elif self.record is None or not self.record.same_holder(current):
                     log.error(
                         "%s is no longer ours: it names %s; two processes may now write this run folder",
                         self.path,
-                        who,
+                        current.describe(),
                     )
                     return
                 self._write_record()
@@ -359,7 +360,7 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
     config = run_dir / "config.yaml"
     if config.is_file():
         (aside / "config.yaml").write_bytes(config.read_bytes())
-    for path in found:  # checkpoints/ comes last: until it moves, a resume still finds the old run whole
+    for path in found:  # checkpoints/ last: a move cut short leaves the old run resumable where it was
         os.replace(path, aside / path.name)
     _fsync_dir(run_dir)
     return aside
