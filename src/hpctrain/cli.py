@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from hpctrain.errors import EXIT_BAD_INPUT, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, RunError, UserError
 
 VERBS = {
     "train": "train a model (default: the debug regression job)",
@@ -49,3 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE

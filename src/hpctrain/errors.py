@@ -11,3 +11,8 @@ EXIT_RESUMABLE = 75
 
 class UserError(ValueError):
     """A mistake in the user's input: printed as one line, exit code 2, before any work is done."""
+
+
+class RunError(RuntimeError):
+    """A failure the user must look at that is not bad input (e.g. no checkpoint of a run can be read): printed
+    as one line, exit code 1, nothing changed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -144,3 +145,33 @@ def test_saving_a_step_again_keeps_it_loadable(tmp_path: Path):
     # A kill between the data and its hash leaves no hash, never a stale one: still loadable.
     (tmp_path / "step_00000005.json").unlink()
     assert store.load_latest() is not None
+
+
+def test_transient_read_errors_are_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    from hpctrain.train import checkpoint
+
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(fake_state(1), 1)
+    store.save(fake_state(2), 2)
+    monkeypatch.setattr(checkpoint, "READ_RETRY_DELAYS", (0.01, 0.01))
+    real = Path.read_bytes
+    failures = {"left": 2}
+
+    def flaky(self: Path) -> bytes:
+        if self.name == "step_00000002.pt" and failures["left"]:
+            failures["left"] -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", flaky)
+    with caplog.at_level(logging.WARNING):
+        state, path = store.load_latest()
+    assert path.name == "step_00000002.pt" and state["counters"]["step"] == 2  # not the older one
+    assert caplog.text.count("Input/output error); trying again") == 2
+    # An error that persists: the previous checkpoint, with the reason in the warning.
+    failures["left"] = 10
+    state, path = store.load_latest()
+    assert path.name == "step_00000001.pt"
+    assert "step_00000002.pt: cannot be read (Input/output error)" in caplog.text

@@ -249,7 +249,9 @@ class CheckpointConfig(Section):
         2, ge=1, description="Step checkpoints kept (plus `best`); never the last good one."
     )
     resume: str = Field(
-        "auto", description="auto (continue the run in its folder), never, or a checkpoint path."
+        "auto",
+        description="auto (continue the run in its folder), never (start afresh; a previous run in the folder "
+        "is moved to old-<time>/), or a checkpoint file or run folder to start from while the folder has none.",
     )
     restart: bool = Field(
         True,

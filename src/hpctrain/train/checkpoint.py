@@ -1,13 +1,16 @@
 """Checkpoint commit protocol.
 
-A save writes the whole file under a temporary name in the same folder, fsyncs it, renames it to
-`step_XXXXXXXX.pt`, writes a sidecar with its SHA-256, and only then moves the `latest` pointer (also written to a
-temporary name and renamed). Old checkpoints are pruned after that, never the one `latest` names. A loader
-verifies the hash and falls back to older checkpoints when one is unreadable.
+A save writes the whole file under a temporary name in the same folder (named after its writer's pid and host),
+fsyncs it, renames it to `step_XXXXXXXX.pt`, writes a sidecar with its SHA-256 and its place in the order of
+saves, and only then moves the `latest` pointer (also written to a temporary name and renamed). Old checkpoints
+are pruned after that, by recency, never the one `latest` names. A loader verifies the hash and falls back to
+older checkpoints when one is unreadable; when a folder holds checkpoints and none can be used it fails (RunError)
+rather than let a run start again from zero over them.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -20,11 +23,19 @@ from typing import Any
 
 import torch
 
+from hpctrain.errors import RunError, UserError
+from hpctrain.train.runlock import temp_name, writer_gone
+
 log = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
 PREFIXES = ("module.", "_orig_mod.")
 FORMAT_VERSION = 1
+FULL_STATE_KEYS = ("modules", "optimizers", "counters", "rng", "data")
+# Seconds to wait before the 2nd and 3rd read of a checkpoint whose read failed with an I/O error that may be
+# transient (a parallel file system's hiccup), or whose bytes did not match their hash (a stale page).
+READ_RETRY_DELAYS = (0.5, 2.0)
+_PERMANENT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -36,8 +47,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file.
+
+    The temporary name carries this process's pid and host (`runlock.temp_name`), so a later start removes it
+    only once its writer is dead.
+    """
+    tmp = temp_name(path)
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
@@ -74,22 +89,35 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
             return module
 
 
+class Unreadable(Exception):
+    """A checkpoint file that cannot be used; the message says why (for one line naming every file)."""
+
+
 class CheckpointStore:
-    """The checkpoints of one run folder."""
+    """The checkpoints of one run folder.
+
+    Each sidecar `step_XXXXXXXX.json` records the file's SHA-256 and `seq`, the order in which this run folder's
+    checkpoints were written: recency, not the step number, decides which ones are kept and tried first (a run
+    resumed from an older checkpoint writes lower step numbers than the newest file on disk).
+    """
 
     def __init__(self, folder: Path, keep_last: int) -> None:
         self.folder = folder
         self.keep_last = keep_last
+        self._seq: int | None = None  # of the last save, read from the sidecars at the first save
 
     def path_for(self, step: int) -> Path:
         return self.folder / f"step_{step:08d}.pt"
 
     def clean_temporaries(self) -> None:
-        """Remove half-written files a killed save left behind (they never became `latest`)."""
+        """Remove half-written files whose writer is dead (a killed save); a live writer's are left alone."""
         if self.folder.is_dir():
             for leftover in self.folder.glob(".*.tmp-*"):
-                log.warning("removing a half-written checkpoint file from a killed save: %s", leftover.name)
-                leftover.unlink(missing_ok=True)
+                if writer_gone(leftover):
+                    log.warning(
+                        "removing a half-written checkpoint file from a killed save: %s", leftover.name
+                    )
+                    leftover.unlink(missing_ok=True)
 
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -97,80 +125,186 @@ class CheckpointStore:
         torch.save(state, buffer)
         data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest()
+        if self._seq is None:
+            self._seq = max((seq for seq, _step, _path in self._recency()), default=0)
+        self._seq += 1
+        sidecar = {"step": step, "sha256": digest, "seq": self._seq, "saved": time.time()}
         path = self.path_for(step)
         # Saving a step again: drop the old hash first, so a kill between the two writes never leaves new
         # data beside an old hash (a good checkpoint that would fail verification).
         path.with_suffix(".json").unlink(missing_ok=True)
         atomic_write_bytes(path, data)
-        atomic_write_text(path.with_suffix(".json"), json.dumps({"step": step, "sha256": digest}))
+        atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar))
         # The pointer moves last: until here, `latest` still names the previous good checkpoint.
         atomic_write_text(self.folder / "latest", path.name + "\n")
         if best:
             (self.folder / "best.json").unlink(missing_ok=True)
             atomic_write_bytes(self.folder / "best.pt", data)
-            atomic_write_text(self.folder / "best.json", json.dumps({"step": step, "sha256": digest}))
+            atomic_write_text(self.folder / "best.json", json.dumps(sidecar))
         self._prune(keep=path)
         return path
 
     def _prune(self, keep: Path) -> None:
-        steps = sorted(self._step_files(), reverse=True)
-        for _step, path in steps[self.keep_last :]:
+        """Keep the `keep_last` most recently written step checkpoints (always `keep`, the one just written)."""
+        for _seq, _step, path in self._recency()[self.keep_last :]:
             if path != keep:
                 path.unlink(missing_ok=True)
                 path.with_suffix(".json").unlink(missing_ok=True)
 
     def _step_files(self) -> list[tuple[int, Path]]:
-        if not self.folder.is_dir():
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
             return []
+        except OSError as exc:  # a listing that fails is no empty folder: never start afresh over it
+            raise RunError(
+                f"cannot list the checkpoints in {self.folder}: {exc.strerror}; try again"
+            ) from None
         found = []
-        for path in self.folder.iterdir():
-            match = _STEP_FILE.match(path.name)
+        for name in names:
+            match = _STEP_FILE.match(name)
             if match:
-                found.append((int(match.group(1)), path))
+                found.append((int(match.group(1)), self.folder / name))
         return found
 
+    def _recency(self) -> list[tuple[int, int, Path]]:
+        """(seq, step, path) of every step checkpoint, most recently written first (no seq: by step, oldest)."""
+        ordered = []
+        for step, path in self._step_files():
+            try:
+                seq = int(json.loads(path.with_suffix(".json").read_text()).get("seq", 0))
+            except (OSError, ValueError, TypeError, AttributeError):
+                seq = 0
+            ordered.append((seq, step, path))
+        return sorted(ordered, key=lambda item: (item[0], item[1]), reverse=True)
+
     def candidates(self) -> list[Path]:
-        """`latest` first, then every step checkpoint, newest first."""
+        """`latest` first, then every step checkpoint, most recently written first."""
         ordered: list[Path] = []
         pointer = self.folder / "latest"
-        if pointer.is_file():
-            named = self.folder / pointer.read_text().strip()
-            ordered.append(named)
-        for _step, path in sorted(self._step_files(), reverse=True):
+        try:
+            ordered.append(self.folder / pointer.read_text().strip())
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot read %s (%s); trying the step checkpoints", pointer, exc.strerror)
+        for _seq, _step, path in self._recency():
             if path not in ordered:
                 ordered.append(path)
         return ordered
 
+    def has_checkpoints(self) -> bool:
+        """Whether this folder holds any checkpoint (readable or not): then a resume must not start afresh."""
+        return bool(self._step_files()) or any((self.folder / n).exists() for n in ("latest", "best.pt"))
+
     def load_latest(self) -> tuple[dict[str, Any], Path] | None:
+        """The most recent checkpoint that loads, else best.pt if it holds a full training state (warned).
+
+        None when the folder holds no checkpoint at all. RunError (one line naming every file and why) when it
+        holds some and none can be used: the caller must not start afresh over them.
+        """
+        failures: list[tuple[Path, str]] = []
         for path in self.candidates():
-            state = load_verified(path)
-            if state is not None:
-                return state, path
-        return None
+            try:
+                state = read_checkpoint(path)
+            except Unreadable as exc:
+                failures.append((path, str(exc)))
+                continue
+            for bad, why in failures:
+                log.warning("skipping checkpoint %s: %s", bad.name, why)
+            return state, path
+        best = self.folder / "best.pt"
+        if best.exists():
+            try:
+                state = read_checkpoint(best)
+                if not is_full_state(state):
+                    raise Unreadable("holds the weights only, not a full training state")
+                log.warning(
+                    "no step checkpoint in %s can be read (%s); resuming from best.pt, a full training state at "
+                    "update %s: the updates after it are done again",
+                    self.folder,
+                    _reasons(failures),
+                    state["counters"].get("step"),
+                )
+                return state, best
+            except Unreadable as exc:
+                failures.append((best, str(exc)))
+        if not failures:
+            return None
+        raise RunError(
+            f"no checkpoint in {self.folder} can be used ({_reasons(failures)}); nothing was changed: restore "
+            "them (e.g. from checkpoint.mirror_to) and run again, or start afresh with checkpoint.resume=never "
+            "(the old run is moved aside)"
+        )
+
+
+def _reasons(failures: list[tuple[Path, str]], shown: int = 4) -> str:
+    parts = [f"{path.name}: {why}" for path, why in failures[:shown]]
+    if len(failures) > shown:
+        parts.append(f"and {len(failures) - shown} more")
+    return "; ".join(parts) if parts else "none found"
+
+
+def is_full_state(state: dict[str, Any]) -> bool:
+    """Whether a checkpoint can resume a training (not only initialise weights)."""
+    return all(key in state for key in FULL_STATE_KEYS)
+
+
+def _expected_hash(path: Path) -> str | None:
+    try:
+        return str(json.loads(path.with_suffix(".json").read_text())["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no sidecar (or a cut one): the file is still tried, unpickling checks the rest
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, matching its sidecar hash; transient I/O errors and mismatches are read again."""
+    delays = [*READ_RETRY_DELAYS, None]
+    for attempt, delay in enumerate(delays):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise Unreadable("missing") from None
+        except OSError as exc:
+            if exc.errno in _PERMANENT_ERRNOS or delay is None:
+                raise Unreadable(f"cannot be read ({exc.strerror or exc})") from None
+            log.warning("reading %s failed (%s); trying again in %.1f s", path, exc.strerror or exc, delay)
+            time.sleep(delay)
+            continue
+        expected = _expected_hash(path)
+        if expected is None or hashlib.sha256(data).hexdigest() == expected:
+            return data
+        if attempt > 0 or delay is None:  # a mismatch is read once more only: a corrupt file stays corrupt
+            raise Unreadable(f"its SHA-256 does not match {path.with_suffix('.json').name}")
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint's state, verified against its sidecar hash. Raises Unreadable(why) when it cannot be used,
+    UserError when it was written by a newer hpctrain (falling back to an older one would silently rewind)."""
+    data = _read_bytes(path)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unpickling/format error means: not usable
+        raise Unreadable(
+            f"unreadable ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+        ) from None
+    if not isinstance(state, dict) or "modules" not in state:
+        raise Unreadable("not an hpctrain checkpoint")
+    version = state.get("format", FORMAT_VERSION)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise UserError(
+            f"checkpoint {path} has format {version!r}, newer than this hpctrain reads ({FORMAT_VERSION}): "
+            "update hpctrain, or start afresh with another run.name or checkpoint.resume=never"
+        )
+    return state
 
 
 def load_verified(path: Path) -> dict[str, Any] | None:
     """Read a checkpoint, checking its sidecar hash when there is one; None (with a warning) if it is bad."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        log.warning("skipping checkpoint %s: %s", path, exc)
+        return read_checkpoint(path)
+    except Unreadable as exc:
+        log.warning("skipping checkpoint %s: %s", path.name, exc)
         return None
-    sidecar = path.with_suffix(".json")
-    if sidecar.is_file():
-        try:
-            expected = json.loads(sidecar.read_text())["sha256"]
-        except (ValueError, KeyError):
-            expected = None
-        if expected and hashlib.sha256(data).hexdigest() != expected:
-            log.warning("skipping checkpoint %s: its SHA-256 does not match %s", path.name, sidecar.name)
-            return None
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unpickling/format error means: not usable, try the previous one
-        log.warning("skipping checkpoint %s: unreadable (%s)", path.name, str(exc).splitlines()[0][:200])
-        return None
-    if not isinstance(state, dict) or "modules" not in state:
-        log.warning("skipping checkpoint %s: not an hpctrain checkpoint", path.name)
-        return None
-    return state

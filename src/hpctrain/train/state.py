@@ -14,15 +14,30 @@ from torch import nn
 
 from hpctrain.config.identity import judge, refusal, show
 from hpctrain.config.loading import config_hash, dump_config
-from hpctrain.errors import UserError
+from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state, set_rng_state
-from hpctrain.train.checkpoint import FORMAT_VERSION, load_verified, strip_prefixes
+from hpctrain.track.chain import ChainLog, read_json
+from hpctrain.train.checkpoint import (
+    FORMAT_VERSION,
+    FULL_STATE_KEYS,
+    CheckpointStore,
+    Unreadable,
+    is_full_state,
+    read_checkpoint,
+    strip_prefixes,
+)
+from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
 
 if TYPE_CHECKING:
+    from hpctrain.data.remote import FolderMirror
     from hpctrain.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+_FRESH_HINT = "to start afresh use another run.name, or checkpoint.resume=never (the old run is moved aside)"
+_OTHER_HINT = "give a checkpoint of this model in checkpoint.resume"
+_SHOWN = 3  # mismatching parameters named in an error line
 
 
 def params_sha256(modules: dict[str, nn.Module]) -> str:
@@ -55,6 +70,7 @@ class StateKeeper:
         # and every hop's changes so far (kept in the checkpoint).
         self.changes: dict[str, dict[str, list[Any]]] = {"accepted": {}, "allowed": {}}
         self.history: list[dict[str, Any]] = []
+        self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -62,6 +78,7 @@ class StateKeeper:
             "format": FORMAT_VERSION,
             "modules": {name: m.state_dict() for name, m in t.raw_modules.items()},
             "optimizers": {name: o.state_dict() for name, o in t.optimizers.items()},
+            "optimizer_types": {name: type(o).__name__ for name, o in t.optimizers.items()},
             "scaler": t.ctx.scaler.state_dict() if t.ctx.scaler is not None else None,
             "counters": {
                 "step": t.step,
@@ -93,6 +110,8 @@ class StateKeeper:
     def save(self, best: bool = False) -> None:
         state = self.state()  # a collective inside: every rank builds it
         if self.t.env.is_main:
+            # The previous mirror copy reads files this save replaces and prunes: let it finish first.
+            self.close()
             path = self.t.store.save(state, self.t.step, best=best)
             self.t.trackers.flush()
             if self.t.cfg.checkpoint.mirror_to:
@@ -101,14 +120,16 @@ class StateKeeper:
         dist.barrier()
 
     def _mirror_in_background(self, folder: Path, dest: str) -> None:
-        """A slow remote copy must not hold the other ranks at a collective past distributed.timeout."""
-        from hpctrain.data.remote import mirror as mirror_copy
+        """Copy in a thread: the training goes on meanwhile (the next save waits for it, see save)."""
+        from hpctrain.data.remote import FolderMirror
 
-        self.close()
+        if self._mirror_copier is None:
+            self._mirror_copier = FolderMirror(dest)
+        copier = self._mirror_copier
 
         def copy() -> None:
             try:
-                mirror_copy(str(folder), dest)
+                copier.sync(folder, last=("latest",))
             except Exception as exc:  # a failed mirror loses nothing local: warn and go on
                 log.warning("mirroring checkpoints to %s failed: %s", dest, exc)
 
@@ -124,48 +145,143 @@ class StateKeeper:
     # ---- resume -------------------------------------------------------------------------------------------
 
     def resume(self) -> str:
+        """Rank 0 decides what to load and every rank loads that very file: ranks falling back to different
+        checkpoints (a flaky read on one node) would disagree on the step and deadlock later. A mistake found
+        on rank 0 is raised on every rank."""
         t = self.t
         t.resumed_step = None
-        mode = t.cfg.checkpoint.resume
-        loaded = None
-        if mode != "never":
-            # Rank 0 chooses and every rank loads that very file: ranks falling back to different checkpoints
-            # (a flaky read on one node) would disagree on the step and deadlock later.
-            if t.env.is_main:
-                loaded = t.store.load_latest()
-            chosen = dist.broadcast_object(str(loaded[1]) if loaded else None)
-            if chosen and not t.env.is_main:
-                state = load_verified(Path(str(chosen)))
-                if state is None:
-                    raise RuntimeError(f"rank {t.env.rank} cannot read checkpoint {chosen} that rank 0 chose")
-                loaded = (state, Path(str(chosen)))
-        if loaded is not None:
-            state, path = loaded
-            self._restore_full(state)
+        decision: tuple[str, str | None, str] = ("fresh", None, "")
+        state: dict[str, Any] | None = None
+        if t.env.is_main:
+            try:
+                decision, state = self._decide()
+            except (UserError, RunError) as exc:
+                decision = (type(exc).__name__, None, str(exc))
+        agreed: tuple[str, str | None, str] = dist.broadcast_object(decision)  # type: ignore[assignment]
+        kind, chosen, note = agreed
+        if kind == "UserError":
+            raise UserError(note)
+        if kind == "RunError":
+            raise RunError(note)
+        if kind == "fresh":
+            return "starting a new run" + note
+        assert chosen is not None
+        path = Path(chosen)
+        if state is None:  # the other ranks read the file rank 0 chose
+            try:
+                state = read_checkpoint(path)
+            except Unreadable as exc:
+                raise RuntimeError(
+                    f"rank {t.env.rank} cannot read checkpoint {path} that rank 0 chose: {exc}"
+                ) from None
+        if kind == "resume":
+            self._restore_full(state, path, f"checkpoint {path}", _FRESH_HINT)
             return f"resumed from {path} at update {t.step}"
-        if mode not in ("auto", "never"):
-            given = load_verified(Path(mode))
-            if given is None:
-                raise UserError(f"checkpoint.resume={mode!r}: not a readable hpctrain checkpoint")
-            if t.cfg.checkpoint.restart:
-                self._restore_full(given)
-                return f"restored everything from {mode} at update {t.step}"
-            self._restore_modules(given)
-            return f"fine-tuning from the weights of {mode} (fresh optimizer and schedule)"
-        return "starting a new run"
+        given = f"checkpoint.resume={note}"
+        if kind == "restart":
+            self._restore_full(state, path, given, _OTHER_HINT)
+            return f"restored everything from {note} at update {t.step}"
+        self._restore_modules(state, given, _OTHER_HINT)
+        return f"fine-tuning from the weights of {note} (fresh optimizer and schedule)"
 
-    def _restore_modules(self, state: dict[str, Any]) -> None:
-        for name, module in self.t.raw_modules.items():
-            if name not in state["modules"]:
-                raise UserError(f"checkpoint has no network {name!r} (it has {sorted(state['modules'])})")
-            module.load_state_dict(strip_prefixes(state["modules"][name]))
-
-    def _restore_full(self, state: dict[str, Any]) -> None:
+    def _decide(self) -> tuple[tuple[str, str | None, str], dict[str, Any] | None]:
+        """(kind, file, note) and the loaded state, on rank 0. Kinds: resume (this run folder's checkpoint),
+        restart / finetune (checkpoint.resume=<path>, only while the folder holds none), fresh."""
         t = self.t
-        self._judge_config(state)
-        self._restore_modules(state)
-        for name, optimizer in t.optimizers.items():
+        mode = t.cfg.checkpoint.resume
+        if mode == "never":
+            if not previous_run_files(t.run_dir):
+                return ("fresh", None, ""), None
+            if not self._requeued_same_job():
+                aside = set_aside_previous_run(t.run_dir)
+                t.store.folder.mkdir(parents=True, exist_ok=True)
+                t.chain = ChainLog(t.run_dir)  # the moved chain.json is the old run's history, not ours
+                return (
+                    "fresh",
+                    None,
+                    f" (checkpoint.resume=never: the previous run was moved to {aside})",
+                ), None
+            log.warning(
+                "checkpoint.resume=never, but this run folder holds the run of this very job (SLURM job %s, "
+                "requeued): continuing it",
+                t.env.job_id,
+            )
+        # The run folder's own checkpoints come first, also with resume=<path>: a requeued fine-tuning job
+        # continues its own run instead of starting again from the given file.
+        loaded = t.store.load_latest()
+        if loaded is not None:
+            return ("resume", str(loaded[1]), ""), loaded[0]
+        reached = _checkpointed_update(t.run_dir)
+        if reached:
+            raise RunError(
+                f"chain.json of {t.run_dir} says this run saved checkpoints up to update {reached}, but "
+                f"{t.store.folder} holds none; nothing was changed: if the file system is having trouble, try "
+                "again later; to start afresh use checkpoint.resume=never (the old run is moved aside)"
+            )
+        if mode in ("auto", "never"):
+            return ("fresh", None, ""), None
+        path, state = _given_checkpoint(mode)
+        return ("restart" if t.cfg.checkpoint.restart else "finetune", str(path), mode), state
+
+    def _requeued_same_job(self) -> bool:
+        """Whether the run in the folder was started by this very SLURM job before it was requeued."""
+        env = self.t.env
+        if env.restart_count < 1 or not env.job_id:
+            return False
+        hops = read_json(self.t.run_dir / "chain.json", [])
+        return bool(hops) and isinstance(hops[-1], dict) and hops[-1].get("job_id") == env.job_id
+
+    def _restore_modules(self, state: dict[str, Any], source: str, hint: str) -> None:
+        saved = state["modules"]
+        for name, module in self.t.raw_modules.items():
+            if name not in saved:
+                raise UserError(f"{source} has no network {name!r} (it has {sorted(saved)}); {hint}")
+            weights = strip_prefixes(saved[name])
+            problem = _mismatch(module, weights)
+            if problem:
+                raise UserError(f"{source} does not fit network {name!r}: {problem}; {hint}")
+            try:
+                module.load_state_dict(weights)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                first = str(exc).strip().splitlines()[0][:300]
+                raise UserError(f"{source} does not fit network {name!r}: {first}; {hint}") from None
+
+    def _restore_optimizer(
+        self, name: str, optimizer: torch.optim.Optimizer, state: dict[str, Any], path: Path, source: str
+    ) -> None:
+        """Load one optimizer's state; another optimizer type's state is one line, not a KeyError mid-update."""
+        fresh = "to go on from its weights with a fresh optimizer, start another run.name with "
+        fresh += f"checkpoint.resume={path} and checkpoint.restart=false"
+        saved_type = state.get("optimizer_types", {}).get(name)
+        if saved_type is not None and saved_type != type(optimizer).__name__:
+            raise UserError(
+                f"{source} holds {saved_type} state for optimizer {name!r}, this run uses "
+                f"{type(optimizer).__name__} (optim.name changed?): set it back, or {fresh}"
+            )
+        if name not in state["optimizers"]:
+            raise UserError(
+                f"{source} has no optimizer {name!r} (it has {sorted(state['optimizers'])}): {fresh}"
+            )
+        try:
             optimizer.load_state_dict(state["optimizers"][name])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise UserError(
+                f"{source}: its state does not fit optimizer {name!r} ({first}): {fresh}"
+            ) from None
+
+    def _restore_full(self, state: dict[str, Any], path: Path, source: str, hint: str) -> None:
+        t = self.t
+        if not is_full_state(state):
+            missing = [key for key in FULL_STATE_KEYS if key not in state]
+            raise UserError(
+                f"{source} holds no full training state (no {', '.join(missing)}); to take its weights only "
+                "use checkpoint.restart=false"
+            )
+        self._judge_config(state)
+        self._restore_modules(state, source, hint)
+        for name, optimizer in t.optimizers.items():
+            self._restore_optimizer(name, optimizer, state, path, source)
         if t.ctx.scaler is not None and state.get("scaler"):
             t.ctx.scaler.load_state_dict(state["scaler"])
         counters = state["counters"]
@@ -246,3 +362,54 @@ class StateKeeper:
         while (t.run_dir.parent / f"{name}-{n}").exists():
             n += 1
         return str(t.run_dir), f"start a new run with run.name={name}-{n}"
+
+
+def _mismatch(module: nn.Module, weights: dict[str, Any]) -> str:
+    """What keeps `weights` from loading into `module` (shapes, missing and unexpected keys), or ""."""
+    own = module.state_dict()
+    differ = [
+        f"{key}: checkpoint {list(value.shape)}, model {list(own[key].shape)}"
+        for key, value in weights.items()
+        if key in own and isinstance(value, torch.Tensor) and value.shape != own[key].shape
+    ]
+    missing = [key for key in own if key not in weights]
+    unexpected = [key for key in weights if key not in own]
+    parts = []
+    for template, items in (
+        ("shapes differ for {n} ({shown})", differ),
+        ("{n} of the model missing from the checkpoint ({shown})", missing),
+        ("{n} in the checkpoint not in the model ({shown})", unexpected),
+    ):
+        if items:
+            more = f", and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+            count = f"{len(items)} parameter{'s' if len(items) > 1 else ''}"
+            parts.append(template.format(n=count, shown="; ".join(items[:_SHOWN]) + more))
+    return "; ".join(parts)
+
+
+def _checkpointed_update(run_dir: Path) -> int:
+    """The highest update chain.json says a checkpoint was committed at (0: none)."""
+    hops = read_json(run_dir / "chain.json", [])
+    if not isinstance(hops, list):
+        return 0
+    return max((int(h.get("last_update") or 0) for h in hops if isinstance(h, dict)), default=0)
+
+
+def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint `checkpoint.resume=<given>` names: a file, a run folder or a checkpoints folder."""
+    path = Path(given).expanduser()
+    if not path.exists():
+        raise UserError(
+            f"checkpoint.resume={given}: no such file or folder (give a checkpoint file or a run folder, or "
+            "auto | never)"
+        )
+    try:
+        if path.is_dir():
+            folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+            loaded = CheckpointStore(folder, keep_last=1).load_latest()
+            if loaded is None:
+                raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
+            return loaded[1], loaded[0]
+        return path, read_checkpoint(path)
+    except (Unreadable, RunError) as exc:
+        raise UserError(f"checkpoint.resume={given}: cannot be used: {exc}") from None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
@@ -21,6 +22,7 @@ from hpctrain.track.console import Console
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
 from hpctrain.train.optim import LRSchedule, apply_lr
+from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
 from hpctrain.train.state import StateKeeper, params_sha256
 from hpctrain.train.task import MicroBatch, Task
@@ -90,13 +92,15 @@ class Trainer:
         self.last_log_step = 0
         self.resumed_step: int | None = None
         self.tracker_state: dict[str, Any] = {}
-        # What close() touches exists from here on: a build that fails half-way still closes cleanly.
+        # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
+        self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
         self.keeper = StateKeeper(self)
-        self.train_stream: Any = None
+        self._closers: list[Callable[[], None]] = []
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
     def build(self) -> None:
+        self._lock_run_folder()
         if self.env.is_main:
             (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         seed_everything(self.cfg.run.seed)
@@ -114,6 +118,7 @@ class Trainer:
             self.cfg.optim.grad_clip_norm,
         )
         self.train_stream = self.task.build_data("train", self.cfg.run.seed)
+        self._closers.append(self.train_stream.close)
         self.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(self.cfg.schedule, self.total_updates)
         self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
@@ -129,6 +134,21 @@ class Trainer:
             p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters()
         )
         self.budget.save.initial = 0.5 + 3 * state_bytes / 200e6
+
+    def _lock_run_folder(self) -> None:
+        """Rank 0 locks the run folder before anything writes into it; every rank learns the outcome."""
+        problem = None
+        if self.lock is not None:
+            try:
+                self.lock.acquire()
+                self.chain = ChainLog(self.run_dir)  # read again now that no other process writes it
+            except UserError as exc:
+                problem = str(exc)
+            except OSError as exc:
+                problem = f"cannot lock the run folder {self.run_dir} ({exc}); check run.out_dir"
+        agreed = dist.broadcast_object(problem)
+        if agreed is not None:
+            raise UserError(str(agreed))
 
     def resume(self) -> str:
         """Load state according to checkpoint.resume/restart; returns what happened, for the log."""
@@ -383,10 +403,13 @@ class Trainer:
         return RunResult(status, reason, self.step, digest, code)
 
     def close(self) -> None:
-        """Safe on a trainer whose build failed half-way (everything touched here is set in __init__)."""
-        self.keeper.close()
-        if self.train_stream is not None:
-            self.train_stream.close()
-        self.trackers.close()
-        if self.console is not None:
-            self.console.close()
+        try:
+            self.keeper.close()
+            for close in reversed(self._closers):
+                close()
+            self.trackers.close()
+            if self.console is not None:
+                self.console.close()
+        finally:
+            if self.lock is not None:
+                self.lock.release()  # last: everything above may still write into the run folder
