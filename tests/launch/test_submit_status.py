@@ -120,7 +120,8 @@ def test_check_catches_missing_inputs_token_folder_and_resume_path(tmp_path: Pat
         f"data.pelican.token_file={tmp_path / 'token'}": "error: data.pelican.token_file: cannot read token "
         f"file {tmp_path / 'token'} (No such file or directory)",
         f"checkpoint.resume={tmp_path / 'step_00000010.pt'}": f"error: checkpoint.resume="
-        f"'{tmp_path / 'step_00000010.pt'}' does not exist: name a step_*.pt file, or use auto or never",
+        f"{tmp_path / 'step_00000010.pt'}: no such file or folder (give a checkpoint file or a run folder, or "
+        "auto | never)",
     }
     for override, line in cases.items():
         done = _submit(tmp_path, *muons, f"data.paths=[{tmp_path / 'train'}]", override, "--check")

@@ -50,10 +50,11 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
                 errors.append(f"{key}: {problem}")
     resume = cfg.checkpoint.resume
     if resume not in ("auto", "never"):
-        file = Path(resume).expanduser()
-        if not file.is_file():
-            what = "is a folder, not a checkpoint file" if file.is_dir() else "does not exist"
-            errors.append(f"checkpoint.resume={resume!r} {what}: name a step_*.pt file, or use auto or never")
+        if not Path(resume).expanduser().exists():  # a file, or a run folder (its latest checkpoint)
+            errors.append(
+                f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
+                "or auto | never)"
+            )
     return errors
 
 
