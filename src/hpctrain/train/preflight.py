@@ -49,12 +49,12 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
             if problem:
                 errors.append(f"{key}: {problem}")
     resume = cfg.checkpoint.resume
-    if resume not in ("auto", "never"):
-        if not Path(resume).expanduser().exists():  # a file, or a run folder (its latest checkpoint)
-            errors.append(
-                f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
-                "or auto | never)"
-            )
+    # A file, or a run folder (its latest checkpoint).
+    if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
+        errors.append(
+            f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
+            "or auto | never)"
+        )
     return errors
 
 
