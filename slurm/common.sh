@@ -89,7 +89,10 @@ hpctrain_export_list() {
 
 # --------------------------------------------------------------------------------------------- checks
 # Validate the config and this allocation against it before anything runs; sets hpctrain_run_dir,
-# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout.
+# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout and
+# hpctrain_signal_lead. The check reads the job's real settings from SLURM (time limit, GPUs, tasks: sbatch's own
+# options win over the #SBATCH lines). SLURM shows no job's --signal, so the script's line is only the fallback
+# when slurm.signal_lead_seconds is not given (`submit --check` says so in one warning line).
 hpctrain_check() {
     local lead settings
     lead=$(grep -m1 -oE '^#SBATCH[[:space:]]+--signal=([A-Z]+:)?[A-Z0-9]+@[0-9]+' "$0" | sed 's/.*@//')

@@ -21,8 +21,19 @@ VERBS = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hpctrain")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        from hpctrain import __version__
+
+        return __version__
+
+
 def _usage() -> str:
-    lines = ["usage: hpctrain VERB [options]", "", "verbs:"]
+    lines = ["usage: hpctrain [--version] VERB [options]", "", "verbs:"]
     lines += [f"  {verb:<9} {text}" for verb, text in VERBS.items()]
     lines += ["", "`hpctrain VERB --help` describes a verb."]
     return "\n".join(lines)
@@ -30,6 +41,9 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--version"]:
+        print(f"hpctrain {_version()}")
+        return 0
     if not args or args[0] in ("-h", "--help"):
         if not args:
             # No verb: the default job, as the README promises.

@@ -53,11 +53,18 @@ def test_sources_later_wins(tmp_path: Path):
     # command line over preset
     cfg = load("data.batch_size=16", config=str(yaml_file), preset="debug")
     assert cfg.data.batch_size == 16
-    # environment (long form and sbatch aliases) over the command line
+    # the environment (long form and sbatch aliases) over the preset and the YAML, the command line over both
     environ = {"HPCTRAIN_OPTIM__LR": "0.5", "BATCH_SIZE": "4", "TOTAL_UPDATES": "9", "SEED": "3"}
-    cfg = load("optim.lr=0.2", config=str(yaml_file), environ=environ)
-    assert (cfg.optim.lr, cfg.data.batch_size, cfg.train.total_updates, cfg.run.seed) == (0.5, 4, 9, 3)
+    cfg = load("optim.lr=0.2", config=str(yaml_file), preset="debug", environ=environ)
+    assert (cfg.optim.lr, cfg.data.batch_size, cfg.train.total_updates, cfg.run.seed) == (0.2, 4, 9, 3)
     assert load(environ={"LR": "2e-5"}).optim.lr == pytest.approx(2e-5)
+    # .env under the environment, over the preset; the command line over .env
+    env_file = tmp_path / ".env"
+    env_file.write_text("LR=0.3\nRESULTS_DIR=/from/dotenv\nTOTAL_UPDATES=11\n")
+    cfg = load(preset="debug", env_file=str(env_file), environ={"LR": "0.4"})
+    assert (cfg.optim.lr, cfg.run.out_dir, cfg.train.total_updates) == (0.4, "/from/dotenv", 11)
+    cfg = load("run.out_dir=mine", env_file=str(env_file), environ={"RESULTS_DIR": "/from/env"})
+    assert cfg.run.out_dir == "mine"
 
 
 def test_dotenv_paths_and_masked_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -202,7 +209,8 @@ SECRET = "s3cr3tTokenValue0123456789"
         (
             "config",
             {"arg": f"logging.wandb.apikey={SECRET}"},  # misspelt: unknown, and still never echoed
-            "error: logging.wandb.apikey=***: unknown key (from override logging.wandb.apikey=***)",
+            "error: logging.wandb.apikey=***: unknown key (did you mean logging.wandb.api_key?) "
+            "(from override logging.wandb.apikey=***)",
         ),
     ],
 )

@@ -204,3 +204,26 @@ def test_templates_imply_their_own_preset() -> None:
     assert parsed("--preset=none") == ["--preset=none"]
     for name in TEMPLATES:
         assert f"\nhpctrain_default_preset={name}\n" in (ROOT / "slurm" / f"{name}.sh").read_text()
+
+
+def test_in_job_signal_lead_prefers_the_users_value_and_warns_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SLURM shows no job's --signal: slurm.signal_lead_seconds when the user gave it, else the script's line."""
+    from argparse import Namespace
+
+    from hpctrain.commands.submit import job_signal_lead
+    from hpctrain.config.loading import ConfigRequest, resolve_config
+
+    def lead(*overrides: str, script: float | None = 120.0, preset: str | None = None) -> float | None:
+        request = ConfigRequest(None, preset, list(overrides), None)
+        cfg, sources = resolve_config(request, config_model(), environ={}, prepare=fill_default_types)
+        return job_signal_lead(cfg, Namespace(signal_lead=script), sources)
+
+    assert lead("slurm.signal_lead_seconds=15") == 15
+    assert "checking with slurm.signal_lead_seconds=15 (from command line)" in capsys.readouterr().err
+    assert lead(preset="debug") == 120  # a preset's value is no word from the user: the script's line
+    err = capsys.readouterr().err
+    assert "the script's #SBATCH --signal line (120 s), which could not be confirmed" in err
+    assert len(err.splitlines()) == 1
+    assert lead(script=None) is None and capsys.readouterr().err == ""

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
-from hpctrain.config.loading import ConfigRequest, load_config
+from hpctrain.config.loading import ConfigRequest, Provenance, resolve_config
 from hpctrain.errors import UserError
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse that raises UserError (exit 2, one line) instead of printing usage and exiting."""
+    """argparse that raises UserError (exit 2, one line) instead of printing usage and exiting, and takes
+    options and positional arguments in any order (`config show --config X key=value` and
+    `config show key=value --config X` are the same)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message}")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        if self._subparsers is not None:  # argparse cannot intermix around sub-commands
+            return super().parse_args(args, namespace)
+        return self.parse_intermixed_args(args, namespace)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,12 +35,39 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--env-file", default=".env", help="file with paths and secrets (default .env)")
     parser.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=2e-5"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. optim.lr=2e-5 (they beat the environment, .env, the preset and the YAML)",
     )
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
+def is_rank_zero(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process speaks for the job: torchrun's RANK, else srun's SLURM_PROCID, is 0 or absent."""
+    environ = dict(os.environ) if environ is None else environ
+    rank = environ.get("RANK") or environ.get("SLURM_PROCID") or "0"
+    return rank.strip() == "0"
+
+
+def announce(sources: Provenance) -> None:
+    """On stderr, rank 0 only: the values taken from the environment or .env, and every conflict resolved."""
+    if not is_rank_zero():
+        return
+    line = sources.from_environment()
+    for text in ([line] if line else []) + sources.conflicts():
+        print(text, file=sys.stderr, flush=True)
+
+
+def resolve_from_args(args: argparse.Namespace) -> tuple[Any, Provenance]:
     from hpctrain.workloads.registry import config_model, fill_default_types
 
     request = ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file)
-    return load_config(request, config_model(), prepare=fill_default_types)
+    return resolve_config(request, config_model(), prepare=fill_default_types)  # type: ignore[no-any-return]
+
+
+def config_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
+    """The validated config; unless `quiet`, says (rank 0) what came from the environment and what conflicted."""
+    cfg, sources = resolve_from_args(args)
+    if not quiet:
+        announce(sources)
+    return cfg

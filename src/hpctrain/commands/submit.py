@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
-from hpctrain.config.loading import ConfigRequest
+from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
+from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
 from hpctrain.launch import sbatch
 from hpctrain.train.preflight import check_config
@@ -44,36 +44,74 @@ def _parser() -> ArgParser:
         "--signal-lead",
         type=float,
         default=None,
-        help="(templates) the signal lead of the running job's #SBATCH --signal line, in seconds",
+        help="(templates) the signal lead of the running job's #SBATCH --signal line, in seconds (used when "
+        "slurm.signal_lead_seconds is not given: SLURM does not show a job's --signal)",
     )
     return parser
 
 
-def job_shape(cfg: Any, args: Any) -> sbatch.JobShape:
-    """Inside a batch shell: the running allocation. Elsewhere: what the slurm section asks for."""
+def job_signal_lead(cfg: Any, args: Any, sources: Provenance) -> float | None:
+    """The running job's signal lead. SLURM shows it nowhere (no field in `scontrol show job` on 22.05, no
+    variable), and sbatch's own --signal beats the script's #SBATCH line: use slurm.signal_lead_seconds when the
+    user gave it (not a default, not a preset), else the script's line; say in ONE line that it is unconfirmed."""
+    given = sources.source("slurm.signal_lead_seconds")
+    if given is not None and not given.startswith("preset "):
+        lead: float | None = float(cfg.slurm.signal_lead_seconds)
+        how = f"slurm.signal_lead_seconds={lead:g} (from {given})"
+    elif args.signal_lead is not None:
+        lead = args.signal_lead
+        how = f"the script's #SBATCH --signal line ({lead:g} s)"
+    else:
+        return None
+    print(
+        f"warning: SLURM does not show this job's --signal; checking with {how}, which could not be confirmed "
+        "(after sbatch --signal=B:USR1@N pass slurm.signal_lead_seconds=N too)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return lead
+
+
+def _allocation_fields(job_id: str, environ: Any) -> dict[str, str]:
+    """`scontrol show job` fields; the time limit from SLURM_JOB_END_TIME - SLURM_JOB_START_TIME without it."""
+    from hpctrain.runtime.slurm import job_fields
+
+    fields = dict(job_fields(job_id))
+    start, end = environ.get("SLURM_JOB_START_TIME"), environ.get("SLURM_JOB_END_TIME")
+    if not fields.get("TimeLimit") and start and end and start.isdigit() and end.isdigit():
+        fields["TimeLimit"] = f"{(int(end) - int(start)) // 60}"  # SLURM's limits are whole minutes
+    return fields
+
+
+def job_shape(cfg: Any, args: Any, sources: Provenance | None = None) -> sbatch.JobShape:
+    """Inside a batch shell: the running allocation (its real time limit, GPUs, tasks; sbatch's own options
+    win over the script's lines). Elsewhere: what the slurm section asks for."""
     if args.check and sbatch.in_batch_shell():
         import os
 
-        from hpctrain.runtime.slurm import job_fields
-
-        fields = job_fields(os.environ["SLURM_JOB_ID"])
-        return sbatch.shape_from_allocation(fields, os.environ, args.signal_lead, cfg.slurm.launcher)
+        fields = _allocation_fields(os.environ["SLURM_JOB_ID"], os.environ)
+        lead = job_signal_lead(cfg, args, sources or Provenance())
+        return sbatch.shape_from_allocation(fields, os.environ, lead, cfg.slurm.launcher)
     shape = sbatch.shape_from_config(cfg.slurm)
     return shape if args.signal_lead is None else replace(shape, signal_lead_seconds=args.signal_lead)
 
 
-def check(cfg: Any, args: Any) -> Path:
-    """Raise UserError (exit 2) naming every mistake; return the run folder."""
+def check(cfg: Any, args: Any, sources: Provenance | None = None) -> tuple[Path, sbatch.JobShape]:
+    """Raise UserError (exit 2) naming every mistake; return the run folder and the job's shape."""
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
-    errors = sbatch.validate_job(cfg, job_shape(cfg, args), run_dir) + check_config(cfg)
+    shape = job_shape(cfg, args, sources)
+    errors = sbatch.validate_job(cfg, shape, run_dir) + check_config(cfg)
     if errors:
         raise UserError("; ".join(errors))
-    return run_dir
+    return run_dir, shape
 
 
-def shell_settings(cfg: Any, run_dir: Path) -> str:
+def shell_settings(cfg: Any, run_dir: Path, shape: sbatch.JobShape | None = None) -> str:
     slurm = cfg.slurm
+    lead = shape.signal_lead_seconds if shape is not None else None
     values = {
+        # The lead the checks used: the template defers an early walltime warning to it.
+        "signal_lead": "" if lead is None else f"{lead:g}",
         "run_dir": str(run_dir.resolve()),
         "resubmit": slurm.resubmit,
         "max_resubmits": slurm.max_resubmits,
@@ -93,10 +131,12 @@ def _absolute(request: ConfigRequest) -> ConfigRequest:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    cfg = config_from_args(args)
-    run_dir = check(cfg, args)
+    cfg, sources = resolve_from_args(args)
+    run_dir, shape = check(cfg, args, sources)
+    if not args.check:  # the templates' check is followed by `hpctrain train`, which says it once
+        announce(sources)
     if args.check:
-        print(shell_settings(cfg, run_dir), end="")
+        print(shell_settings(cfg, run_dir, shape), end="")
         return EXIT_OK
     from hpctrain.launch.submitit_launcher import TrainJob, sbatch_text
 

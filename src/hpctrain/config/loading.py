@@ -1,6 +1,10 @@
-"""Loading a configuration: YAML file -> preset -> dotted overrides -> environment -> .env, validated.
+"""Loading a configuration: YAML file < preset < .env < environment < command line, validated.
 
-Later sources win. Every mistake becomes a one-line `UserError` naming the dotted key, the value and what is
+Later sources win, in the order of pydantic-settings and Hydra: what is typed on the command line beats the
+environment, which beats the `.env` file, which beats the preset, which beats the YAML file. `Provenance`
+remembers every source that set each key, so that a conflict and every value taken from the environment can be
+named. A value typed on the command line or in a variable is read by its field's type (a string field keeps
+`2024` as text). Every mistake becomes a one-line `UserError` naming the dotted key, the value and what is
 allowed, before any work is done.
 """
 
@@ -17,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dotenv import dotenv_values
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hpctrain.config import presets
+from hpctrain.config import keys, presets
 from hpctrain.config.identity import identity_values
 from hpctrain.errors import UserError
 
@@ -32,6 +37,12 @@ ENV_ALIASES = {
     "TOTAL_UPDATES": "train.total_updates",
     "EPOCHS": "train.epochs",
     "SEED": "run.seed",
+}
+# Variables with a fixed key of their own (paths and the secrets' allowed routes), from the environment or .env.
+ENV_KEYS = {
+    "RESULTS_DIR": "run.out_dir",
+    "WANDB_API_KEY": "logging.wandb.api_key",
+    "BEARER_TOKEN": "data.pelican.token",
 }
 
 
@@ -119,12 +130,43 @@ class ConfigRequest:
     env_file: str | None = ".env"
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 without base-60 numbers: `time: 1:00:00` stays the text SLURM means, not the integer 3600."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [
+        (tag, regexp)
+        for tag, regexp in resolvers
+        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise UserError(f"config file {path!r} not found")
     try:
-        data = yaml.safe_load(file.read_text())
+        data = _safe_load(file.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -140,7 +182,7 @@ def read_yaml(path: str) -> dict[str, Any]:
 def parse_value(text: str) -> Any:
     """YAML scalars (`0`, `true`, `[1, 2]`, `null`), and numbers YAML 1.1 misses (`2e-5`); else the string."""
     try:
-        value = yaml.safe_load(text)
+        value = _safe_load(text)
     except yaml.YAMLError:
         return text
     if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
@@ -162,23 +204,105 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_typed(cls: type[BaseModel] | None, key: str, raw: str) -> Any:
+    """A value typed as text, read by the type of the field it sets: a string field keeps `2024`, `007` or
+    `1e3` as written (`null` is None where allowed); a boolean gets the text, which pydantic reads as
+    true/false/yes/no/on/off/1/0 in any case; anything else is a YAML scalar or list."""
+    kind = keys.kind(cls, key) if cls is not None else None
+    if kind == "text":
+        return None if raw.strip() in ("null", "~") and keys.optional(cls, key) else raw  # type: ignore[arg-type]
+    if kind == "bool":
+        return raw.strip()
+    return parse_value(raw)
+
+
+def parse_override(text: str, cls: type[BaseModel] | None = None) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise UserError(f"override {text!r} must look like key=value (e.g. optim.lr=2e-5)")
-    return key.strip(), parse_value(raw)
+    return key.strip(), parse_typed(cls, key.strip(), raw)
 
 
-def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+def env_overrides(
+    environ: Mapping[str, str | None], where: str = "environment"
+) -> list[tuple[str, str, str]]:
+    """(dotted key, raw value, "<where> NAME") of every variable that sets a key."""
     found = []
     for name, value in sorted(environ.items()):
+        if value is None:
+            continue
         if name.startswith(ENV_PREFIX) and "__" in name[len(ENV_PREFIX) :]:
             # Only SECTION__KEY names are config: HPCTRAIN_HOME and other script variables are not.
             key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            found.append((key, parse_value(value), f"environment {name}"))
+            found.append((key, value, f"{where} {name}"))
         elif name in ENV_ALIASES and value != "":
-            found.append((ENV_ALIASES[name], parse_value(value), f"environment {name}"))
+            found.append((ENV_ALIASES[name], value, f"{where} {name}"))
+        elif name in ENV_KEYS and value != "":
+            found.append((ENV_KEYS[name], value, f"{where} {name}"))
     return found
+
+
+def _shown(key: str, value: Any) -> str:
+    if looks_secret(key) or isinstance(value, SecretStr):
+        return "***"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@dataclass
+class Provenance:
+    """Every source that set each dotted key, in the order applied (the last one won)."""
+
+    sets: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+    raw: dict[str, str] = field(default_factory=dict)  # the text of variables, as the user wrote it
+
+    def add(self, key: str, value: Any, source: str) -> None:
+        for dotted, leaf in _leaves(key, value):
+            self.sets.setdefault(dotted, []).append((source, leaf))
+
+    def source(self, key: str) -> str | None:
+        """The source whose value a key holds (None: the default)."""
+        found = self.sets.get(key)
+        return found[-1][0] if found else None
+
+    def conflicts(self) -> list[str]:
+        """One line per key that two sources set to different values, naming them and which won."""
+        lines = []
+        for key, sets in self.sets.items():
+            winner, value = sets[-1]
+            losers = [(src, v) for src, v in sets[:-1] if v != value]
+            if losers:
+                beaten = ", ".join(f"{src} ({_shown(key, self.raw.get(src, v))})" for src, v in losers)
+                lines.append(f"note: {key}={_shown(key, value)} from {winner} wins over {beaten}")
+        return lines
+
+    def from_environment(self) -> str | None:
+        """One line naming every value taken from the environment or .env (key, value, variable)."""
+        items = []
+        for key, sets in self.sets.items():
+            src = sets[-1][0]
+            if src.startswith(("environment ", ".env ")):
+                items.append(f"{key}={_shown(key, self.raw.get(src, sets[-1][1]))} ({src})")
+        return "note: taken from the environment or .env: " + ", ".join(items) if items else None
+
+
+def _leaves(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        for child, sub in value.items():
+            yield from _leaves(f"{key}.{child}", sub)
+    else:
+        yield key, value
+
+
+def _coerce_text(tree: dict[str, Any], cls: type[BaseModel], prefix: str = "") -> None:
+    """Numbers YAML read where the field is a string become its text (`name: 2024`, `time: 30`)."""
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            _coerce_text(value, cls, key + ".")
+        elif (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and keys.kind(cls, key) == "text"
+        ):
+            tree[name] = str(value)
 
 
 def _interpolate(node: Any, variables: Mapping[str, str]) -> Any:
@@ -199,7 +323,9 @@ def _interpolate(node: Any, variables: Mapping[str, str]) -> Any:
     return node
 
 
-def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
+def _format_error(
+    exc: ValidationError, origins: Mapping[str, str], cls: type[BaseModel] | None = None
+) -> str:
     parts = []
     for error in exc.errors():
         loc = [str(p) for p in error["loc"]]
@@ -217,6 +343,9 @@ def _format_error(exc: ValidationError, origins: Mapping[str, str]) -> str:
                 for part in full[len(key) + 1 :].split("."):
                     node = node.get(part) if isinstance(node, dict) else None
                 key, value = full, node
+            near = keys.suggest(cls, key) if cls is not None else []
+            if near:
+                message += f" (did you mean {' or '.join(near)}?)"
         elif error["type"] == "union_tag_not_found":
             key, value, message = f"{key}.type", None, "missing: say which type this section is"
         elif error["type"] == "union_tag_invalid":
@@ -239,7 +368,7 @@ def validate(cls: type[BaseModel], tree: dict[str, Any], origins: Mapping[str, s
     try:
         return cls.model_validate(tree)
     except ValidationError as exc:
-        raise UserError(_format_error(exc, origins or {})) from None
+        raise UserError(_format_error(exc, origins or {}, cls)) from None
 
 
 def load_config(
@@ -249,45 +378,70 @@ def load_config(
     prepare: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Resolve and validate a configuration from every source, later sources winning."""
+    return resolve_config(request, cls, environ, prepare)[0]
+
+
+def _dotenv_file(path: str | None) -> dict[str, str | None]:
+    if not path or not Path(path).is_file():
+        return {}
+    return dict(dotenv_values(path))
+
+
+def resolve_config(
+    request: ConfigRequest,
+    cls: type[BaseModel],
+    environ: Mapping[str, str] | None = None,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[Any, Provenance]:
+    """The validated configuration and where each value came from: YAML < preset < .env < environment <
+    command line."""
     environ = dict(os.environ if environ is None else environ)
-    dotenv = DotEnv(_env_file=request.env_file) if request.env_file else DotEnv(_env_file=None)  # type: ignore[call-arg]
-    variables = {k: v for k, v in dotenv.model_dump().items() if isinstance(v, str)}
+    file_vars = _dotenv_file(request.env_file)
+    variables = {k: v for k, v in file_vars.items() if v is not None}
     variables.update(environ)
 
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
+    sources = Provenance()
     if request.config_path:
         tree = _interpolate(read_yaml(request.config_path), variables)
+        _coerce_text(tree, cls)
+        for key, value in tree.items():
+            sources.add(key, value, f"config file {Path(request.config_path).name}")
     elif request.preset is None:
         request = ConfigRequest(None, "debug", request.overrides, request.env_file)
     if request.preset:
         for key, value in presets.flat(request.preset):
             set_dotted(tree, key, value, f"preset {request.preset}")
             origins[key] = f"preset {request.preset}"
+            sources.add(key, value, f"preset {request.preset}")
     secrets = secret_keys(cls)
+    for where, found in ((".env", file_vars), ("environment", environ)):
+        for key, raw, source in env_overrides(found, where):
+            value = parse_typed(cls, key, raw)
+            if where == "environment" and source.split()[-1].startswith(ENV_PREFIX):
+                # WANDB_API_KEY and BEARER_TOKEN are the secrets' own routes; HPCTRAIN_ names are not.
+                refuse_secret(
+                    key, value, secrets, f"in the {source.replace('environment', 'environment variable')}"
+                )
+            set_dotted(tree, key, value, source)
+            origins[key] = source
+            sources.add(key, value, source)
+            sources.raw[source] = raw
     for text in request.overrides:
-        key, value = parse_override(text)
+        key, value = parse_override(text, cls)
         refuse_secret(key, value, secrets, f"on the command line ({key}=...)")
         shown = f"override {key}=***" if looks_secret(key) else f"override {text!r}"
         set_dotted(tree, key, value, shown)
         origins[key] = shown
-    for key, value, source in env_overrides(environ):
-        refuse_secret(key, value, secrets, f"in the {source.replace('environment', 'environment variable')}")
-        set_dotted(tree, key, value, source)
-        origins[key] = source
-    if dotenv.RESULTS_DIR:
-        set_dotted(tree, "run.out_dir", dotenv.RESULTS_DIR, "RESULTS_DIR")
-    if dotenv.WANDB_API_KEY is not None:
-        set_dotted(tree, "logging.wandb.api_key", dotenv.WANDB_API_KEY.get_secret_value(), "WANDB_API_KEY")
-    if dotenv.BEARER_TOKEN is not None:
-        set_dotted(tree, "data.pelican.token", dotenv.BEARER_TOKEN.get_secret_value(), "BEARER_TOKEN")
+        sources.add(key, value, "command line")
 
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
     if isinstance(run, dict) and not run.get("name"):
         run["name"] = default_run_name(request.config_path, request.preset)
     if prepare is not None:
         prepare(tree)
-    return validate(cls, tree, origins)
+    return validate(cls, tree, origins), sources
 
 
 def default_run_name(config_path: str | None, preset: str | None) -> str:

@@ -30,24 +30,28 @@ MAY_CHANGE: JsonDict = {"resume": "may_change"}  # where, how fast, how it is wa
 GROWS: JsonDict = {"resume": "grows"}  # the run's length: may stay or grow, never shrink
 
 
-_HMS = re.compile(r"^(?:(\d+)-)?(\d+):(\d{1,2}):(\d{1,2})$")
+DURATION_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a SLURM-style duration: "HH:MM:SS", "D-HH:MM:SS", "MM:SS" or a plain number of minutes."""
-    text = text.strip()
-    if re.fullmatch(r"\d+", text):
-        return float(text) * 60.0
-    if re.fullmatch(r"\d+:\d{1,2}", text):
-        mins, secs = text.split(":")
-        return float(int(mins) * 60 + int(secs))
-    match = _HMS.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration; use HH:MM:SS or D-HH:MM:SS")
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    if minutes >= 60 or seconds >= 60:
-        raise ValueError(f"{text!r} is not a duration: minutes and seconds must be below 60")
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    """Seconds in a duration written as `sbatch --time` takes it: "30" (minutes), "30:00" (MM:SS), "1:00:00",
+    "2-00" (days-hours), "2-12:00", "2-12:00:00". Minutes and seconds after a colon must be below 60: SLURM
+    22.05 quietly carries them over ("1:99" becomes 3 minutes), which hides a typo."""
+    text = str(text).strip()
+    if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", text):
+        raise ValueError(f"{text!r} is not a duration: use {DURATION_FORMS}")
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if any(p >= 60 for p in parts[1:]):
+        raise ValueError(f"{text!r} is not a duration: minutes and seconds after a colon must be below 60")
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (*parts, 0, 0)[:3]
+        hours += 24 * int(days)
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, parts[0], (parts[1] if len(parts) == 2 else 0)
+    return float((hours * 60 + minutes) * 60 + seconds)
 
 
 class RunConfig(Section):
@@ -285,7 +289,9 @@ class CheckpointConfig(Section):
 
 class BudgetConfig(Section):
     time_limit: str | None = Field(
-        None, description="Wall time of this process when not under SLURM, HH:MM:SS (None = unlimited)."
+        None,
+        description="Wall time of this process when not under SLURM, in any `sbatch --time` form "
+        "(MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; None = unlimited).",
     )
     margin_seconds: float = Field(
         30.0, ge=0, description="Safety margin kept before the deadline after the last save."
@@ -354,7 +360,11 @@ class SlurmConfig(Section):
     )
     cpus_per_task: int = Field(4, ge=1, description="CPUs per task.")
     mem: str | None = Field("16G", description="Memory per node (e.g. 16G; None = site default).")
-    time: str = Field("01:00:00", description="Wall time per job hop, HH:MM:SS or D-HH:MM:SS.")
+    time: str = Field(
+        "01:00:00",
+        description="Wall time per job hop, in any `sbatch --time` form: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+        "D-HH:MM:SS.",
+    )
     signal_lead_seconds: int = Field(120, ge=1, description="USR1 this long before the wall time.")
     resubmit: Literal["requeue", "afterany", "none"] = Field("requeue", description="How a chain continues.")
     max_resubmits: int = Field(20, ge=0, description="Most hops after the first.")
