@@ -21,17 +21,15 @@ def show(tmp_path: Path, *args: str, **env: str):
 def test_command_line_beats_environment_beats_dotenv_and_says_so(tmp_path: Path) -> None:
     cfg, done = show(tmp_path, "train.total_updates=9", TOTAL_UPDATES="7")
     assert cfg["train"]["total_updates"] == 9
-    conflict = [line for line in done.err.splitlines() if line.startswith("note: train.total_updates=")]
+    conflict = [line for line in done.err.splitlines() if line.startswith("note: where sources disagree")]
     assert conflict == [
-        "note: train.total_updates=9 from command line wins over preset debug (200), "
-        "environment TOTAL_UPDATES (7)"
+        "note: where sources disagree the later one wins: train.total_updates=9 from command line "
+        "(over preset debug: 200, environment TOTAL_UPDATES: 7)"
     ]
     (tmp_path / ".env").write_text("RESULTS_DIR=/scratch/results\nLR=0.25\n")
     cfg, done = show(tmp_path, "run.out_dir=mine")
     assert cfg["run"]["out_dir"] == "mine" and cfg["optim"]["lr"] == 0.25
-    assert (
-        "note: run.out_dir=mine from command line wins over .env RESULTS_DIR (/scratch/results)" in done.err
-    )
+    assert "run.out_dir=mine from command line (over .env RESULTS_DIR: /scratch/results)" in done.err
     cfg, _ = show(tmp_path, LR="0.5")  # the environment beats .env
     assert cfg["optim"]["lr"] == 0.5
 
@@ -42,7 +40,7 @@ def test_notes_only_on_rank_zero(tmp_path: Path) -> None:
     _, done = show(tmp_path, "train.total_updates=9", TOTAL_UPDATES="7", SLURM_PROCID="2")
     assert done.err == ""
     _, done = show(tmp_path, "train.total_updates=9", TOTAL_UPDATES="7", SLURM_PROCID="0")
-    assert "wins over" in done.err
+    assert "the later one wins" in done.err
 
 
 def test_every_value_from_the_environment_is_named_and_marked(tmp_path: Path) -> None:
@@ -60,7 +58,7 @@ def test_every_value_from_the_environment_is_named_and_marked(tmp_path: Path) ->
     ):
         assert item in line, line
     assert "LR" not in line  # the command line won: named in the conflict line instead
-    assert "note: optim.lr=0.01 from command line wins over environment LR (2e-5)" in done.err
+    assert "optim.lr=0.01 from command line (over environment LR: 2e-5)" in done.err
     assert "verysecret123" not in done.out + done.err
     marks = {
         line.split(":")[0].strip(): line.split("# from ")[-1]

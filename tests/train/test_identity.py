@@ -40,7 +40,8 @@ def test_identity_change_is_refused_then_accepted_and_recorded(tmp_path: Path) -
     # The mistake: another learning rate (and batch) continuing the debug run.
     refused = hpctrain("train", *SHORT, "data.batch_size=64", cwd=tmp_path, env=clean_env(LR="2e-5"))
     assert refused.code == 2
-    assert refused.err == (
+    assert all(line.startswith("note: ") for line in refused.err.splitlines()[:-1]), refused.err
+    assert refused.err.splitlines()[-1] + "\n" == (
         "error: logs/debug was trained with a different configuration: optim.lr 0.001 -> 2e-05, "
         "data.batch_size 32 -> 64; start a new run with run.name=debug-2, or accept the change with "
         "checkpoint.accept_changes=[optim.lr,data.batch_size]\n"

@@ -265,15 +265,15 @@ class Provenance:
         return found[-1][0] if found else None
 
     def conflicts(self) -> list[str]:
-        """One line per key that two sources set to different values, naming them and which won."""
-        lines = []
+        """One line (or none) naming every key that two sources set to different values, and which won."""
+        items = []
         for key, sets in self.sets.items():
             winner, value = sets[-1]
             losers = [(src, v) for src, v in sets[:-1] if v != value]
             if losers:
-                beaten = ", ".join(f"{src} ({_shown(key, self.raw.get(src, v))})" for src, v in losers)
-                lines.append(f"note: {key}={_shown(key, value)} from {winner} wins over {beaten}")
-        return lines
+                beaten = ", ".join(f"{src}: {_shown(key, self.raw.get(src, v))}" for src, v in losers)
+                items.append(f"{key}={_shown(key, value)} from {winner} (over {beaten})")
+        return ["note: where sources disagree the later one wins: " + "; ".join(items)] if items else []
 
     def from_environment(self) -> str | None:
         """One line naming every value taken from the environment or .env (key, value, variable)."""
