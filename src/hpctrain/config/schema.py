@@ -73,6 +73,13 @@ class DataConfigBase(Section):
     staging: StagingConfig = Field(
         default_factory=StagingConfig, description="Staging to node-local scratch."
     )
+    allow_changed_files: bool = Field(
+        False,
+        description="On resume, the checkpoint's list of data files (names, sizes, events) must match the files "
+        "found now, else the run stops naming the difference (the saved position would fall on other events). "
+        "true: accept a changed list and restart the checkpoint's epoch from its start with the new files "
+        "(same epoch number; see docs/data.md).",
+    )
 
 
 class ModelConfigBase(Section):
