@@ -93,7 +93,13 @@ class ShardFields(Dataset[Batch]):
         return [self.folder / files[k] for k in keys]
 
     def _check_shards(self) -> None:
+        again = "write the split again with `hpctrain data generate --kind fields`"
         for number, shard in enumerate(self.shards):
+            for path in self._paths(number):
+                if not path.is_file():
+                    raise UserError(
+                        f"{path}: no such file, but {self.folder / 'meta.json'} lists it; {again}"
+                    )
             try:
                 arrays = self._load(number)
                 shapes = [a.shape for a in arrays]

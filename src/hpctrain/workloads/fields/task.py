@@ -64,9 +64,9 @@ class FieldTask(SupervisedTask):
             if d.path is not None:
                 folder = Path(d.path) / split
                 if split == "train" and not (folder / "meta.json").is_file():
-                    missing = "is not a folder" if not Path(d.path).is_dir() else "has no train/meta.json"
+                    missing = " (no such folder)" if not Path(d.path).is_dir() else ""
                     raise UserError(
-                        f"data.path={d.path!r} {missing}; "
+                        f"data.path={d.path!r} has no train/meta.json{missing}; "
                         "write it with `hpctrain data generate --kind fields --out ...`"
                     )
                 self._datasets[split] = ShardFields(folder) if (folder / "meta.json").is_file() else None
