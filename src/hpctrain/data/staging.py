@@ -305,6 +305,12 @@ class Stager:
 
     def _fits(self, j: int, demanded: bool) -> bool:
         """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
+        if self.cfg.max_bytes is not None and not demanded:
+            # a download under way whose size is not known yet would count as 0 bytes here, and two prefetches
+            # could then both fit (seen on a loaded machine): wait until its size is known (it notifies)
+            n = len(self.uris)
+            if any(self._state[k] == "fetching" and self._size[k] is None for k in range(n) if k != j):
+                return False
 
         def used() -> dict[str, int]:  # staged or being staged, other than j
             states = ("ready", "fetching")
@@ -457,6 +463,7 @@ class Stager:
             size = int(fs.size(path))
             with self._cond:
                 self._size[j] = size
+                self._cond.notify_all()  # a prefetch may wait for this size (see _fits)
                 if not self._fits(j, demanded):
                     raise _Deferred()
             if final.exists() and final.stat().st_size == size:
