@@ -11,6 +11,7 @@ with pelican_federation(tmp_path, namespaces=[Namespace("/secure", require_token
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,19 +99,27 @@ class StagingLog:
         self.ahead: dict[int, int] = {}
         next_file, get = Stager._next, Stager.get
         log = self
+        lock = threading.Lock()  # the dispatcher thread and the reader may meet a stager first at once
+
+        def number(st: Stager) -> int:
+            """A stager's number in this test (not id(st): a closed stager's id is reused by the next)."""
+            with lock:
+                if not hasattr(st, "_test_number"):
+                    st._test_number = len(log.ahead)  # type: ignore[attr-defined]
+                    log.ahead[st._test_number] = st.cfg.ahead  # type: ignore[attr-defined]
+                return int(st._test_number)  # type: ignore[attr-defined]
 
         def _next(st: Stager, *args: Any) -> int | None:
             j = next_file(st, *args)
             if j is not None:
-                log.ahead[id(st)] = st.cfg.ahead
-                log.dispatched.append((id(st), j, st._max_req))
+                log.dispatched.append((number(st), j, st._max_req))
             return j
 
         def _get(st: Stager, i: int) -> Path:
             path = get(st, i)
             expected = st._size[i]
             complete = path.is_file() and (expected is None or path.stat().st_size == expected)
-            log.gets.append((id(st), i, complete))
+            log.gets.append((number(st), i, complete))
             return path
 
         monkeypatch.setattr(Stager, "_next", _next)
