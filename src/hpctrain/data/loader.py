@@ -3,7 +3,8 @@
 Each epoch has ONE global, seeded order of samples; it is cut into global batches of `batch_size * world_size`
 and rank r takes the r-th slice of each. The position is the number of samples of the epoch consumed by all
 ranks together, so a resumed stream continues with the very next sample without reading the past, also with a
-different number of workers or ranks.
+different number of workers or ranks. A data set read from files passes their `FileList`: the state then
+holds it, and a resume into other files stops or restarts the epoch (see data/fingerprint.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hpctrain.data.fingerprint import FileList, check_resume
+from hpctrain.errors import UserError
 from hpctrain.runtime.budget import ignore_stop_signals
 
 
@@ -72,6 +75,8 @@ class IndexedStream:
         prefetch_factor: int = 2,
         persistent_workers: bool = False,
         pin_memory: bool = False,
+        files: FileList | None = None,
+        allow_changed_files: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
@@ -81,10 +86,13 @@ class IndexedStream:
         self.shuffle = shuffle
         self.epoch = 0
         self.offset = 0
-        if len(dataset) < batch_size * world_size:  # type: ignore[arg-type]
-            raise ValueError(
-                f"data set of {len(dataset)} samples is smaller than one global batch "  # type: ignore[arg-type]
-                f"({batch_size} x {world_size} ranks): lower data.batch_size"
+        self.files, self.allow_changed_files = files, allow_changed_files
+        n = len(dataset)
+        if n < batch_size * world_size:
+            raise UserError(
+                f"the training set holds {n} samples, fewer than one global batch of {batch_size * world_size} "
+                f"(data.batch_size={batch_size} x {world_size} ranks): lower data.batch_size to at most "
+                f"{n // world_size} or use more data"
             )
         # The loader draws its worker base seed from its own generator, never from the global torch RNG, so that
         # creating a loader mid-epoch after a resume leaves the model's random stream untouched.
@@ -109,8 +117,10 @@ class IndexedStream:
         seed: int,
         env: Any,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        files: FileList | None = None,
     ) -> IndexedStream:
-        """The stream a `data` section (DataConfigBase) asks for, sharded by the ClusterEnv's rank."""
+        """The stream a `data` section (DataConfigBase) asks for, sharded by the ClusterEnv's rank (`files`:
+        the files the data set reads, if any)."""
         return cls(
             dataset,
             data.batch_size,
@@ -123,6 +133,8 @@ class IndexedStream:
             prefetch_factor=data.prefetch_factor,
             persistent_workers=data.persistent_workers,
             pin_memory=data.pin_memory and torch.cuda.is_available(),
+            files=files,
+            allow_changed_files=data.allow_changed_files,
         )
 
     @property
@@ -140,11 +152,18 @@ class IndexedStream:
             self.offset = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset}
+        state: dict[str, Any] = {"epoch": self.epoch, "offset": self.offset}
+        if self.files is not None:
+            state["files"] = self.files.state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self.offset = int(state["offset"])
+        if self.files is not None and check_resume(
+            state.get("files"), self.files, self.allow_changed_files, self.epoch
+        ):
+            self.offset = 0
 
     def close(self) -> None:
         # Shuts persistent workers down by dropping the loader's iterator.

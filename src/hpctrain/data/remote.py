@@ -19,6 +19,7 @@ import functools
 import glob as globlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ import aiohttp
 import fsspec
 
 from hpctrain.config.remote import PelicanConfig
+from hpctrain.errors import UserError
 
 OSDF_DISCOVERY = "pelican://osg-htc.org/"
 _SHARED: dict[tuple[Any, ...], Any] = {}
@@ -43,8 +45,35 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MAGIC = re.compile(r"[*?\[]")
 
 
-class MissingPathError(FileNotFoundError):
+class MissingPathError(UserError, FileNotFoundError):
     """An input path or pattern that names no file; the message says which and what to check."""
+
+
+class FolderError(UserError):
+    """A remote URI that names a folder (a collection) where a file was expected."""
+
+    def __init__(self, uri: str) -> None:
+        base = uri.rstrip("/")
+        super().__init__(
+            f"{uri}: is a folder, not a file; name its files with a glob ({base}/*.parquet) or end the URI "
+            f"with '/' to read every file under it (in data.paths)"
+        )
+        self.uri = uri
+
+
+def is_folder(fs: Any, path: str) -> bool:
+    """Whether `path` on the remote `fs` names a folder: a Pelican collection (WebDAV probe), or a HEAD
+    answered with the XRootD/Pelican folder type. Cheap (one small request), so asked only after a failure;
+    False when unsure (the probe failing too)."""
+    if path.endswith("/"):
+        return True
+    try:
+        if hasattr(fs, "_is_collection"):  # pelicanfs: asks the collections endpoint
+            return bool(fs.isdir(path))
+        info = fs.info(path)
+    except Exception:  # a failing probe proves nothing: the caller goes on with its own error
+        return False
+    return info.get("type") == "directory" or str(info.get("mimetype", "")).startswith("httpd/unix-directory")
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
@@ -191,6 +220,12 @@ class RemoteFiles:
     def _new_pelican_fs(self, discovery: str) -> Any:
         from pelicanfs import PelicanFileSystem
 
+        # pelicanfs logs ERROR lines ("No working cache found") for failures we classify, retry and report
+        # ourselves in one line: keep them off the user's stderr unless someone set that logger's level
+        pelican_log = logging.getLogger("fsspec.pelican")
+        if pelican_log.level == logging.NOTSET:
+            pelican_log.setLevel(logging.CRITICAL)
+
         options: dict[str, Any] = {"get_client": functools.partial(_make_client, self._ssl, self._timeout)}
         if self._ssl is not None:
             options["get_webdav_client"] = _webdav_factory(self._ssl)
@@ -246,7 +281,7 @@ def _expand_local(path: str) -> list[str]:
             base = re.split(r"[*?\[]", path, maxsplit=1)[0]
             if not os.path.exists(os.path.dirname(base) or "."):
                 raise _missing_local(path)
-            raise MissingPathError(f"{path}: no file matches this pattern")
+            raise MissingPathError(f"{path}: no file matches this pattern (check the folder and the pattern)")
         return [os.path.abspath(p) for p in found]
     if os.path.isdir(path):
         found = [
@@ -256,7 +291,7 @@ def _expand_local(path: str) -> list[str]:
             if not name.startswith(".")
         ]
         if not found:
-            raise MissingPathError(f"{path}: folder holds no file")
+            raise MissingPathError(f"{path}: the folder is empty (hidden files are ignored)")
         return [os.path.abspath(p) for p in found]
     if not os.path.exists(path):
         raise _missing_local(path)
@@ -506,7 +541,8 @@ def classify_failure(err: BaseException, fs: Any, path: str, scrub: Callable[[st
         return "transient", f"HTTP {status}"
     if status is not None and status >= 400:
         return "bad", f"HTTP {status}"
-    reason = f"{type(err).__name__}: {scrub(str(err))}"[:300]
+    lines = scrub(str(err)).strip().splitlines()  # one line: it ends up in an error line and bad_files.txt
+    reason = f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
     if isinstance(err, (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError)):
         # every file would fail the same way: not a bad file, a setup to fix
         return "fatal", f"{reason}; trust the server's CA with data.pelican.ca_file"

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 import time
@@ -36,7 +37,14 @@ from typing import Any
 from fsspec.callbacks import Callback
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import RemoteFiles, TransferError, classify_failure, is_remote
+from hpctrain.data.remote import (
+    FolderError,
+    RemoteFiles,
+    TransferError,
+    classify_failure,
+    is_folder,
+    is_remote,
+)
 
 log = logging.getLogger("hpctrain.staging")
 _GENERATIONS: dict[tuple[str, str, int], int] = {}
@@ -81,6 +89,17 @@ def local_name(uri: str) -> str:
     base = uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")[-80:] or "file"
     return f"{hashlib.sha1(uri.encode()).hexdigest()[:12]}-{base}"
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, symlink or folder tree at `path` if there (a leftover of any kind; never follows links)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as err:  # someone else's entry in our folder? say so, do not stop staging for it
+        log.warning("cannot remove %s: %s", path, err)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -286,6 +305,12 @@ class Stager:
 
     def _fits(self, j: int, demanded: bool) -> bool:
         """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
+        if self.cfg.max_bytes is not None and not demanded:
+            # a download under way whose size is not known yet would count as 0 bytes here, and two prefetches
+            # could then both fit (seen on a loaded machine): wait until its size is known (it notifies)
+            n = len(self.uris)
+            if any(self._state[k] == "fetching" and self._size[k] is None for k in range(n) if k != j):
+                return False
 
         def used() -> dict[str, int]:  # staged or being staged, other than j
             states = ("ready", "fetching")
@@ -377,6 +402,10 @@ class Stager:
             log.warning("cannot stage %s", err)
             state = "bad"
             self._errors[j] = err
+        except FolderError as err:  # a mistake in the list, not a bad file: its reader raises it (UserError)
+            (self._ctl / f"{self._tag}.{self._names[j]}.folder").write_text(err.uri)
+            state = "bad"
+            self._errors[j] = err
         except _Deferred:
             pass  # no room yet, or closing: back to pending
         except BaseException as err:
@@ -397,6 +426,8 @@ class Stager:
         uri = self.uris[j]
         tmp = self.root / f".{self._names[j]}.part-{os.getpid()}-{threading.get_ident()}"
         fs, path = self._files.resolve(uri)
+        if uri.endswith("/"):
+            raise FolderError(uri)  # pelicanfs would make a folder at `tmp` for it
         attempt = 0
         try:
             while True:
@@ -405,6 +436,8 @@ class Stager:
                 except (_Deferred, StagingError):
                     raise
                 except Exception as err:
+                    if is_folder(fs, path):  # a folder answers 403/404/405, a listing or a short transfer
+                        raise FolderError(uri) from None
                     kind, reason = classify_failure(err, fs, path, self._files.scrub)
                     if kind == "fatal":
                         raise StagingError(f"{uri}: {reason}") from None
@@ -420,7 +453,7 @@ class Stager:
                         if self._cond.wait_for(lambda: self._closing, delay):
                             raise BadFileError(uri, "staging closed during retries") from None
         finally:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)  # a file, or a folder pelicanfs made for a collection
 
     def _attempt(self, j: int, fs: Any, path: str, tmp: Path, demanded: bool) -> tuple[int, bool]:
         """One try: download to `tmp` (streamed by the filesystem), check the size, fsync, rename."""
@@ -430,6 +463,7 @@ class Stager:
             size = int(fs.size(path))
             with self._cond:
                 self._size[j] = size
+                self._cond.notify_all()  # a prefetch may wait for this size (see _fits)
                 if not self._fits(j, demanded):
                     raise _Deferred()
             if final.exists() and final.stat().st_size == size:
@@ -441,6 +475,8 @@ class Stager:
         expected = int(expected if expected is not None else fs.size(path))
         if got != expected:
             raise TransferError(f"got {got} bytes, expected {expected}")
+        if got == 0 and is_folder(fs, path):  # a folder's HEAD may announce 0 bytes
+            raise FolderError(self.uris[j])
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -456,9 +492,12 @@ class Stager:
         self._publish(waiting=i)
         final, bad = self.path(i), self._ctl / f"{self._tag}.{self._names[i]}.bad"
         fatal = self._ctl / f"{self._tag}.fatal"
+        folder = self._ctl / f"{self._tag}.{self._names[i]}.folder"
         deadline, pause = time.monotonic() + self.cfg.wait_timeout, 0.005
         try:
             while not final.exists():
+                if folder.exists():
+                    raise FolderError(self.uris[i])
                 if bad.exists():
                     raise BadFileError(self.uris[i], bad.read_text())
                 if fatal.exists():
@@ -492,14 +531,17 @@ class Stager:
         os.replace(tmp, target)
 
     def _clean_leftovers(self) -> None:
-        """Remove temporary files of dead processes (a killed job) and this list's stale error markers."""
+        """Remove temporary entries of dead writers (a killed job: files, or folders pelicanfs made) and this
+        list's stale error markers. Entries of live processes, and names we did not make, stay."""
         for tmp in self.root.glob(".*.part-*"):
             match = re.search(r"\.part-(\d+)-", tmp.name)
             if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
-                tmp.unlink(missing_ok=True)
-                log.info("removed leftover partial file %s", tmp.name)
-        for marker in [*self._ctl.glob(f"{self._tag}.*.bad"), self._ctl / f"{self._tag}.fatal"]:
-            marker.unlink(missing_ok=True)
+                kind = "folder" if tmp.is_dir() and not tmp.is_symlink() else "file"
+                _remove(tmp)
+                log.info("removed leftover partial %s %s", kind, tmp.name)
+        markers = [*self._ctl.glob(f"{self._tag}.*.bad"), *self._ctl.glob(f"{self._tag}.*.folder")]
+        for marker in [*markers, self._ctl / f"{self._tag}.fatal"]:
+            _remove(marker)
 
 
 class _Deferred(Exception):

@@ -64,7 +64,9 @@ def test_unknown_layout_and_routing(tmp_path: Path) -> None:
     h5 = tmp_path / "really_h5.parquet"
     with h5py.File(h5, "w") as fh:
         fh["counts"] = np.zeros(1, np.int32)
-    with pytest.raises(pa.ArrowInvalid):
+    with pytest.raises(
+        layouts.UnreadableFileError, match=r"really_h5\.parquet: .*\(ArrowInvalid: Parquet magic"
+    ):
         layouts.open_reader(str(h5))
     # no suffix: the magic bytes decide
     data = synthetic_events(20, 0, 0)

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.stream import EventStream
 from hpctrain.workloads.muons.tools import synthetic_events
@@ -122,7 +123,7 @@ def test_bad_files(tmp_path: Path) -> None:
     garbage = tmp_path / "d" / "garbage.parquet"
     garbage.write_bytes(b"PAR1" + os.urandom(500))
     files.append(str(garbage))
-    with pytest.raises(RuntimeError, match=r"f1\.parquet: cannot be read.*on_bad_file=skip"):
+    with pytest.raises(UserError, match=r"f1\.parquet: cannot be read.*on_bad_file=skip"):
         EventStream(files, 10, seed=0)
     run = tmp_path / "run"
     stream = EventStream(files, 10, seed=0, on_bad_file="skip", run_dir=run)
@@ -144,7 +145,7 @@ def _write_with_bad_events(path: Path) -> None:
 def test_bad_events(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     _write_with_bad_events(path)
-    with pytest.raises(ValueError, match=r"bad\.parquet: event at row 5 .*on_bad_event=skip"):
+    with pytest.raises(UserError, match=r"bad\.parquet: event at row 5 .*on_bad_event=skip"):
         take(EventStream([str(path)], 60, seed=0, shuffle=False), 1)
     stream = EventStream([str(path)], 60, seed=0, shuffle=False, on_bad_event="skip")
     batch = take(stream, 1)[0]

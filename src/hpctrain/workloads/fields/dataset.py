@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hpctrain.data.fingerprint import FileList
+from hpctrain.errors import UserError
 from hpctrain.workloads.fields.generate import PARAMETERS, SPLITS, generate_maps
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -58,24 +60,74 @@ class GeneratedFields(Dataset[Batch]):
 
 
 class ShardFields(Dataset[Batch]):
-    """The maps of one split folder written by `write_split` (HDF5 or .npy shards, described by meta.json)."""
+    """The maps of one split folder written by `write_split` (HDF5 or .npy shards, described by meta.json).
+
+    Every shard is opened once when the data set is made (headers only), so a missing, truncated or foreign
+    shard is a one-line UserError naming it before training starts, not an error in a DataLoader worker."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         meta_file = self.folder / "meta.json"
         if not meta_file.is_file():
-            raise ValueError(
+            raise UserError(
                 f"{self.folder} has no meta.json: write it with `hpctrain data generate --kind fields`"
             )
-        self.meta: dict[str, Any] = json.loads(meta_file.read_text())
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_file.read_text())
+            self.shards = list(self.meta["shards"])
+            counts = [int(s["n"]) for s in self.shards]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"{meta_file}: not a fields meta.json ({type(err).__name__}: {err})") from None
         if self.meta.get("parameters") != list(PARAMETERS):
-            raise ValueError(
+            raise UserError(
                 f"{meta_file}: parameters {self.meta.get('parameters')} are not {list(PARAMETERS)}"
             )
-        self.shards = self.meta["shards"]
-        self.starts = np.cumsum([0] + [s["n"] for s in self.shards]).tolist()
+        self.starts = np.cumsum([0, *counts]).tolist()
         self._open: dict[int, Any] = {}
         self._pid = -1
+        self._check_shards()
+
+    def _paths(self, number: int) -> list[Path]:
+        files = self.shards[number]["files"]
+        keys = ("maps",) if self.meta["format"] == "hdf5" else ("maps", "params")
+        return [self.folder / files[k] for k in keys]
+
+    def _check_shards(self) -> None:
+        again = "write the split again with `hpctrain data generate --kind fields`"
+        for number, shard in enumerate(self.shards):
+            for path in self._paths(number):
+                if not path.is_file():
+                    raise UserError(
+                        f"{path}: no such file, but {self.folder / 'meta.json'} lists it; {again}"
+                    )
+            try:
+                arrays = self._load(number)
+                shapes = [a.shape for a in arrays]
+                if self.meta["format"] == "hdf5":
+                    arrays[0].file.close()
+                del arrays  # the memory maps of .npy shards close with their arrays
+            except Exception as err:  # missing, truncated or foreign: numpy/h5py raise many types
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                names = ", ".join(p.name for p in self._paths(number))
+                raise UserError(
+                    f"{self.folder}: {names} cannot be read ({type(err).__name__}: {first}); write the "
+                    f"split again with `hpctrain data generate --kind fields`"
+                ) from None
+            if any(shape[0] != shard["n"] for shape in shapes):
+                raise UserError(
+                    f"{self.folder}: shard {number} holds {[s[0] for s in shapes]} maps/params, meta.json says "
+                    f"{shard['n']}; write the split again with `hpctrain data generate --kind fields`"
+                )
+
+    def file_list(self) -> FileList:
+        """The shard files with their sizes and maps (what a checkpoint's fingerprint compares)."""
+        names, sizes, events = [], [], []
+        for number, shard in enumerate(self.shards):
+            for path in self._paths(number):
+                names.append(str(path.resolve()))
+                sizes.append(path.stat().st_size)
+                events.append(int(shard["n"]))
+        return FileList(names, sizes, events)
 
     @property
     def prior(self) -> list[tuple[float, float]]:
@@ -89,17 +141,18 @@ class ShardFields(Dataset[Batch]):
         if self._pid != os.getpid():
             self._open, self._pid = {}, os.getpid()
         if number not in self._open:
-            files = self.shards[number]["files"]
-            if self.meta["format"] == "hdf5":
-                import h5py
-
-                h5 = h5py.File(self.folder / files["maps"], "r")
-                self._open[number] = (h5["maps"], h5["params"])
-            else:
-                self._open[number] = tuple(
-                    np.load(self.folder / files[k], mmap_mode="r") for k in ("maps", "params")
-                )
+            self._open[number] = self._load(number)
         return self._open[number]
+
+    def _load(self, number: int) -> tuple[Any, Any]:
+        paths = self._paths(number)
+        if self.meta["format"] == "hdf5":
+            import h5py
+
+            h5 = h5py.File(paths[0], "r")
+            return h5["maps"], h5["params"]
+        maps, params = (np.load(p, mmap_mode="r") for p in paths)
+        return maps, params
 
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         size = self.meta["size"]

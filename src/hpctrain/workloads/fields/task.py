@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from hpctrain.data.loader import IndexedStream
+from hpctrain.errors import UserError
 from hpctrain.train.task import SupervisedTask, UpdateContext
 from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardFields, as_batch, eval_batches
 from hpctrain.workloads.fields.generate import PARAMETERS
@@ -63,8 +64,9 @@ class FieldTask(SupervisedTask):
             if d.path is not None:
                 folder = Path(d.path) / split
                 if split == "train" and not (folder / "meta.json").is_file():
-                    raise ValueError(
-                        f"data.path={d.path!r} has no train/meta.json; "
+                    missing = " (no such folder)" if not Path(d.path).is_dir() else ""
+                    raise UserError(
+                        f"data.path={d.path!r} has no train/meta.json{missing}; "
                         "write it with `hpctrain data generate --kind fields --out ...`"
                     )
                 self._datasets[split] = ShardFields(folder) if (folder / "meta.json").is_file() else None
@@ -82,7 +84,8 @@ class FieldTask(SupervisedTask):
         dataset = self.dataset(split)
         if split == "train":
             assert dataset is not None
-            return IndexedStream.from_config(dataset, d, seed, self.env, collate_fn=as_batch)
+            files = dataset.file_list() if isinstance(dataset, ShardFields) else None
+            return IndexedStream.from_config(dataset, d, seed, self.env, collate_fn=as_batch, files=files)
         if dataset is None:
             return None
         if split == "val" and d.cache_val:

@@ -8,6 +8,10 @@ Layouts (detected from the schema and the row widths, never configured):
   [major, minor, E, x, y, t]; an event without muons is ONE all-zero muon (count 1), read as empty.
 - `hdf5`: primaries (N, 7), muons (M, 6) float32 as above, counts (N,) int32; same empty-event convention.
 Files are routed by format (suffix, else magic bytes): a Parquet file never reaches h5py.
+
+Errors a user's data can cause are `UserError`s of one line naming the file: `LayoutError` (a readable file of
+an unknown layout), `UnreadableFileError` (missing, unreadable, truncated or corrupt: whatever pyarrow or h5py
+raised, reduced to its first line). A valid file without events has layout "empty" and no units to read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
+from hpctrain.errors import UserError
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
 # layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
@@ -40,8 +45,43 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 SPEED_OF_LIGHT_M_PER_NS = 0.299792458
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError):
     """A file whose layout is not one of LAYOUTS."""
+
+
+class UnreadableFileError(UserError):
+    """A file that cannot be read: missing, no permission, truncated or corrupt (`reason`: one line)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the message`, at most `limit` characters (library errors can be long)."""
+    text = str(err).strip().splitlines()
+    detail = f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return detail if len(detail) <= limit else detail[: limit - 3] + "..."
+
+
+def unreadable(path: str, err: BaseException, what: str = "cannot be read") -> UnreadableFileError:
+    """The one-line error for a failure of pyarrow/h5py/the OS on `path`."""
+    if isinstance(err, UnreadableFileError):
+        return err
+    # the libraries wrap OS errors in their own types: ask the file system what is wrong
+    if isinstance(err, PermissionError) or (os.path.isfile(path) and not os.access(path, os.R_OK)):
+        return UnreadableFileError(path, f"{what}: permission denied; check the file's permissions")
+    if isinstance(err, FileNotFoundError) or not os.path.lexists(path):
+        return UnreadableFileError(path, f"{what}: the file disappeared (moved or deleted while in use)")
+    if isinstance(err, IsADirectoryError) or os.path.isdir(path):
+        return UnreadableFileError(path, f"{what}: it is a folder, not a file")
+    try:
+        empty = os.path.getsize(path) == 0
+    except OSError:
+        empty = False
+    if empty:
+        return UnreadableFileError(path, f"{what}: the file is empty (0 bytes; an interrupted copy?)")
+    return UnreadableFileError(path, f"{what}, truncated or corrupt ({one_line(err)})")
 
 
 @dataclass
@@ -71,13 +111,23 @@ def file_format(path: str) -> str:
         return "parquet"
     if lower.endswith(HDF5_SUFFIXES):
         return "hdf5"
-    with open(path, "rb") as fh:
-        head = fh.read(8)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as err:
+        raise unreadable(path, err) from None
     if head[:4] == b"PAR1":
         return "parquet"
     if head == HDF5_MAGIC:
         return "hdf5"
     raise LayoutError(f"{path}: neither Parquet nor HDF5 (suffix {Path(path).suffix!r}, unknown magic bytes)")
+
+
+class MissingFileError(UnreadableFileError, FileNotFoundError):
+    """A local file that does not exist."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        UnreadableFileError.__init__(self, path, reason)
 
 
 def check_local(path: str) -> None:
@@ -86,9 +136,10 @@ def check_local(path: str) -> None:
         parent = Path(path).absolute()
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
-        raise FileNotFoundError(
-            f"{path}: no such file (nearest existing folder: {parent}); if the data lives on a shared or "
-            f"scratch volume, check that it is mounted on this node"
+        raise MissingFileError(
+            path,
+            f"no such file (nearest existing folder: {parent}); if the data lives on a shared or "
+            f"scratch volume, check that it is mounted on this node",
         )
 
 
@@ -115,7 +166,8 @@ def _select(
     if layout in ("parquet-hdf5", "hdf5"):
         raw_muons, counts = _empty_convention(raw_muons, counts)
     if ids is None:
-        ids = raw_prim[:, :2].astype(np.int64)
+        with np.errstate(invalid="ignore"):  # a corrupt file's NaN ids: garbage in, not a warning per unit
+            ids = raw_prim[:, :2].astype(np.int64)
     # the current layout is already [E, zenith, mass, depth] / [E, x, y]: no copy
     primaries = raw_prim if layout == "parquet" else raw_prim[:, pcols]
     muons = raw_muons if layout == "parquet" else raw_muons[:, mcols]
@@ -125,15 +177,25 @@ def _select(
 
 
 class ParquetReader:
-    """One Parquet file; unit i is row group i."""
+    """One Parquet file; unit i is row group i. A file without events has layout "empty"."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.file = pq.ParquetFile(path)
-        schema = self.file.schema_arrow
-        self.layout = self._detect(schema)
-        meta = self.file.metadata
-        self.unit_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        try:
+            self.file = pq.ParquetFile(path)
+        except Exception as err:  # OSError, ArrowInvalid, ...: pyarrow raises many types for a bad file
+            raise unreadable(path, err) from None
+        try:
+            meta = self.file.metadata
+            self.unit_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            # an empty file holds nothing to misread: whatever its columns, it is just empty
+            self.layout = self._detect(self.file.schema_arrow) if sum(self.unit_rows) else "empty"
+        except LayoutError:
+            self.file.close()
+            raise
+        except Exception as err:
+            self.file.close()
+            raise unreadable(path, err) from None
         self._columns = (
             ["primary_major_id", "primary_minor_id", "primary", "muons"]
             if self.layout == "parquet"
@@ -171,6 +233,16 @@ class ParquetReader:
         )
 
     def read_unit(self, i: int) -> Events:
+        if self.layout == "empty":
+            return concat_events([])
+        try:
+            return self._read_unit(i)
+        except LayoutError:
+            raise
+        except Exception as err:  # a corrupt page or row group: pyarrow raises many types
+            raise unreadable(self.path, err, f"row group {i} cannot be read") from None
+
+    def _read_unit(self, i: int) -> Events:
         table = self.file.read_row_group(i, columns=self._columns)
         pwidth, mwidth, _, _ = _WIDTHS[self.layout]
         raw_prim, width = fixed_rows(table.column("primary"), f"{self.path}: primary")
@@ -186,7 +258,10 @@ class ParquetReader:
                 ],
                 axis=1,
             ).reshape(-1, 2)
-        return _select(self.layout, raw_prim.reshape(-1, pwidth), raw_muons, counts, ids)
+        events = _select(self.layout, raw_prim.reshape(-1, pwidth), raw_muons, counts, ids)
+        if len(events) != table.num_rows:
+            raise LayoutError(f"{self.path}: row group {i} has {len(events)} events, not {table.num_rows}")
+        return events
 
     def close(self) -> None:
         self.file.close()
@@ -200,23 +275,53 @@ class HDF5Reader:
 
         self.path = path
         self.layout = "hdf5"
-        self.file = h5py.File(path, "r")
+        try:
+            self.file = h5py.File(path, "r")
+        except Exception as err:  # OSError for truncated/foreign files, others for odd ones
+            raise unreadable(path, err) from None
+        try:
+            self._check(unit_events)
+        except LayoutError:
+            self.file.close()
+            raise
+        except Exception as err:
+            self.file.close()
+            raise unreadable(path, err) from None
+
+    def _check(self, unit_events: int) -> None:
+        path = self.path
         missing = {"primaries", "muons", "counts"} - set(self.file.keys())
         if missing:
             raise LayoutError(
                 f"{path}: unknown HDF5 layout (missing {sorted(missing)}); expected datasets "
                 f"primaries (N, 7), muons (M, 6), counts (N,)"
             )
-        prim, muons = self.file["primaries"], self.file["muons"]
-        if prim.ndim != 2 or prim.shape[1] != 7 or muons.ndim != 2 or muons.shape[1] != 6:
+        prim, muons, raw_counts = self.file["primaries"], self.file["muons"], self.file["counts"]
+        for name, node in (("primaries", prim), ("muons", muons), ("counts", raw_counts)):
+            if not hasattr(node, "shape") or node.dtype.kind not in "iuf":
+                raise LayoutError(
+                    f"{path}: '{name}' is not a numeric dataset; expected HDF5 layout {LAYOUTS[3]}"
+                )
+        if (
+            prim.ndim != 2
+            or prim.shape[1] != 7
+            or muons.ndim != 2
+            or muons.shape[1] != 6
+            or raw_counts.ndim != 1
+        ):
             raise LayoutError(
-                f"{path}: unknown HDF5 layout (primaries {prim.shape}, muons {muons.shape}); "
-                f"expected (N, 7) and (M, 6)"
+                f"{path}: unknown HDF5 layout (primaries {prim.shape}, muons {muons.shape}, counts "
+                f"{raw_counts.shape}); expected (N, 7), (M, 6) and (N,)"
             )
-        counts = np.asarray(self.file["counts"][:], dtype=np.int64)
-        if len(counts) != prim.shape[0] or int(counts.sum()) != muons.shape[0]:
+        counts = np.asarray(raw_counts[:], dtype=np.int64)
+        if (
+            len(counts) != prim.shape[0]
+            or (len(counts) and counts.min() < 0)
+            or int(counts.sum()) != muons.shape[0]
+        ):
             raise LayoutError(
-                f"{path}: counts do not match primaries/muons ({len(counts)}, {int(counts.sum())})"
+                f"{path}: counts do not match primaries/muons ({len(counts)} counts summing to "
+                f"{int(counts.sum())}, {prim.shape[0]} primaries, {muons.shape[0]} muons)"
             )
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.counts = counts
@@ -227,8 +332,11 @@ class HDF5Reader:
     def read_unit(self, i: int) -> Events:
         a = i * self.unit_events
         b = a + self.unit_rows[i]
-        raw_prim = np.asarray(self.file["primaries"][a:b], dtype=np.float32)
-        raw_muons = np.asarray(self.file["muons"][self.offsets[a] : self.offsets[b]], dtype=np.float32)
+        try:
+            raw_prim = np.asarray(self.file["primaries"][a:b], dtype=np.float32)
+            raw_muons = np.asarray(self.file["muons"][self.offsets[a] : self.offsets[b]], dtype=np.float32)
+        except Exception as err:  # a corrupt chunk: h5py raises OSError and others
+            raise unreadable(self.path, err, f"events {a}..{b - 1} cannot be read") from None
         return _select("hdf5", raw_prim, raw_muons, self.counts[a:b].copy(), None)
 
     def close(self) -> None:
@@ -239,8 +347,8 @@ Reader = ParquetReader | HDF5Reader
 
 
 def open_reader(path: str, hdf5_unit_events: int = 65536) -> Reader:
-    """A reader of the right format; raises FileNotFoundError (missing), LayoutError (unknown layout) or the
-    format library's error (corrupt or truncated file)."""
+    """A reader of the right format; raises MissingFileError (missing), LayoutError (unknown layout) or
+    UnreadableFileError (no permission, truncated, corrupt): all one-line UserErrors naming the file."""
     check_local(path)
     if file_format(path) == "parquet":
         return ParquetReader(path)
@@ -363,5 +471,6 @@ def _write_hdf5(path: str, events: Events) -> None:
     muons, counts = _with_placeholders(prim, muons, events.counts)
     with h5py.File(path, "w") as fh:
         fh.create_dataset("primaries", data=prim)
-        fh.create_dataset("muons", data=muons, chunks=(min(max(len(muons), 1), 65536), 6))
+        # (a file without events has no muons: an empty dataset cannot be chunked)
+        fh.create_dataset("muons", data=muons, chunks=(min(len(muons), 65536), 6) if len(muons) else None)
         fh.create_dataset("counts", data=counts.astype(np.int32))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import RemoteFiles, classify_failure, is_remote
+from hpctrain.data.remote import FolderError, RemoteFiles, classify_failure, is_folder, is_remote
 from hpctrain.data.staging import BadFileError, Stager, StagingError
 from hpctrain.workloads.muons import layouts
 
@@ -110,15 +110,20 @@ def _read_meta(uri: str, fs: Any, path: str, hdf5_unit_events: int) -> FileMeta:
 
 
 def remote_meta(uri: str, files: RemoteFiles, staging: StagingConfig, hdf5_unit_events: int) -> FileMeta:
-    """Metadata of a remote file, retrying transient failures like the stager; BadFileError for 404/403."""
+    """Metadata of a remote file, retrying transient failures like the stager; BadFileError for 404/403,
+    FolderError (a UserError) for a folder, LayoutError for a file of another layout."""
     fs, path = files.resolve(uri)
+    if uri.endswith("/"):
+        raise FolderError(uri)
     attempt = 0
     while True:
         try:
             return _read_meta(uri, fs, path, hdf5_unit_events)
-        except layouts.LayoutError:
-            raise
         except Exception as err:  # network and format errors come in many types; classified below
+            if is_folder(fs, path):  # a folder answers 403/404/405, a listing, or "neither Parquet nor HDF5"
+                raise FolderError(uri) from None
+            if isinstance(err, layouts.LayoutError):
+                raise
             kind, reason = classify_failure(err, fs, path, files.scrub)
             if kind == "fatal":
                 raise StagingError(f"{uri}: {reason}") from None
@@ -171,7 +176,7 @@ def remote_index(
     write_cache: bool,
 ) -> dict[str, FileMeta | BaseException]:
     """Metadata (or the BadFileError) of each remote URI: from the run folder's cache, else read remotely in
-    parallel (one HEAD and a footer GET each). LayoutError and StagingError are raised."""
+    parallel (one HEAD and a footer GET each). LayoutError, FolderError and StagingError are raised."""
     remote = [u for u in uris if is_remote(u)]
     cache = _cache_file(run_dir, remote, hdf5_unit_events)
     found: dict[str, FileMeta | BaseException] = dict(_load_cache(cache))

@@ -36,9 +36,11 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
+from hpctrain.data.fingerprint import FileList, check_resume
 from hpctrain.data.loader import seed_worker
 from hpctrain.data.ragged import gather_ragged, take_rows
 from hpctrain.data.remote import is_remote
+from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts, physics
 from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
 from hpctrain.workloads.muons.staged import FileMeta, StagedFiles, StagingSpec, remote_index
@@ -56,12 +58,28 @@ class EventIndex:
     files: list[str]
     layouts: list[str]
     unit_rows: list[list[int]]
-    # per file: the units a remote file's staged copy must have (its index came from remote metadata), or None
+    # per file: the units the file must still have when read (a remote file's index came from its metadata)
     expected_rows: list[list[int] | None] = field(default_factory=list)
+    # per file: bytes and events (before data.max_events): what a checkpoint's fingerprint compares
+    sizes: list[int] = field(default_factory=list)
+    events: list[int] = field(default_factory=list)
+    remote: list[bool] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return sum(sum(rows) for rows in self.unit_rows)
+
+    def file_list(self) -> FileList:
+        return FileList(list(self.files), list(self.sizes), list(self.events))
+
+    def add(self, path: str, layout: str, unit_rows: list[int], size: int, remote: bool) -> None:
+        self.files.append(path)
+        self.layouts.append(layout)
+        self.unit_rows.append(list(unit_rows))
+        self.expected_rows.append(list(unit_rows))
+        self.remote.append(remote)
+        self.sizes.append(size)
+        self.events.append(sum(unit_rows))
 
 
 def note_bad_file(run_dir: str | None, path: str, reason: str) -> None:
@@ -86,46 +104,45 @@ def build_index(
     report: bool = True,
     staging: StagingSpec | None = None,
 ) -> EventIndex:
-    """Open every file's metadata once. A missing path always fails; a corrupt file fails or is skipped.
+    """Open every file's metadata once. A missing path always fails; a corrupt file fails or is skipped
+    (on_bad_file); a file without events is skipped with a warning. Errors are one-line UserErrors.
 
     Remote files are not downloaded: their footers are read remotely (or taken from the run folder's cache)."""
     index = EventIndex([], [], [])
     metas: dict[str, FileMeta | BaseException] = {}
     if any(is_remote(f) for f in files):
         metas = remote_index(files, staging or StagingSpec(), hdf5_unit_events, run_dir, write_cache=report)
+    empty: list[str] = []
     for path in files:
         if path in metas:
             meta = metas[path]
             if isinstance(meta, BaseException):
                 if on_bad_file != "skip":
-                    raise RuntimeError(
-                        f"{meta}; set data.on_bad_file=skip to go on without this file"
-                    ) from None
+                    raise UserError(f"{meta}; set data.on_bad_file=skip to go on without this file") from None
                 note_bad_file(run_dir if report else None, path, str(getattr(meta, "reason", meta)))
-                continue
-            index.files.append(path)
-            index.layouts.append(meta.layout)
-            index.unit_rows.append(list(meta.unit_rows))
-            index.expected_rows.append(list(meta.unit_rows))
+            elif sum(meta.unit_rows) == 0:
+                empty.append(path)
+            else:
+                index.add(path, meta.layout, meta.unit_rows, meta.size, remote=True)
             continue
-        layouts.check_local(path)
         try:
             reader = layouts.open_reader(path, hdf5_unit_events)
-        except layouts.LayoutError:
-            raise
-        except Exception as err:  # corrupt/truncated files fail inside pyarrow or h5py in many ways
+        except layouts.MissingFileError:
+            raise  # listed a moment ago: gone now (a volume unmounted?); never skipped
+        except (layouts.UnreadableFileError, layouts.LayoutError) as err:  # no permission, corrupt, foreign
             if on_bad_file != "skip":
-                raise RuntimeError(
-                    f"{path}: cannot be read ({type(err).__name__}: {err}); set data.on_bad_file=skip to go "
-                    f"on without it"
-                ) from err
-            note_bad_file(run_dir if report else None, path, f"{type(err).__name__}: {err}")
+                raise UserError(f"{err}; set data.on_bad_file=skip to go on without it") from None
+            note_bad_file(run_dir if report else None, path, str(err).removeprefix(f"{path}: "))
             continue
-        index.files.append(path)
-        index.layouts.append(reader.layout)
-        index.unit_rows.append(list(reader.unit_rows))
-        index.expected_rows.append(None)
+        rows = list(reader.unit_rows)
         reader.close()
+        if sum(rows) == 0:
+            empty.append(path)
+            continue
+        index.add(path, reader.layout, rows, os.path.getsize(path), remote=False)
+    if empty and report:
+        shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        log.warning("skipping %d file(s) without events: %s", len(empty), shown)
     if max_events:
         left = max_events
         for rows in index.unit_rows:
@@ -133,7 +150,10 @@ def build_index(
                 rows[j] = min(n, left)
                 left -= rows[j]
     if index.total == 0:
-        raise ValueError(f"no events in {len(files)} file(s) ({len(index.files)} readable)")
+        raise UserError(
+            f"no events in the {len(files)} data file(s) ({len(index.files)} readable, {len(empty)} empty): "
+            f"check data.paths"
+        )
     return index
 
 
@@ -233,6 +253,13 @@ class ItemResult:
             start = stop
 
 
+@dataclass
+class ItemError:
+    """A UserError met while decoding a work item (maybe in a DataLoader worker), raised on the main side."""
+
+    message: str
+
+
 def _rebuild_item(
     buffer: torch.Tensor,
     shape: tuple[int, int],
@@ -321,9 +348,15 @@ class ChunkDataset(Dataset[ItemResult]):
         expected = self.index.expected_rows[f] if self.index.expected_rows else None
         if expected is not None and list(reader.unit_rows) != expected:
             reader.close()
-            raise ValueError(
-                f"the staged copy has units of {list(reader.unit_rows)} events, the index {expected}: the file "
-                f"changed since its metadata was read (cached in <run folder>/data_index/; delete it)"
+            remote = bool(self.index.remote and self.index.remote[f])
+            raise layouts.UnreadableFileError(
+                self.index.files[f],
+                f"changed since the run indexed it (units of {list(reader.unit_rows)} events, the index "
+                + (
+                    f"{expected}; cached in <run folder>/data_index/: delete it)"
+                    if remote
+                    else f"{expected})"
+                ),
             )
         self._readers[f] = reader
         while len(self._readers) > 4:  # bounded: a few open files per worker
@@ -336,14 +369,18 @@ class ChunkDataset(Dataset[ItemResult]):
             return None
         try:
             events = self._load(f, u)
-        except Exception as err:  # a corrupt row group: pyarrow/h5py raise many types
-            path = self.index.files[f]
+        except Exception as err:  # a corrupt row group, a file gone or changed: many types (see layouts)
+            path = self.index.files[f]  # the URI of a staged file, not its copy on scratch
+            local = path if self._paths is None else self._paths.get(f, path)
+            if isinstance(err, layouts.UnreadableFileError):
+                reason = err.reason
+            elif isinstance(err, layouts.LayoutError):
+                reason = str(err).removeprefix(f"{local}: ")
+            else:
+                reason = f"unit {u} cannot be read ({layouts.one_line(err)})"
             if self.opts.on_bad_file != "skip":
-                raise RuntimeError(
-                    f"{path}: unit {u} cannot be read ({type(err).__name__}: {err}); set "
-                    f"data.on_bad_file=skip to go on without it"
-                ) from err
-            note_bad_file(self.opts.run_dir, path, f"unit {u}: {type(err).__name__}: {err}")
+                raise UserError(f"{path}: {reason}; set data.on_bad_file=skip to go on without it") from None
+            note_bad_file(self.opts.run_dir, path, reason)
             stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
             return None
         if len(events) > rows:  # data.max_events cut this unit
@@ -379,7 +416,15 @@ class ChunkDataset(Dataset[ItemResult]):
         while self._readers:
             self._readers.popitem()[1].close()
 
-    def __getitem__(self, item: WorkItem) -> ItemResult:  # type: ignore[override]
+    def __getitem__(self, item: WorkItem) -> ItemResult | ItemError:  # type: ignore[override]
+        try:
+            return self._item(item)
+        except (
+            UserError
+        ) as err:  # raised again on the main side: a worker's exception would carry its traceback
+            return ItemError(str(err))
+
+    def _item(self, item: WorkItem) -> ItemResult:
         if item.paths is not None:
             # staged files are deleted after use: hold only this item's files open (an open deleted file
             # would keep its scratch space)
@@ -452,7 +497,7 @@ class ChunkDataset(Dataset[ItemResult]):
             if opts.on_bad_event != "skip":
                 first = int(np.flatnonzero(bad)[0])
                 path, row = self._source(first, base, units, sources)
-                raise ValueError(
+                raise UserError(
                     f"{path}: event at row {row} has a zero, negative or non-finite energy/mass or value "
                     f"(primary {data.primaries[first].tolist()}); set data.on_bad_event=skip to skip such "
                     f"events"
@@ -643,6 +688,7 @@ class EventStream:
         drop_last: bool = True,
         on_close: Callable[[], None] | None = None,
         staging: StagingSpec | None = None,
+        allow_changed_files: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -663,10 +709,13 @@ class EventStream:
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.drop_last, self.prefetch_batches = drop_last, prefetch_batches
         if drop_last and self.index.total < batch_size * world_size:
-            raise ValueError(
-                f"{self.index.total} events are fewer than one global batch ({batch_size} x {world_size} "
-                f"ranks): lower data.batch_size"
+            raise UserError(
+                f"the training files hold {self.index.total} events"
+                + (f" (data.max_events={max_events})" if max_events else "")
+                + f", fewer than one global batch of {batch_size * world_size} (data.batch_size={batch_size} x "
+                f"{world_size} ranks): lower data.batch_size to at most {self.index.total // world_size} or add files"
             )
+        self.allow_changed_files = allow_changed_files
         opts = ReadOptions(
             max_muons_per_event,
             drop_empty_events,
@@ -737,7 +786,7 @@ class EventStream:
             for f, reason in bad:
                 uri = self.index.files[f]
                 if self.on_bad_file != "skip":
-                    raise RuntimeError(
+                    raise UserError(
                         f"{uri}: cannot be staged ({reason}); set data.on_bad_file=skip to go on without it"
                     )
                 note_bad_file(self.run_dir if self.rank == 0 else None, uri, f"staging: {reason}")
@@ -755,6 +804,8 @@ class EventStream:
         pending: dict[int, list[MuonBatch | None]] = {}
         next_k = 0
         for result in self._loader:
+            if isinstance(result, ItemError):
+                raise UserError(result.message)
             self._count(result.stats)
             if self._staged is not None:
                 self._staged.done(result.epoch, result.chunk)
@@ -800,12 +851,22 @@ class EventStream:
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "stats": dict(self.stats)}
+        """The position, the counts, and the file list the position refers to (see data/fingerprint.py)."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "stats": dict(self.stats),
+            "files": self.index.file_list().state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved position; UserError if the files changed (unless allow_changed_files: then
+        the saved epoch restarts from its start with the files found now)."""
         self.epoch = int(state["epoch"])
         self.position = int(state.get("position", state.get("offset", 0)))
         self.stats = dict(state.get("stats", {}))
+        if check_resume(state.get("files"), self.index.file_list(), self.allow_changed_files, self.epoch):
+            self.position = 0
 
     def _stop_prefetcher(self) -> None:
         if self._prefetcher is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hpctrain.errors import UserError
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.staged import StagingSpec
@@ -26,7 +27,7 @@ def resolve_files(paths: list[str], data: Any) -> list[str]:
     from hpctrain.data.remote import expand_paths
 
     if not paths:
-        raise ValueError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
+        raise UserError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
     return expand_paths(list(paths), getattr(data, "pelican", None))
 
 
@@ -70,6 +71,7 @@ def open_stream(
         hdf5_unit_events=data.hdf5_unit_events,
         drop_last=train,
         staging=staging_spec(data, env),
+        allow_changed_files=data.allow_changed_files,
     )
 
 
@@ -105,6 +107,8 @@ class MuonTaskBase(Task):
             return self._train_stream
         if not self.cfg.data.val_paths:
             return None
+        # named files exist now: a mistake in val_paths is a line at the start, not an error at the first evaluation
+        resolve_files(self.cfg.data.val_paths, self.cfg.data)
         return ValBatches(self.cfg.data, seed, self.env, self.run_dir)
 
     def data_metrics(self) -> dict[str, torch.Tensor]:

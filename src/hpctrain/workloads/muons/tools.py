@@ -110,7 +110,7 @@ def _describe(path: str, events: int) -> None:
                 f"  multiplicity: mean {allc.mean():.1f}, median {q[0]:.0f}, q90 {q[1]:.0f}, q99 {q[2]:.0f}, "
                 f"q99.9 {q[3]:.0f}, max {int(allc.max())}"
             )
-        if shown and events:
+        if events and sum(len(s) for s in shown):
             first = layouts.concat_events(shown)
             off = first.offsets
             print(
