@@ -137,9 +137,8 @@ class DataConfigBase(Section):
         "found now, else the run stops naming the difference (the saved position would fall on other events). "
         "true: accept a changed list and restart the checkpoint's epoch from its start with the new files "
         "(same epoch number; see docs/data.md).",
-        # how a resume treats changed files, not what the run is: may differ between hops (read by the
-        # resume classification of config keys, where that exists)
-        json_schema_extra={"resume": "may_change"},
+        # how a resume treats changed files, not what the run is: may differ between hops
+        json_schema_extra=MAY_CHANGE,
     )
 
 
