@@ -112,7 +112,8 @@ def test_check_catches_missing_inputs_token_folder_and_resume_path(tmp_path: Pat
     assert "hpctrain_run_dir=" in ok.out
     cases = {
         f"data.val_paths=[{tmp_path / 'val'}]": f"error: data.val_paths: {tmp_path / 'val'}: no such file or "
-        f"folder (nearest existing folder: {tmp_path})",
+        f"folder (nearest existing folder: {tmp_path}); if the data lives on a shared or scratch volume, check "
+        "that it is mounted on this node",
         f"data.paths=[{tmp_path / 'train' / '*.h5'}]": f"error: data.paths: {tmp_path / 'train' / '*.h5'}: no "
         f"file matches this pattern (nearest existing folder: {tmp_path / 'train'})",
         "data.paths=[pelican://osg-htc.org]": "error: data.paths: pelican://osg-htc.org: no namespace path "

@@ -41,8 +41,9 @@ def test_a_failed_resume_is_one_line_and_leaves_config_yaml_alone(tmp_path: Path
 
 
 def test_a_failure_while_building_shows_its_own_cause(tmp_path: Path) -> None:
-    """A real failure (a corrupt input file) inside the trainer's build: exit 1 and its own message last,
-    not an AttributeError from closing a half-built trainer; no config.yaml for a run that never started."""
+    """A failure inside the trainer's build (a corrupt input file, found while indexing): its own message
+    last (one line, exit 2: a bad file is the user's to fix), not an AttributeError from closing a half-built
+    trainer; no config.yaml for a run that never started."""
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "part-00000.parquet").write_bytes(b"not a parquet file")
@@ -55,8 +56,8 @@ def test_a_failure_while_building_shows_its_own_cause(tmp_path: Path) -> None:
         "run.name=b",
         cwd=tmp_path,
     )
-    assert done.code == 1, done.err[-2000:]
-    assert "AttributeError" not in done.err and "keeper" not in done.err
+    assert done.code == 2, done.err[-2000:]
+    assert "AttributeError" not in done.err and "keeper" not in done.err and "Traceback" not in done.err
     assert "part-00000.parquet" in done.err.strip().splitlines()[-1]
     assert not (tmp_path / "logs" / "b" / "config.yaml").exists()
 
@@ -73,7 +74,8 @@ def test_missing_inputs_are_one_line_before_any_work(tmp_path: Path) -> None:
     assert done.code == 2
     assert done.err.strip() == (
         f"error: data.paths: {tmp_path / 'nope' / 'train'}: no such file or folder "
-        f"(nearest existing folder: {tmp_path})"
+        f"(nearest existing folder: {tmp_path}); if the data lives on a shared or scratch volume, check that it "
+        "is mounted on this node"
     )
     assert not (tmp_path / "logs").exists()
 

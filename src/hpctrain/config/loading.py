@@ -248,6 +248,10 @@ def _shown(key: str, value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+# Sources a user does not see in the command: a value from one of them is always named at start.
+_IMPLICIT = ("environment ", ".env ")
+
+
 @dataclass
 class Provenance:
     """Every source that set each dotted key, in the order applied (the last one won)."""
@@ -265,12 +269,15 @@ class Provenance:
         return found[-1][0] if found else None
 
     def conflicts(self) -> list[str]:
-        """One line (or none) naming every key that two sources set to different values, and which won."""
+        """One line (or none) naming every key that the environment or .env set to a value another source
+        contradicts, and which won. The layers a user names in the command itself (config file, preset,
+        overrides) replace each other by design: `config show` marks where each value came from."""
         items = []
         for key, sets in self.sets.items():
             winner, value = sets[-1]
             losers = [(src, v) for src, v in sets[:-1] if v != value]
-            if losers:
+            implicit = any(src.startswith(_IMPLICIT) for src, _ in [(winner, value), *losers])
+            if losers and implicit:
                 beaten = ", ".join(f"{src}: {_shown(key, self.raw.get(src, v))}" for src, v in losers)
                 items.append(f"{key}={_shown(key, value)} from {winner} (over {beaten})")
         return ["note: where sources disagree the later one wins: " + "; ".join(items)] if items else []
@@ -280,7 +287,7 @@ class Provenance:
         items = []
         for key, sets in self.sets.items():
             src = sets[-1][0]
-            if src.startswith(("environment ", ".env ")):
+            if src.startswith(_IMPLICIT):
                 items.append(f"{key}={_shown(key, self.raw.get(src, sets[-1][1]))} ({src})")
         return "note: taken from the environment or .env: " + ", ".join(items) if items else None
 

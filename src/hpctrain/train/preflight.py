@@ -74,7 +74,10 @@ def _local_problem(path: str) -> str | None:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
         return f"{path}: the folder holds no file"
     if not os.path.exists(local):
-        return f"{path}: no such file or folder{_nearest(local)}"
+        return (
+            f"{path}: no such file or folder{_nearest(local)}; if the data lives on a shared or scratch "
+            "volume, check that it is mounted on this node"
+        )
     if not os.access(local, os.R_OK):
         return f"{path}: not readable"
     return None

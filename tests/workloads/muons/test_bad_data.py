@@ -53,7 +53,12 @@ def train(tmp_path: Path, *overrides: str, name: str = "t") -> Done:
 def error_line(done: Done) -> str:
     """The one line a user mistake leaves on stderr (asserts exit 2, no traceback, nothing else)."""
     assert done.code == 2, done.err
-    lines = done.err.strip().splitlines()
+    # Notes and log records of the start ("[rank 0] INFO ...") may come first; the error is one line.
+    lines = [
+        line
+        for line in done.err.strip().splitlines()
+        if not line.startswith("note: ") and "[rank " not in line
+    ]
     assert len(lines) == 1 and lines[0].startswith("error: "), done.err
     return lines[0]
 
@@ -86,7 +91,8 @@ def corrupt_row_group(path: str | Path, group: int) -> None:
 
 def test_missing_path_and_truncated_file_are_one_line(tmp_path: Path) -> None:
     line = error_line(train(tmp_path, f"data.paths=[{tmp_path / 'nope'}]"))
-    assert "nope: no such file or directory" in line and "mounted" in line
+    # (found by the pre-flight check, before anything is built)
+    assert "nope: no such file or folder" in line and "mounted" in line
     files = write_set(tmp_path / "d", files=2, events=100, row_group=50)
     truncate(files[1])
     line = error_line(train(tmp_path, f"data.paths=[{tmp_path / 'd'}]"))
