@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hpctrain.config.loading import ConfigRequest, Provenance, resolve_config
+from hpctrain.config.loading import ConfigRequest, Provenance, announce, resolve_config
 from hpctrain.errors import UserError
 
 
@@ -40,22 +38,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="key=value",
         help="dotted overrides, e.g. optim.lr=2e-5 (they beat the environment, .env, the preset and the YAML)",
     )
-
-
-def is_rank_zero(environ: dict[str, str] | None = None) -> bool:
-    """Whether this process speaks for the job: torchrun's RANK, else srun's SLURM_PROCID, is 0 or absent."""
-    environ = dict(os.environ) if environ is None else environ
-    rank = environ.get("RANK") or environ.get("SLURM_PROCID") or "0"
-    return rank.strip() == "0"
-
-
-def announce(sources: Provenance) -> None:
-    """On stderr, rank 0 only: the values taken from the environment or .env, and every conflict resolved."""
-    if not is_rank_zero():
-        return
-    line = sources.from_environment()
-    for text in ([line] if line else []) + sources.conflicts():
-        print(text, file=sys.stderr, flush=True)
 
 
 def resolve_from_args(args: argparse.Namespace) -> tuple[Any, Provenance]:

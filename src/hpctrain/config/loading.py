@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -476,3 +477,19 @@ def config_hash(cfg: BaseModel) -> str:
 
 def to_yaml(cfg: BaseModel) -> str:
     return yaml.safe_dump(dump_config(cfg), sort_keys=False)
+
+
+def is_rank_zero(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process speaks for the job: torchrun's RANK, else srun's SLURM_PROCID, is 0 or absent."""
+    environ = dict(os.environ) if environ is None else environ
+    rank = environ.get("RANK") or environ.get("SLURM_PROCID") or "0"
+    return rank.strip() == "0"
+
+
+def announce(sources: Provenance) -> None:
+    """On stderr, rank 0 only: the values taken from the environment or .env, and every conflict resolved."""
+    if not is_rank_zero():
+        return
+    line = sources.from_environment()
+    for text in ([line] if line else []) + sources.conflicts():
+        print(text, file=sys.stderr, flush=True)

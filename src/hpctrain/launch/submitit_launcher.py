@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 
 def load_request(request: ConfigRequest) -> Any:
     """The validated configuration (the same resolution as `hpctrain train`)."""
-    from hpctrain.config.loading import load_config
+    from hpctrain.config.loading import announce, resolve_config
     from hpctrain.workloads.registry import config_model, fill_default_types
 
-    return load_config(request, config_model(), prepare=fill_default_types)
+    cfg, sources = resolve_config(request, config_model(), prepare=fill_default_types)
+    announce(sources)  # the job's log names what came from the environment, as `hpctrain train` does
+    return cfg
 
 
 class JobInputError(RuntimeError):
