@@ -68,6 +68,9 @@ def run(cfg: Any, env: ClusterEnv) -> int:
                 "raise train.total_updates to train further",
                 flush=True,
             )
+        elif result.status == "failed":
+            if env.is_main:
+                print(f"error: {result.message}", file=sys.stderr, flush=True)
         elif result.status == "stopped":
             say(
                 f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "
