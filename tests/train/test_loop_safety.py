@@ -312,7 +312,9 @@ def test_ddp_stop_on_one_rank_during_evaluation_stops_all_together(tmp_path: Pat
     out, err = proc.communicate(timeout=180)
     run_dir = tmp_path / "ddp" / "ev"
     result = summary(run_dir)
-    assert result["status"] == "stopped" and result["reason"] == "signal" and result["step"] == 20, err[-3000:]
+    assert result["status"] == "stopped" and result["reason"] == "signal" and result["step"] == 20, err[
+        -3000:
+    ]
     assert "evaluation at step 20 cut short" in out and eval_records(run_dir) == {}
     again = torchrun_train(*args, cwd=tmp_path)
     out, err = again.communicate(timeout=240)
@@ -367,7 +369,7 @@ def test_staging_wait_gives_up_when_a_stop_is_due(tmp_path: Path, stop_after, lo
     finally:
         _BlockingFS.release.set()
         watch_waits(None)
-        stager._closing = True  # noqa: SLF001  (rank 0 would wait wait_timeout for the missing rank 1)
+        stager._closing = True  # rank 0 would wait wait_timeout for the missing local rank 1
         stager.close()
 
 
@@ -416,7 +418,9 @@ def test_stop_while_waiting_for_data_gives_the_batches_back(tmp_path: Path, monk
     first = summary(tmp_path / "cut" / "t")
     assert first["status"] == "stopped" and first["reason"] == "signal" and first["step"] == 11
     assert run(cfg_for(tmp_path / "cut", *common), ClusterEnv()) == EXIT_OK
-    assert summary(tmp_path / "cut" / "t")["params_sha256"] == summary(tmp_path / "ref" / "t")["params_sha256"]
+    assert (
+        summary(tmp_path / "cut" / "t")["params_sha256"] == summary(tmp_path / "ref" / "t")["params_sha256"]
+    )
 
 
 def test_urgent_stop_reason_signal_and_deadline():

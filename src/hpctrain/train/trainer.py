@@ -129,6 +129,12 @@ class Trainer:
             self.cfg.optim.grad_clip_norm,
             skip_nonfinite=self.guard.skip,
         )
+        if self.guard.skip and not self.ctx.skip_nonfinite:
+            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
+            log.warning(
+                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
+            )
+            self.guard.skip = False
         self.train_stream = self.task.build_data("train", self.cfg.run.seed)
         self.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(self.cfg.schedule, self.total_updates)
