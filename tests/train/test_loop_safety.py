@@ -253,7 +253,7 @@ def test_stop_during_evaluation_abandons_it_and_the_resumed_run_redoes_it(tmp_pa
     proc.communicate(timeout=120)
     assert proc.returncode == EXIT_RESUMABLE
     assert any("evaluation at step 20 cut short (signal)" in line for line in out)
-    assert waited < 0.5 * one_eval, (waited, one_eval)  # not after the evaluation: right away
+    assert waited < one_eval, (waited, one_eval)  # right away, not after a whole evaluation
     assert summary(run_dir)["step"] == 20 and eval_records(run_dir) == {}
     # 2. The resumed run evaluates update 20 first; USR1 during the final evaluation (update 40).
     proc = popen_train(*args, cwd=tmp_path)
@@ -261,7 +261,7 @@ def test_stop_during_evaluation_abandons_it_and_the_resumed_run_redoes_it(tmp_pa
     proc.communicate(timeout=120)
     assert proc.returncode == EXIT_RESUMABLE
     assert any("evaluation at step 40 cut short" in line for line in out)
-    assert waited < 0.5 * one_eval, (waited, one_eval)
+    assert waited < one_eval, (waited, one_eval)
     assert summary(run_dir)["status"] == "stopped" and summary(run_dir)["step"] == 40
     # 3. The final evaluation still happens; everything equals the uninterrupted run.
     done = hpctrain("train", *args, cwd=tmp_path)
@@ -299,7 +299,8 @@ def rank_pids(torchrun_pid: int, world: int, timeout: float = 120) -> dict[int, 
 def test_ddp_stop_on_one_rank_during_evaluation_stops_all_together(tmp_path: Path):
     """USR1 to rank 1 only, during an evaluation: both ranks abandon it (no deadlock), save, and the resumed
     run evaluates that update; time-based saves (rank 0's clock) are agreed by both ranks as well."""
-    args = [*SLOW_EVAL, "run.out_dir=ddp", "checkpoint.every_minutes=0.005", "checkpoint.keep_last=100"]
+    # every_minutes=0.0001 (6 ms): a time-based save before update 20 for sure (then stretched to 50 saves' time).
+    args = [*SLOW_EVAL, "run.out_dir=ddp", "checkpoint.every_minutes=0.0001", "checkpoint.keep_last=100"]
     proc = torchrun_train(*args, cwd=tmp_path)
     pids = rank_pids(proc.pid, 2)
     metrics = tmp_path / "ddp" / "ev" / "metrics.jsonl"
@@ -322,7 +323,7 @@ def test_ddp_stop_on_one_rank_during_evaluation_stops_all_together(tmp_path: Pat
     assert summary(run_dir)["status"] == "finished"
     assert sorted(eval_records(run_dir)) == [20, 40]
     steps = {json.loads(p.read_text())["step"] for p in run_dir.glob("checkpoints/step_*.json")}
-    assert steps - {20, 40}, f"no time-based save: {steps}"
+    assert any(step < 20 for step in steps), f"no time-based save: {steps}"
 
 
 class _BlockingFS(fsspec.AbstractFileSystem):
