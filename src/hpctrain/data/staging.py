@@ -45,6 +45,7 @@ from hpctrain.data.remote import (
     is_folder,
     is_remote,
 )
+from hpctrain.runtime.budget import check_stop
 
 log = logging.getLogger("hpctrain.staging")
 _GENERATIONS: dict[tuple[str, str, int], int] = {}
@@ -243,6 +244,7 @@ class Stager:
                 while self._state[i] in ("pending", "fetching"):
                     if self._fatal is not None or self._thread is None:
                         raise StagingError(f"staging stopped: {self._fatal_message()}") from self._fatal
+                    check_stop()  # a stop (signal, deadline) must not wait for a slow download
                     self._cond.wait(0.5)
             finally:
                 self._demanded.discard(i)
@@ -502,6 +504,7 @@ class Stager:
                     raise BadFileError(self.uris[i], bad.read_text())
                 if fatal.exists():
                     raise StagingError(f"local rank 0 stopped staging: {fatal.read_text()}")
+                check_stop()
                 if time.monotonic() > deadline:
                     raise StagingError(
                         f"local rank {self.local_rank} waited {self.cfg.wait_timeout:.0f} s for local rank 0 "

@@ -2,6 +2,11 @@
 
 Signal handlers only set a flag. The trainer asks `TimeBudget.local_stop_reason()` at each step boundary, all
 ranks agree through one collective, and the stop (with a save first) happens there. Never save in a handler.
+
+Work that can outlast the budget by itself (an evaluation pass, a wait for staged data) asks
+`TimeBudget.urgent_stop_reason()` in between: blocking waits call `check_stop()`, which raises `StopRequested`
+once the trainer has installed the check with `watch_waits`. The trainer then abandons that work, the ranks agree,
+and it saves as usual.
 """
 
 from __future__ import annotations
@@ -25,6 +30,34 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 # early_stop ranks highest: a run that has decided to end must not become a resumable stop that trains on.
 REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop"}
 CODES = {reason: code for code, reason in REASONS.items() if reason}
+# Time-based saves are spaced so that saving takes at most this share of the wall time (see save_interval).
+SAVE_SHARE = 0.02
+
+
+class StopRequested(Exception):
+    """Raised out of a blocking wait (data staging, a prefetch queue) when the run must stop now."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stop requested during a wait ({reason})")
+        self.reason = reason
+
+
+_wait_check: Callable[[], str | None] | None = None
+
+
+def watch_waits(check: Callable[[], str | None] | None) -> None:
+    """Install (None: remove) what `check_stop` asks. Process-wide like the signals it reports on: the waits
+    sit deep in data code (and in its threads) that has no trainer to ask."""
+    global _wait_check
+    _wait_check = check
+
+
+def check_stop() -> None:
+    """Called by blocking waits between polls: raise StopRequested if the installed check says stop."""
+    check = _wait_check
+    reason = check() if check is not None else None
+    if reason:
+        raise StopRequested(reason)
 
 
 class StopSignals:
@@ -101,6 +134,9 @@ class TimeBudget:
         self.step = DurationEstimate(initial=0.0)
         self.eval = DurationEstimate(initial=0.0)
         self.save = DurationEstimate(initial=5.0)
+        # The update whose evaluation a stop cut short: the next hop runs it before training on (carried in
+        # the checkpoint with the timings).
+        self.eval_owed: int | None = None
         self._deadline_checked = 0.0
         self.deadline: float | None = None
         self.deadline_source = "none"
@@ -139,11 +175,28 @@ class TimeBudget:
         need = self.step.value + (eval_time if eval_next else 0.0) + self.save.value
         return "time_budget" if remaining < need + self.cfg.margin_seconds else None
 
+    def urgent_stop_reason(self) -> str | None:
+        """Stop even in the middle of an evaluation or a data wait: a signal arrived, or only a save (and the
+        margin) still fits before the deadline. Asked often, from any thread: uses the known deadline."""
+        if self.signals.received:
+            return "signal"
+        remaining = self.remaining()
+        if remaining is not None and remaining < self.save.value + self.cfg.margin_seconds:
+            return "time_budget"
+        return None
+
+    def save_interval(self, every_minutes: float) -> float:
+        """Seconds between time-based saves: `every_minutes`, stretched once saves are measured so that they
+        take at most SAVE_SHARE of the time (a 60 s save: at least 50 min apart)."""
+        measured = max(self.save.recent) if self.save.recent else 0.0
+        return max(every_minutes * 60.0, measured / SAVE_SHARE)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step.state_dict(),
             "eval": self.eval.state_dict(),
             "save": self.save.state_dict(),
+            "eval_owed": self.eval_owed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -151,3 +204,4 @@ class TimeBudget:
         for name in ("step", "eval", "save"):
             if name in state:
                 getattr(self, name).load_state_dict(state[name])
+        self.eval_owed = state.get("eval_owed")

@@ -19,6 +19,7 @@ class Context:
         optimizers: dict[str, torch.optim.Optimizer],
         precision: str,
         clip_norm: float,
+        skip_nonfinite: bool = False,
     ) -> None:
         self.device = device
         self.modules = modules
@@ -29,6 +30,12 @@ class Context:
         # fp16 needs loss scaling (CUDA only; the trainer refuses fp16 on CPU); bf16 does not.
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.grad_norms: dict[str, torch.Tensor] = {}
+        # train.on_nonfinite=skip_batch: a step with non-finite gradients is skipped. The gradients are the same
+        # on every rank after DDP's all-reduce (a NaN on one rank spreads to all), so every rank skips the same
+        # steps without a collective of its own; the check costs one host sync per step. Under fp16 the
+        # GradScaler already skips overflowing steps (and calibrates with them): it is left to do that.
+        self.skip_nonfinite = skip_nonfinite and self.scaler is None
+        self.skipped_steps = 0
         self._params = {
             name: [p for group in opt.param_groups for p in group["params"]]
             for name, opt in optimizers.items()
@@ -65,9 +72,22 @@ class Context:
             self.scaler.unscale_(optimizer)
         if self.clip_norm > 0:
             self.grad_norms[name] = torch.nn.utils.clip_grad_norm_(self._params[name], self.clip_norm)
+        if self.skip_nonfinite and not self._finite_grads(name):
+            self.skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+            return
         if self.scaler is not None:
             self.scaler.step(optimizer)
             self.scaler.update()
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    def _finite_grads(self, name: str) -> bool:
+        norm = self.grad_norms.get(name) if self.clip_norm > 0 else None
+        if norm is None:
+            grads = [p.grad for p in self._params[name] if p.grad is not None]
+            if not grads:
+                return True
+            norm = torch.nn.utils.get_total_norm(grads)
+        return bool(torch.isfinite(norm))

@@ -102,6 +102,9 @@ def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int
             f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
             "raise train.total_updates to train further"
         )
+    elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
+        if env.is_main:
+            print(f"error: {result.message}", file=sys.stderr, flush=True)
     elif result.status == "stopped":
         say(
             f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
-from hpctrain.runtime.budget import CODES, REASONS, TimeBudget
+from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.seeding import seed_everything
+from hpctrain.runtime.seeding import rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
 from hpctrain.track.chain import ChainLog, write_summary
 from hpctrain.track.console import Console
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
+from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
@@ -29,14 +30,25 @@ from hpctrain.train.task import MicroBatch, Task
 
 log = logging.getLogger(__name__)
 
+# Under DDP, ranks agree whether to abandon an evaluation every this many batches (see _eval_sums).
+EVAL_AGREE_EVERY = 4
+
 
 @dataclass
 class RunResult:
-    status: str  # finished | stopped | already_finished
+    status: str  # finished | stopped | already_finished | failed
     reason: str
     step: int
     params_sha256: str
     exit_code: int
+    message: str = ""  # failed: the one line to print
+
+
+@dataclass
+class EvalResult:
+    improved: bool = False
+    stop_early: bool = False
+    abandoned: str | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
 
 
 class Timers:
@@ -96,6 +108,11 @@ class Trainer:
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
         self.keeper = StateKeeper(self)
         self._closers: list[Callable[[], None]] = []
+        self.guard = NonFiniteGuard(cfg.train)
+        self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
+        self._window_first = 1  # the update of _window[0]
+        self._last_save_clock = time.monotonic()  # rank 0's clock decides time-based saves for all ranks
+        self._stretch_noted = False
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -116,7 +133,14 @@ class Trainer:
             self.optimizers,
             self.cfg.train.precision,
             self.cfg.optim.grad_clip_norm,
+            skip_nonfinite=self.guard.skip,
         )
+        if self.guard.skip and not self.ctx.skip_nonfinite:
+            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
+            log.warning(
+                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
+            )
+            self.guard.skip = False
         self.train_stream = self.task.build_data("train", self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.total_updates = self.setup.total_updates(self.train_stream)
@@ -187,13 +211,43 @@ class Trainer:
                 self.budget.deadline,
                 identity=self.keeper.hop_identity(),
             )
+        watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
+        try:
+            reason = self._train()
+            if reason is None or reason == "early_stop":
+                return self._finish(reason or "finished")
+            if self.keeper.last_saved_step != self.step:
+                self._save()
+            return self._result("stopped", reason, EXIT_RESUMABLE)
+        except NonFinite as bad:
+            return self._failed(bad)
+        finally:
+            watch_waits(None)
+
+    def _train(self) -> str | None:
+        """Updates until the last one (None) or an agreed stop (its reason)."""
+        self._last_save_clock = time.monotonic()
+        self._window_first = self.step + 1
+        if self.budget.eval_owed == self.step and self.step < self.total_updates:
+            # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
+            reason = self._after_update(owed_eval=True)
+            if reason is not None:
+                return reason
         batches = iter(self.train_stream)
-        reason = None
-        window_losses: list[torch.Tensor] = []  # stacked only when logging: no per-update tensor arithmetic
+        window = self._window
         while self.step < self.total_updates:
             step_start = time.perf_counter()
-            micro = self._next_update(batches)
-            if self._skip(micro is None):
+            before = self.train_stream.state_dict()
+            try:
+                micro, waited = self._next_update(batches), 0
+            except StopRequested as stop:  # a signal or the deadline while waiting for data
+                micro, waited = None, CODES[stop.reason]
+            empty, stop_code = self._agree_fetch(micro is None and not waited, waited)
+            if stop_code:
+                # Every rank drops this update; batches some ranks already took are given back.
+                self.train_stream.load_state_dict(before)
+                return REASONS[stop_code]
+            if empty:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
             self._set_lr()
@@ -203,29 +257,32 @@ class Trainer:
             self.step += 1
             local_samples = sum(m.samples for m in micro)
             self.samples += local_samples * self.env.world_size
-            window_losses.append(out.loss.detach())
+            window.append(out.loss.detach())
+            if self.guard.skip:
+                self.guard.note_update(self.ctx.skipped_steps, self.step)
             self.timers.add("step", time.perf_counter() - compute_start)
             self.budget.step.observe(time.perf_counter() - step_start)
             if self.step % self.cfg.logging.log_every == 0 or self.step == self.total_updates:
-                self._log(out, torch.stack(window_losses).float().mean())
-                window_losses.clear()
+                losses = torch.stack(window)  # stacked only when logging: no per-update tensor arithmetic
+                self.guard.check_losses(losses, self._window_first)
+                self._log(out, losses.float().mean())
+                window.clear()
+                self._window_first = self.step + 1
             elif self.console is not None:
                 self.console.tick(self.step)
             self._histograms(micro)
             reason = self._after_update()
             if reason is not None:
-                break
-        if reason is None or reason == "early_stop":
-            return self._finish(reason or "finished")
-        if self.keeper.last_saved_step != self.step:
-            self._save()
-        return self._result("stopped", reason, EXIT_RESUMABLE)
+                return reason
+        return None
 
-    def _skip(self, empty: bool) -> bool:
-        """Skip an update only if every rank skips it (one rank skipping alone would deadlock DDP)."""
+    def _agree_fetch(self, empty: bool, stop: int) -> tuple[bool, int]:
+        """Skip an update only if every rank skips it (one rank skipping alone would deadlock DDP); stop if any
+        rank was stopped while waiting for its data. One collective, as before for the skip alone."""
         if dist.active():
-            return bool(dist.agree_max([float(empty)])[0])
-        return empty
+            agreed = dist.agree_max([float(empty), float(stop)])
+            return bool(agreed[0]), int(agreed[1])
+        return empty, stop
 
     def _next_update(self, batches: Any) -> list[MicroBatch] | None:
         micro: list[MicroBatch] = []
@@ -254,16 +311,35 @@ class Trainer:
         every = self.cfg.train.eval_every
         return bool(every) and self.has_val and step % every == 0 and step < self.total_updates
 
-    def _after_update(self) -> str | None:
+    def _time_save_due(self) -> bool:
+        """Rank 0's view (its clock decides for all): checkpoint.every_minutes since the last save."""
+        minutes = self.cfg.checkpoint.every_minutes
+        if not minutes:
+            return False
+        interval = self.budget.save_interval(minutes)
+        if interval > minutes * 60 and not self._stretch_noted:
+            self._stretch_noted = True
+            log.info(
+                "time-based saves every %.1f min instead of checkpoint.every_minutes=%g: a save takes %.1f s "
+                "(saves are kept under 2%% of the time)",
+                interval / 60,
+                minutes,
+                self.budget.save.value,
+            )
+        return time.monotonic() - self._last_save_clock >= interval
+
+    def _after_update(self, owed_eval: bool = False) -> str | None:
         """Evaluate, save and decide (all ranks together) whether to stop."""
         local = 0
-        if self._eval_due(self.step):
-            improved, stop_early = self._evaluate()
-            if improved:
+        if owed_eval or self._eval_due(self.step):
+            result = self._evaluate()
+            if result.abandoned:
+                return result.abandoned  # every rank abandoned it together: stop (fit saves)
+            if result.improved:
                 self._save(best=True)
             elif self._periodic_save_due():
                 self._save()
-            local = CODES["early_stop"] if stop_early else 0
+            local = CODES["early_stop"] if result.stop_early else 0
         elif self._periodic_save_due():
             self._save()
         if self.step >= self.total_updates:
@@ -273,18 +349,35 @@ class Trainer:
         budget_reason = self.budget.local_stop_reason(eval_next=eval_next)
         if budget_reason:
             local = max(local, CODES[budget_reason])
-        agreed = int(dist.agree_max([float(local)])[0])
-        return REASONS[agreed]
+        # One collective decides it all: stop (and why), a time-based save (rank 0's clock), and the first
+        # non-finite update any rank has found so far.
+        save_due = float(self.env.is_main and self._time_save_due())
+        agreed = dist.agree_max([float(local), save_due, self.guard.code()])
+        self.guard.raise_if(agreed[2])
+        reason = REASONS[int(agreed[0])]
+        if reason is None and agreed[1]:
+            self._save()
+        return reason
 
     # ---- evaluation ---------------------------------------------------------------------------------------
 
-    def _evaluate(self) -> tuple[bool, bool]:
+    def _evaluate(self) -> EvalResult:
         start = time.perf_counter()
-        sums = self.evaluate()
-        metrics = self.task.finish_eval(sums)
+        rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
+        sums, stop = self.evaluate()
         seconds = time.perf_counter() - start
         self.timers.add("eval", seconds)
+        if sums is None:
+            set_rng_state(rng)
+            self.budget.eval_owed = self.step  # carried in the checkpoint: the next hop runs it first
+            if self.console is not None:
+                self.console.message(
+                    f"evaluation at step {self.step} cut short ({stop}): it runs after the resume"
+                )
+            return EvalResult(abandoned=stop)
+        self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
+        metrics = self.task.finish_eval(sums)
         if self.env.is_main:
             self.trackers.log_scalars(self.step, metrics)
             if self.console is not None:
@@ -292,7 +385,7 @@ class Trainer:
                 self.console.message(f"eval at step {self.step} | {shown}")
         key = self.cfg.checkpoint.best_metric
         if key not in metrics:
-            return False, False
+            return EvalResult()
         value = metrics[key]
         sign = 1.0 if self.cfg.checkpoint.best_mode == "min" else -1.0
         delta = self.cfg.train.early_stopping.min_delta
@@ -303,30 +396,65 @@ class Trainer:
         else:
             self.evals_without_improvement += 1
         patience = self.cfg.train.early_stopping.patience
-        return improved, bool(patience) and self.evals_without_improvement >= patience
+        return EvalResult(improved, bool(patience) and self.evals_without_improvement >= patience)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Sums of the task's eval figures over the validation set and all ranks."""
+    def evaluate(self) -> tuple[dict[str, float] | None, str | None]:
+        """Sums of the task's eval figures over the validation set and all ranks; (None, reason) when a stop
+        cut the pass short (on every rank alike)."""
         for module in self.raw_modules.values():
             module.eval()
-        sums: dict[str, torch.Tensor] = {}
-        limit = self.cfg.train.eval_batches
-        val = self.task.build_data("val", self.cfg.run.seed) or ()
-        for i, batch in enumerate(val):
-            if limit and i >= limit:
-                break
-            out = self.task.eval_step(self.task.to_device(batch, self.device), self.ctx)
-            for key, value in out.items():
-                sums[key] = (
-                    sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
-                )
-        for module in self.raw_modules.values():
-            module.train()
+        try:
+            sums, stop = self._eval_sums()
+        finally:
+            for module in self.raw_modules.values():
+                module.train()
+        if stop:
+            return None, REASONS[stop]
         # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
         keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
         reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
-        return {k: float(v) for k, v in reduced.items()}
+        return {k: float(v) for k, v in reduced.items()}, None
+
+    def _eval_sums(self) -> tuple[dict[str, torch.Tensor], int]:
+        """This rank's sums over its validation batches, or a stop code when a stop (a signal, the deadline)
+        came first: asked before each batch, so a long evaluation cannot run past the walltime.
+
+        Under DDP the ranks agree every EVAL_AGREE_EVERY batches (one small max-reduction) whether any rank must
+        stop and whether any still has batches. Every rank makes the same calls, also one that ran out of
+        batches or stopped early, so nobody is left waiting in a collective and all abandon together."""
+        sums: dict[str, torch.Tensor] = {}
+        limit = self.cfg.train.eval_batches
+        batches: Iterator[Any] = iter(self.task.build_data("val", self.cfg.run.seed) or ())
+        per_round = EVAL_AGREE_EVERY if dist.active() else 1
+        done, more = 0, True
+        while True:
+            stop = 0
+            for _ in range(per_round):
+                reason = self.budget.urgent_stop_reason()
+                if reason or not more:
+                    stop = CODES[reason] if reason else 0
+                    break
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    more = False
+                    break
+                except StopRequested as requested:  # a staged validation set waiting for a file
+                    stop = CODES[requested.reason]
+                    break
+                out = self.task.eval_step(self.task.to_device(batch, self.device), self.ctx)
+                for key, value in out.items():
+                    sums[key] = (
+                        sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
+                    )
+                done += 1
+                more = not (limit and done >= limit)
+            agreed = dist.agree_max([float(stop), float(more)])
+            if agreed[0]:
+                return sums, int(agreed[0])
+            if not agreed[1]:
+                return sums, 0
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
@@ -347,6 +475,8 @@ class Trainer:
         for key, count in out.extra_counts.items():
             scalars[f"{key}_per_s"] = count * self.env.world_size * updates / elapsed
         scalars.update(shares)
+        if self.guard.skip:
+            scalars["nonfinite_skips"] = self.guard.skipped
         if self.device.type == "cuda":
             scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self.trackers.log_scalars(self.step, scalars)
@@ -363,32 +493,70 @@ class Trainer:
             )
 
     def _save(self, best: bool = False) -> None:
+        self._check_finite()
         start = time.perf_counter()
         self.keeper.save(best=best)
         seconds = time.perf_counter() - start
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
+        self._last_save_clock = time.monotonic()
         if self.chain is not None:
             self.chain.progress(self.step, self.timers.training_seconds)
+
+    def _check_finite(self) -> None:
+        """Before every save: the losses since the last check and the weights must be finite on every rank,
+        else all ranks raise NonFinite instead of saving (one small collective per save)."""
+        if self._window:
+            self.guard.check_losses(torch.stack(self._window), self._window_first)
+        self.guard.check_weights(self.raw_modules, self.step)
+        self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
 
     def _finish(self, reason: str) -> RunResult:
         improved = False
         if reason == "finished" and self.has_val:
-            improved, _ = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
+            result = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
+            if result.abandoned:  # cut short by a stop: the next start runs it (the run is not finished)
+                if self.keeper.last_saved_step != self.step:
+                    self._save()
+                return self._result("stopped", result.abandoned, EXIT_RESUMABLE)
+            improved = result.improved
         self.finished = True
         self._save(best=improved)
         return self._result("finished", reason, EXIT_OK)
 
-    def _result(self, status: str, reason: str, code: int) -> RunResult:
+    def _failed(self, bad: NonFinite) -> RunResult:
+        saved = self.keeper.last_saved_step
+        kept = (
+            f"checkpoints/latest stays at update {saved}" if saved is not None else "no checkpoint was saved"
+        )
+        skip = "" if self.guard.skip else " (train.on_nonfinite=skip_batch skips such updates)"
+        message = (
+            f"{bad}; stopped at update {self.step} without saving: {kept}. Lower optim.lr, set "
+            f"optim.grad_clip_norm or check the data{skip}, then run again to continue from that checkpoint"
+        )
+        return self._result(
+            "failed",
+            "nonfinite",
+            EXIT_FAILURE,
+            message,
+            nonfinite_update=bad.update,
+            stopped_at_update=self.step,
+        )
+
+    def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
-            hop = self.chain.close_hop(self.step, self.timers.training_seconds, reason) if self.chain else {}
+            last = self.step
+            if status == "failed":  # it got only as far as its last save: where a next start continues
+                saved = self.keeper.last_saved_step
+                last = saved if saved is not None else (self.resumed_step or 0)
+            hop = self.chain.close_hop(last, self.timers.training_seconds, reason) if self.chain else {}
             totals = self.chain.totals() if self.chain else {}
             wall = hop.get("end", time.time()) - hop.get("start", time.time())
             summary = {
                 "status": status,
                 "reason": reason,
-                "step": self.step,
+                "step": last,
                 "total_updates": self.total_updates,
                 "samples": self.samples,
                 "params_sha256": digest,
@@ -397,10 +565,12 @@ class Trainer:
                 "goodput": hop.get("goodput"),
                 "best": self.best,
                 "job_id": self.env.job_id,
+                "nonfinite_skips": self.guard.skipped,
+                **extra,
                 **totals,
             }
             write_summary(self.run_dir, summary)
-        return RunResult(status, reason, self.step, digest, code)
+        return RunResult(status, reason, self.step, digest, code, message)
 
     def close(self) -> None:
         try:

@@ -41,6 +41,7 @@ from hpctrain.data.loader import seed_worker
 from hpctrain.data.ragged import gather_ragged, take_rows
 from hpctrain.data.remote import is_remote
 from hpctrain.errors import UserError
+from hpctrain.runtime.budget import check_stop
 from hpctrain.workloads.muons import layouts, physics
 from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
 from hpctrain.workloads.muons.staged import FileMeta, StagedFiles, StagingSpec, remote_index
@@ -913,7 +914,11 @@ class _Prefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                check_stop()  # a stop (signal, deadline) must not wait for data that is slow to come
+                continue
             if item is self._END:
                 return
             if isinstance(item, BaseException):
