@@ -147,6 +147,52 @@ def test_saving_a_step_again_keeps_it_loadable(tmp_path: Path):
     assert store.load_latest() is not None
 
 
+def test_a_best_save_is_whole_before_the_step_file_and_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """best.pt is part of the commit: a kill before `latest` moves resumes from the previous checkpoint (which
+    saves best again), and a step file that exists always has its best.pt and best.json beside it."""
+    store = CheckpointStore(tmp_path, keep_last=2)
+    store.save(fake_state(1), 1)
+    renamed: list[str] = []
+    real = os.replace
+
+    def replace(src, dst, *args, **kwargs):
+        renamed.append(Path(dst).name)
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    store.save(fake_state(2), 2, best=True)
+    assert renamed == ["best.pt", "best.json", "step_00000002.pt", "step_00000002.json", "latest"]
+
+
+def full_state(value: float) -> dict:
+    return {**fake_state(value), "optimizers": {}, "rng": [], "data": {}}
+
+
+def test_best_without_its_sidecar_is_never_a_fallback(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    from hpctrain.errors import RunError
+
+    store = CheckpointStore(tmp_path, keep_last=2)
+    store.save(full_state(4), 4, best=True)
+    for name in ("latest", "step_00000004.pt", "step_00000004.json"):
+        (tmp_path / name).unlink()
+    # Its hash is there: the last fallback when no step checkpoint can be read (said in a warning).
+    (tmp_path / "step_00000002.pt").write_bytes(b"cut short")
+    with caplog.at_level(logging.WARNING):
+        state, path = store.load_latest()
+    assert (
+        path.name == "best.pt" and state["counters"]["step"] == 4 and "resuming from best.pt" in caplog.text
+    )
+    # Without best.json (a kill between the two writes) it is never used: named among the unusable files ...
+    (tmp_path / "best.json").unlink()
+    with pytest.raises(RunError, match=r"best.pt: has no best.json \(its save was cut short\)"):
+        store.load_latest()
+    # ... and alone it is no checkpoint at all: nothing was committed, the run starts (and saves it) again.
+    (tmp_path / "step_00000002.pt").unlink()
+    assert store.load_latest() is None
+
+
 def test_transient_read_errors_are_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.identity import show
+from hpctrain.fsutil import atomic_write_text
 
 
 def write_json(path: Path, data: Any) -> None:
     """Atomically: a reader (status, report, sync) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def process_start_time() -> float:
@@ -70,6 +69,13 @@ class ChainLog:
         identity: dict[str, Any] | None = None,
     ) -> None:
         """`identity`: config_hash, accepted_changes and allowed_changes ({key: [old, new]}) of this hop."""
+        if (
+            self.hops
+            and self.hops[-1].get("end") is None
+            and first_update > (self.hops[-1].get("last_update") or 0)
+        ):
+            # Killed after a commit it had no time to record: this hop resumes from that checkpoint.
+            self.hops[-1]["last_update"] = first_update
         for hop in self.hops:
             # A hop that never closed was killed (SIGKILL, node failure): say so instead of leaving it open.
             if hop.get("end") is None:
@@ -114,6 +120,26 @@ class ChainLog:
         self.current.pop("last_seen", None)
         write_json(self.path, self.hops)
         return self.current
+
+    def close_killed(
+        self, last_update: int, seen: float | None, reason: str, note: str
+    ) -> dict[str, Any] | None:
+        """Close the last hop if it never closed although it committed the run's final checkpoint (at
+        `last_update`, at time `seen`): it was killed after that save. None when there was nothing to close."""
+        if not self.hops or self.hops[-1].get("end") is not None:
+            return None
+        hop = self.hops[-1]
+        end = max(t for t in (hop.get("last_seen"), seen, hop["start"]) if t is not None)
+        hop.pop("last_seen", None)
+        hop.update(
+            end=end,
+            last_update=max(int(hop.get("last_update") or 0), last_update),
+            exit_reason=reason,
+            goodput=hop.get("train_seconds", 0.0) / max(end - hop["start"], 1e-9),
+            note=note,
+        )
+        write_json(self.path, self.hops)
+        return hop
 
     def totals(self) -> dict[str, float]:
         """Run goodput: time in training steps over the wall time of all hops (failed ones too)."""

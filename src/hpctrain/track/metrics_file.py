@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.fsutil import atomic_write_text
+
 
 def _clean(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else value
@@ -40,9 +42,7 @@ class MetricsFile:
                 continue  # a line cut by a kill
             if record.get("step", 0) <= step:
                 kept.append(line)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(self.path)
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         record: dict[str, Any] = {"step": step}

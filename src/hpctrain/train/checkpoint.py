@@ -2,10 +2,14 @@
 
 A save writes the whole file under a temporary name in the same folder (named after its writer's pid and host),
 fsyncs it, renames it to `step_XXXXXXXX.pt`, writes a sidecar with its SHA-256 and its place in the order of
-saves, and only then moves the `latest` pointer (also written to a temporary name and renamed). Old checkpoints
-are pruned after that, by recency, never the one `latest` names. A loader verifies the hash and falls back to
-older checkpoints when one is unreadable; when a folder holds checkpoints and none can be used it fails (RunError)
-rather than let a run start again from zero over them.
+saves, and only then moves the `latest` pointer (also written to a temporary name and renamed). A save of a new
+best checkpoint first writes `best.pt` and its sidecar `best.json` the same way: everything a save writes is
+complete before `latest` names it, so a kill before the move resumes from the previous checkpoint and does the
+evaluation and the best save again, and a kill after it finds them done. Old checkpoints are pruned after the
+move, by recency, never the one `latest` names (a kill there leaves one too many until the next save). A loader
+verifies the hash and falls back to older checkpoints when one is unreadable, then to best.pt (only with its
+best.json); when a folder holds checkpoints and none can be used it fails (RunError) rather than let a run start
+again from zero over them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 import torch
 
 from hpctrain.errors import RunError, UserError
-from hpctrain.train.runlock import temp_name, writer_gone
+from hpctrain.fsutil import atomic_write_bytes, atomic_write_text
+from hpctrain.train.runlock import clean_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -36,37 +41,6 @@ FULL_STATE_KEYS = ("modules", "optimizers", "counters", "rng", "data")
 # transient (a parallel file system's hiccup), or whose bytes did not match their hash (a stale page).
 READ_RETRY_DELAYS = (0.5, 2.0)
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file.
-
-    The temporary name carries this process's pid and host (`runlock.temp_name`), so a later start removes it
-    only once its writer is dead.
-    """
-    tmp = temp_name(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        pause = os.environ.get("_HPCTRAIN_FAULT_SAVE_PAUSE")
-        if pause and path.suffix == ".pt":
-            # Fault-injection hook for tests: a window in which the file is written but not committed.
-            time.sleep(float(pause))
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
@@ -111,15 +85,11 @@ class CheckpointStore:
 
     def clean_temporaries(self) -> None:
         """Remove half-written files whose writer is dead (a killed save); a live writer's are left alone."""
-        if self.folder.is_dir():
-            for leftover in self.folder.glob(".*.tmp-*"):
-                if writer_gone(leftover):
-                    log.warning(
-                        "removing a half-written checkpoint file from a killed save: %s", leftover.name
-                    )
-                    leftover.unlink(missing_ok=True)
+        clean_temporaries(self.folder, "checkpoint file from a killed save")
 
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
+        """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.pt + best.json], the step
+        file + its sidecar, then `latest`; then prune. Returns the step file."""
         self.folder.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -130,19 +100,33 @@ class CheckpointStore:
         self._seq += 1
         sidecar = {"step": step, "sha256": digest, "seq": self._seq, "saved": time.time()}
         path = self.path_for(step)
-        # Saving a step again: drop the old hash first, so a kill between the two writes never leaves new
-        # data beside an old hash (a good checkpoint that would fail verification).
+        if best:
+            # best.pt belongs to the commit, and comes first: a step file that exists (loadable even before
+            # `latest` names it, when `latest` is missing) always has its best.pt complete beside it; a kill
+            # before `latest` moves resumes from the previous checkpoint, which evaluates and saves best again.
+            self._write_pair(self.folder / "best.pt", data, sidecar)
+        self._write_pair(path, data, sidecar)
+        # The pointer moves last: until here, `latest` still names the previous good checkpoint.
+        atomic_write_text(self.folder / "latest", path.name + "\n")
+        # After the commit: a kill here only leaves an old file too many (the next save, or a finished run's
+        # next start, prunes it).
+        self._prune(keep=path)
+        return path
+
+    @staticmethod
+    def _write_pair(path: Path, data: bytes, sidecar: dict[str, Any]) -> None:
+        """A checkpoint file and its sidecar. The old sidecar goes first, so that a kill between the two writes
+        never leaves new data beside an old hash (a good file that would fail verification): a file without
+        its sidecar is a save cut short."""
         path.with_suffix(".json").unlink(missing_ok=True)
         atomic_write_bytes(path, data)
         atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar))
-        # The pointer moves last: until here, `latest` still names the previous good checkpoint.
-        atomic_write_text(self.folder / "latest", path.name + "\n")
-        if best:
-            (self.folder / "best.json").unlink(missing_ok=True)
-            atomic_write_bytes(self.folder / "best.pt", data)
-            atomic_write_text(self.folder / "best.json", json.dumps(sidecar))
-        self._prune(keep=path)
-        return path
+
+    def prune(self) -> None:
+        """Redo the pruning of the last save (a kill may have cut it short), keeping what `latest` names."""
+        kept = self.candidates()[:1]
+        if kept:
+            self._prune(keep=kept[0])
 
     def _prune(self, keep: Path) -> None:
         """Keep the `keep_last` most recently written step checkpoints (always `keep`, the one just written)."""
@@ -198,7 +182,8 @@ class CheckpointStore:
         return bool(self._step_files()) or any((self.folder / n).exists() for n in ("latest", "best.pt"))
 
     def load_latest(self) -> tuple[dict[str, Any], Path] | None:
-        """The most recent checkpoint that loads, else best.pt if it holds a full training state (warned).
+        """The most recent checkpoint that loads, else best.pt if it holds a full training state and its
+        best.json (warned).
 
         None when the folder holds no checkpoint at all. RunError (one line naming every file and why) when it
         holds some and none can be used: the caller must not start afresh over them.
@@ -214,7 +199,12 @@ class CheckpointStore:
                 log.warning("skipping checkpoint %s: %s", bad.name, why)
             return state, path
         best = self.folder / "best.pt"
-        if best.exists():
+        if best.exists() and _expected_hash(best) is None:
+            # Never trusted without its hash: a save cut short before its step file and `latest`, so nothing
+            # was committed; alone, it is no checkpoint of the run (the save is done again).
+            if failures:
+                failures.append((best, "has no best.json (its save was cut short)"))
+        elif best.exists():
             try:
                 state = read_checkpoint(best)
                 if not is_full_state(state):

@@ -100,7 +100,7 @@ def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int
     if result.status == "already_finished":
         say(
             f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
-            "raise train.total_updates to train further"
+            f"raise train.total_updates to train further. params_sha256={result.params_sha256}"
         )
     elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
         if env.is_main:

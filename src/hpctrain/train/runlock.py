@@ -3,7 +3,8 @@
 `<run_dir>/run.lock` is the lock and its record, JSON `{"pid", "host", "job_id", "started", "heartbeat"}`. The
 holder rewrites it every HEARTBEAT_SECONDS and removes it on a clean exit. A holder is alive when its pid runs on
 this host, or (on another host) when its heartbeat is younger than STALE_SECONDS; a dead holder's lock is taken
-over with a warning.
+over with a warning. Once it holds the lock, the new holder removes the temporary files that dead writers left
+in the run folder (`clean_temporaries`: every file there is written under `fsutil.temp_name`).
 
 Holding it on each kind of file system:
 - flock works (local disks, NFSv4, Lustre/GPFS mounted with flock): the holder keeps an exclusive flock on the
@@ -26,13 +27,13 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import HOST, fsync_dir, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ LOCK_NAME = "run.lock"
 HEARTBEAT_SECONDS = 15.0  # the shared convention: at least every 30 s
 STALE_SECONDS = 120.0  # the shared convention: readers call a run with an older heartbeat dead
 TAKEOVER_PAUSE = 1.0  # without flock: a takeover re-reads the record after this long to see who won
-HOST = socket.gethostname()
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 _HELD_HERE: set[str] = set()  # locks this process holds: a record with our own pid is ours only if listed
 
@@ -58,11 +58,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def temp_name(path: Path) -> Path:
-    """`.NAME.tmp-PID@HOST` beside `path`: whoever finds it later can tell whether its writer still runs."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}@{HOST}")
-
-
 def writer_gone(temp: Path) -> bool:
     """Whether the process that wrote this temporary file is dead (see `temp_name`).
 
@@ -78,6 +73,20 @@ def writer_gone(temp: Path) -> bool:
         return time.time() - temp.stat().st_mtime > STALE_SECONDS
     except FileNotFoundError:
         return False
+
+
+def clean_temporaries(folder: Path, what: str) -> None:
+    """Remove the temporary files (`.NAME.tmp-*`, see `temp_name`) in `folder` whose writer is dead: writes cut
+    short by a kill. A live writer's are left alone. Callers hold the run lock and call this before they write
+    anything into `folder`. `what` names the files in the warning."""
+    try:
+        leftovers = sorted(folder.glob(".*.tmp-*"))
+    except OSError:
+        return
+    for leftover in leftovers:
+        if leftover.is_file() and writer_gone(leftover):
+            log.warning("removing a half-written %s: %s", what, leftover.name)
+            leftover.unlink(missing_ok=True)
 
 
 @dataclass
@@ -143,6 +152,9 @@ class RunLock:
         else:
             raise UserError(f"cannot lock {self.path}: it keeps changing under us; try again")
         _HELD_HERE.add(os.path.abspath(self.path))
+        # The folder is ours now: what killed writers left in it goes (config.yaml, chain.json, summary.json,
+        # metrics.jsonl, run.lock are all written under `temp_name`); before the heartbeat writes its own.
+        clean_temporaries(self.path.parent, "file from a killed write")
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat_loop, name="run-lock-heartbeat", daemon=True)
         self._beat.start()
@@ -281,7 +293,7 @@ class RunLock:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         if self._fd is not None:
             os.close(self._fd)  # the old file's flock: run.lock now names the new, locked one
         if self._flock:
@@ -319,14 +331,6 @@ def _names(path: Path, fd: int) -> bool:
     return (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # Files of a run besides its checkpoints/ folder that belong to that run alone.
 RUN_FILES = ("metrics.jsonl", "chain.json", "summary.json")
 
@@ -362,5 +366,5 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
         (aside / "config.yaml").write_bytes(config.read_bytes())
     for path in found:  # checkpoints/ last: a move cut short leaves the old run resumable where it was
         os.replace(path, aside / path.name)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     return aside

@@ -112,8 +112,10 @@ class StateKeeper:
         if self.t.env.is_main:
             # The previous mirror copy reads files this save replaces and prunes: let it finish first.
             self.close()
-            path = self.t.store.save(state, self.t.step, best=best)
+            # Before the commit: what was logged up to this update is on disk once `latest` names it (a run
+            # resumed from it logs only the updates after it).
             self.t.trackers.flush()
+            path = self.t.store.save(state, self.t.step, best=best)
             if self.t.cfg.checkpoint.mirror_to:
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
         self.last_saved_step = self.t.step

@@ -21,6 +21,7 @@ from hpctrain.track.chain import ChainLog, write_summary
 from hpctrain.track.console import Console
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
+from hpctrain.train.finished import complete_finished_run
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.runlock import RunLock
@@ -200,8 +201,12 @@ class Trainer:
 
     def fit(self) -> RunResult:
         if self.finished and self.total_updates <= self.finished_total:
-            # Finished (or stopped early) with this many updates asked for: nothing to do.
-            return self._result("already_finished", "finished", EXIT_OK)
+            # Finished (or stopped early) with this many updates asked for: nothing to train, no new hop; only
+            # what a kill after the final save left undone (the hop's close, summary.json) is done.
+            result = self._result("already_finished", "finished", EXIT_OK)
+            if self.env.is_main:
+                complete_finished_run(self, result.params_sha256)
+            return result
         if self.chain is not None:
             self.chain.open_hop(
                 self.env.job_id,

@@ -1,0 +1,103 @@
+"""A finished run started again: nothing to train, but what a kill after its final save left undone is done.
+
+The final save commits the finished state (`latest` moves); pruning, the hop's record in chain.json and
+summary.json come after it. A process killed there leaves a finished run (the next start trains nothing) whose
+hop never closed (`hpctrain status` calls it crashed) and that has no summary.json, or the previous hop's. The
+start that finds the run finished completes that record instead of opening a hop of its own: it closes the open
+hop, writes summary.json (with the hash of the weights it loaded), and redoes the pruning and the mirror copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.track.chain import read_json, write_summary
+
+if TYPE_CHECKING:
+    from hpctrain.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+NOTE = "killed after its final save; closed by the next start"
+
+
+def complete_finished_run(t: Trainer, digest: str) -> list[str]:
+    """On rank 0 of a run found finished: repair what a kill after the final save left; returns what was done
+    (empty when nothing was missing)."""
+    if t.chain is None:
+        return []
+    reason = "finished" if t.step >= t.total_updates else "early_stop"
+    committed = _mtime(t.store.path_for(t.step))
+    done = []
+    if t.chain.close_killed(t.step, committed, reason, NOTE) is not None:
+        done.append("closed its last hop in chain.json")
+    path = t.run_dir / "summary.json"
+    if done or _stale(path, t.step, committed, len(t.chain.hops)):
+        write_summary(t.run_dir, _summary(t, reason, digest))
+        done.append("wrote summary.json")
+    if done:
+        t.store.prune()
+        _mirror(t)
+        log.warning(
+            "run %s was killed after its final save (update %d): %s", t.run_dir, t.step, "; ".join(done)
+        )
+    return done
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _stale(path: Path, step: int, committed: float | None, hops: int) -> bool:
+    """Whether summary.json is missing or not the final one: another update or status, written before the
+    final checkpoint, or before the last hop."""
+    summary = read_json(path, None)
+    if not isinstance(summary, dict):
+        return True
+    if summary.get("step") != step or summary.get("status") not in ("finished", "already_finished"):
+        return True
+    written_by = summary.get("hops")
+    if isinstance(written_by, int) and written_by < hops:
+        return True
+    written = _mtime(path)
+    return committed is not None and written is not None and written < committed
+
+
+def _summary(t: Trainer, reason: str, digest: str) -> dict[str, Any]:
+    """summary.json as the killed hop would have written it; what that hop measured and lost is None."""
+    assert t.chain is not None
+    last = t.chain.hops[-1] if t.chain.hops else {}
+    end, start = last.get("end"), last.get("start")
+    return {
+        "status": "finished",
+        "reason": reason,
+        "step": t.step,
+        "total_updates": t.total_updates,
+        "samples": t.samples,
+        "params_sha256": digest,
+        "wall_seconds": end - start if end is not None and start is not None else None,
+        "seconds": None,
+        "goodput": last.get("goodput"),
+        "best": t.best,
+        "job_id": last.get("job_id"),
+        "note": "written by a later start: the run was killed after its final save",
+        **t.chain.totals(),
+    }
+
+
+def _mirror(t: Trainer) -> None:
+    """The mirror copy after the final save may have been cut short too."""
+    dest = t.cfg.checkpoint.mirror_to
+    if not dest:
+        return
+    from hpctrain.data.remote import FolderMirror
+
+    try:
+        FolderMirror(dest).sync(t.store.folder, last=("latest",))
+    except Exception as exc:  # a failed mirror loses nothing local: warn, as after any save
+        log.warning("mirroring checkpoints to %s failed: %s", dest, exc)
