@@ -302,3 +302,19 @@ def test_status_stopped_resumable_finished_and_not_started(tmp_path: Path) -> No
 
     info = _status(tmp_path / "n", _run_folder(tmp_path / "n", [], None))
     assert info["status"] == "not started"
+
+
+def test_status_failed_on_a_nonfinite_loss_is_not_a_crash(tmp_path: Path) -> None:
+    now = time.time()
+    hops = [_hop(0, now - 900, now - 600, 0, 40, "nonfinite")]
+    failed = {
+        "status": "failed",
+        "reason": "nonfinite",
+        "step": 40,
+        "nonfinite_update": 47,
+        "total_updates": 100,
+        "hops": 1,
+    }
+    info = _status(tmp_path, _run_folder(tmp_path, hops, failed))
+    assert info["status"] == "failed" and info["evidence"] == "summary.json: failed (nonfinite at update 47)"
+    assert "failed (fix the cause" in info["text"]

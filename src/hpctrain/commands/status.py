@@ -90,7 +90,7 @@ def run_state(
     queue: str | None,
     finished: bool,
 ) -> tuple[str, str]:
-    """(state, the evidence for it): running | finished | stopped | crashed | not started."""
+    """(state, the evidence for it): running | finished | stopped | failed | crashed | not started."""
     if holder:
         return "running", holder
     if queue and queue.split(" ", 1)[0] in _RUNNING_STATES:
@@ -111,6 +111,11 @@ def run_state(
         return "finished", f"summary.json: {status} ({summary.get('reason')})"
     if status == "stopped":
         return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
+    if status == "failed":  # ended on purpose by the trainer (e.g. a non-finite loss), its last save intact
+        where = summary.get("nonfinite_update")
+        return "failed", f"summary.json: failed ({summary.get('reason')}" + (
+            f" at update {where})" if where is not None else ")"
+        )
     return "crashed", f"summary.json says {status!r}"
 
 
@@ -192,6 +197,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
 _STATE_TEXT = {
     "stopped": "stopped, resumable (run the same command again, or hpctrain submit)",
     "crashed": "crashed (resume with the same command: it continues from the last checkpoint)",
+    "failed": "failed (fix the cause, e.g. a lower optim.lr with checkpoint.accept_changes, then run again: it "
+    "continues from the last good checkpoint)",
 }
 
 
