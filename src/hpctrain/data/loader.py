@@ -87,6 +87,7 @@ class IndexedStream:
         self.epoch = 0
         self.offset = 0
         self.files, self.allow_changed_files = files, allow_changed_files
+        self._files_state = files.state() if files is not None else None  # state_dict() runs every update
         n = len(dataset)
         if n < batch_size * world_size:
             raise UserError(
@@ -153,8 +154,8 @@ class IndexedStream:
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"epoch": self.epoch, "offset": self.offset}
-        if self.files is not None:
-            state["files"] = self.files.state()
+        if self._files_state is not None:
+            state["files"] = self._files_state
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -707,6 +707,8 @@ class EventStream:
             else None
         )
         self.on_bad_file, self.run_dir = on_bad_file, run
+        # The file list's state, built again only when the index changes: state_dict() runs every update.
+        self._files_state: tuple[tuple[int, int], dict[str, Any]] | None = None
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.drop_last, self.prefetch_batches = drop_last, prefetch_batches
         if drop_last and self.index.total < batch_size * world_size:
@@ -857,8 +859,14 @@ class EventStream:
             "epoch": self.epoch,
             "position": self.position,
             "stats": dict(self.stats),
-            "files": self.index.file_list().state(),
+            "files": self._file_list_state(),
         }
+
+    def _file_list_state(self) -> dict[str, Any]:
+        key = (len(self.index.files), sum(self.index.events))
+        if self._files_state is None or self._files_state[0] != key:
+            self._files_state = (key, self.index.file_list().state())
+        return self._files_state[1]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved position; UserError if the files changed (unless allow_changed_files: then
