@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import socket
 import subprocess
@@ -27,6 +26,7 @@ import yaml
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.fsutil import pid_alive
 from hpctrain.launch.chain import read_hops
 from hpctrain.track.chain import changes_text
 
@@ -58,25 +58,13 @@ HEARTBEAT_FRESH = 120.0
 _RUNNING_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, someone else's
-    except (OSError, OverflowError):
-        return False
-    return True
-
-
 def lock_holder(run_dir: Path, now: float) -> str | None:
     """Who holds run.lock, as evidence for 'running' (None: nobody, or a stale lock)."""
     lock = _read(run_dir / "run.lock", None)
     if not isinstance(lock, dict):
         return None
     pid, host, beat = lock.get("pid"), lock.get("host"), lock.get("heartbeat")
-    if isinstance(pid, int) and host == socket.gethostname() and _pid_alive(pid):
+    if isinstance(pid, int) and host == socket.gethostname() and pid_alive(pid):
         return f"run.lock held by live process {pid} on this host"
     if isinstance(beat, (int, float)) and now - beat < HEARTBEAT_FRESH:
         return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"

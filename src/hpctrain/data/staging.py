@@ -45,6 +45,7 @@ from hpctrain.data.remote import (
     is_folder,
     is_remote,
 )
+from hpctrain.fsutil import pid_alive
 from hpctrain.runtime.budget import check_stop
 
 log = logging.getLogger("hpctrain.staging")
@@ -101,16 +102,6 @@ def _remove(path: Path) -> None:
             path.unlink(missing_ok=True)
     except OSError as err:  # someone else's entry in our folder? say so, do not stop staging for it
         log.warning("cannot remove %s: %s", path, err)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Stager:
@@ -538,7 +529,7 @@ class Stager:
         list's stale error markers. Entries of live processes, and names we did not make, stay."""
         for tmp in self.root.glob(".*.part-*"):
             match = re.search(r"\.part-(\d+)-", tmp.name)
-            if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+            if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
                 kind = "folder" if tmp.is_dir() and not tmp.is_symlink() else "file"
                 _remove(tmp)
                 log.info("removed leftover partial %s %s", kind, tmp.name)

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 # Reason codes shared by all ranks through a max-reduction: a higher code wins.
 # early_stop ranks highest: a run that has decided to end must not become a resumable stop that trains on.
-REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop"}
+# data_error (a bad file met mid-run) ranks above all: the run saves what it trained and ends with exit 2.
+REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop", 4: "data_error"}
 CODES = {reason: code for code, reason in REASONS.items() if reason}
 # Time-based saves are spaced so that saving takes at most this share of the wall time (see save_interval).
 SAVE_SHARE = 0.02

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import HOST, fsync_dir, temp_name
+from hpctrain.fsutil import HOST, fsync_dir, pid_alive, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +43,6 @@ STALE_SECONDS = 120.0  # the shared convention: readers call a run with an older
 TAKEOVER_PAUSE = 1.0  # without flock: a takeover re-reads the record after this long to see who won
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 _HELD_HERE: set[str] = set()  # locks this process holds: a record with our own pid is ours only if listed
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid runs on this host (a zombie counts as alive until reaped)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 def writer_gone(temp: Path) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hpctrain.errors import EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
@@ -110,6 +110,7 @@ class Trainer:
         self.keeper = StateKeeper(self)
         self._closers: list[Callable[[], None]] = []
         self.guard = NonFiniteGuard(cfg.train)
+        self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
         self._window_first = 1  # the update of _window[0]
         self._last_save_clock = time.monotonic()  # rank 0's clock decides time-based saves for all ranks
@@ -223,6 +224,8 @@ class Trainer:
                 return self._finish(reason or "finished")
             if self.keeper.last_saved_step != self.step:
                 self._save()
+            if reason == "data_error":
+                raise self._data_failure()
             return self._result("stopped", reason, EXIT_RESUMABLE)
         except NonFinite as bad:
             return self._failed(bad)
@@ -247,6 +250,8 @@ class Trainer:
                 micro, waited = self._next_update(batches), 0
             except StopRequested as stop:  # a signal or the deadline while waiting for data
                 micro, waited = None, CODES[stop.reason]
+            except UserError as bad:  # a bad file met mid-run (data.on_bad_file=fail): keep what was trained
+                self._data_error, micro, waited = bad, None, CODES["data_error"]
             empty, stop_code = self._agree_fetch(micro is None and not waited, waited)
             if stop_code:
                 # Every rank drops this update; batches some ranks already took are given back.
@@ -528,6 +533,20 @@ class Trainer:
         self.finished = True
         self._save(best=improved)
         return self._result("finished", reason, EXIT_OK)
+
+    def _data_failure(self) -> UserError:
+        """The error to end with after a bad file met mid-run, once the updates before it are saved (every rank
+        saved; the stream's position was put back before the failed fetch, so nothing is skipped)."""
+        self._result("stopped", "data_error", EXIT_BAD_INPUT)
+        cause = (
+            str(self._data_error)
+            if self._data_error is not None
+            else "another rank met bad data (see its log)"
+        )
+        return UserError(
+            f"{cause} (the {self.step} updates done so far are saved: once the data is fixed, the same command "
+            "continues from there)"
+        )
 
     def _failed(self, bad: NonFinite) -> RunResult:
         saved = self.keeper.last_saved_step
