@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, RunError, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
 
 VERBS = {
     "train": "train a model (default: the debug regression job)",
@@ -66,3 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt:
+        # A second Ctrl-C (the first asks for a save and a stop): the last committed checkpoint stays.
+        print(
+            "error: interrupted (a second Ctrl-C): nothing was saved since the last checkpoint, which stays; run "
+            "the same command again to continue from it",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `hpctrain status RUN | head`: the reader is gone; say nothing more (and nothing at exit either).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK

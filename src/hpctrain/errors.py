@@ -7,6 +7,8 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 # EX_TEMPFAIL: stopped early on purpose (time budget or signal) and resumable: resubmit to continue.
 EXIT_RESUMABLE = 75
+# 128 + SIGINT, what a shell reports for a process ended by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 
 class UserError(ValueError):

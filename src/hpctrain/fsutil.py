@@ -32,15 +32,20 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file."""
     tmp = temp_name(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        pause = os.environ.get("_HPCTRAIN_FAULT_SAVE_PAUSE")
-        if pause and path.suffix == ".pt":
-            # Fault-injection hook for tests: a window in which the file is written but not committed.
-            time.sleep(float(pause))
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            pause = os.environ.get("_HPCTRAIN_FAULT_SAVE_PAUSE")
+            if pause and path.suffix == ".pt":
+                # Fault-injection hook for tests: a window in which the file is written but not committed.
+                time.sleep(float(pause))
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        # A full disk, a quota, a read-only mount: leave no half file taking the space a retry needs.
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

@@ -252,3 +252,20 @@ def test_argv_scrubbing_masks_secret_looking_values() -> None:
         "data.pelican.token=***",
         "--api-key=***",
     ]
+
+
+def test_unreadable_config_and_env_files_and_infinite_values_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "badenv").write_bytes(b"BEARER_TOKEN\n\xff=1\n")
+    (tmp_path / "configs").mkdir()
+    cases = {
+        ("--config", "bin.yaml"): "error: config file 'bin.yaml' is not UTF-8 text (byte 0)",
+        ("--env-file", "badenv"): "error: env file 'badenv' is not UTF-8 text",
+        ("--config", "configs"): "error: config file 'configs' is a folder",
+        ("optim.lr=inf",): "error: optim.lr='inf': Input should be a finite number",
+        ("optim.lr=-inf",): "error: optim.lr='-inf': Input should be a finite number",
+    }
+    for args, start in cases.items():
+        done = hpctrain("config", "show", *args, cwd=tmp_path)
+        assert done.code == 2, (args, done.err)
+        assert done.err.startswith(start) and len(done.err.strip().splitlines()) == 1, (args, done.err)

@@ -318,3 +318,24 @@ def test_status_failed_on_a_nonfinite_loss_is_not_a_crash(tmp_path: Path) -> Non
     info = _status(tmp_path, _run_folder(tmp_path, hops, failed))
     assert info["status"] == "failed" and info["evidence"] == "summary.json: failed (nonfinite at update 47)"
     assert "failed (fix the cause" in info["text"]
+
+
+def _cli_raising(exc: str) -> subprocess.CompletedProcess:
+    """`hpctrain status x` in a subprocess whose verb raises `exc` (what a closed pipe or a second Ctrl-C does)."""
+    code = (
+        "import sys, hpctrain.commands.status as verb\n"
+        f"def boom(argv): raise {exc}\n"
+        "verb.main = boom\n"
+        "from hpctrain.cli import main\n"
+        "sys.exit(main(['status', 'x']))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+
+
+def test_a_closed_pipe_and_a_second_ctrl_c_end_without_a_traceback() -> None:
+    piped = _cli_raising("BrokenPipeError(32, 'Broken pipe')")  # `hpctrain status RUN | head -1`
+    assert (piped.returncode, piped.stderr) == (0, "")
+    interrupted = _cli_raising("KeyboardInterrupt")
+    assert interrupted.returncode == 130
+    assert interrupted.stderr.startswith("error: interrupted (a second Ctrl-C)")
+    assert len(interrupted.stderr.strip().splitlines()) == 1 and "Traceback" not in interrupted.stderr

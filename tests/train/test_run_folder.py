@@ -557,3 +557,45 @@ def test_a_flock_kept_by_a_dead_holders_forked_workers_is_taken_over(tmp_path: P
     finally:
         orphan.kill()
         orphan.wait()
+
+
+# ---- a disk that cannot take the checkpoint ------------------------------------------------------------------
+
+
+def test_a_full_disk_at_a_save_is_one_line_keeps_the_last_checkpoint_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import errno
+
+    from hpctrain import fsutil
+
+    assert run(cfg_for(tmp_path, "train.total_updates=4", "checkpoint.every=2"), ClusterEnv()) == EXIT_OK
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        # The disk fills up while the next checkpoint's data is flushed.
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".pt.tmp-" + str(os.getpid()) + "@" + fsutil.HOST):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(fsutil.os, "fsync", full)
+    with pytest.raises(RunError) as info:
+        run(cfg_for(tmp_path, "train.total_updates=8", "checkpoint.every=2"), ClusterEnv())
+    message = str(info.value)
+    assert "\n" not in message
+    assert "cannot write the checkpoint of update 6" in message and "No space left on device" in message
+    assert "the last complete checkpoint (update 4) is kept" in message
+    checkpoints = tmp_path / "t" / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_00000004.pt"
+    assert not [p.name for p in checkpoints.iterdir() if ".tmp-" in p.name]
+
+
+def test_resume_never_moves_the_old_runs_wandb_records_aside_too(tmp_path: Path):
+    assert run(cfg_for(tmp_path, "train.total_updates=2"), ClusterEnv()) == EXIT_OK
+    folder = tmp_path / "t"
+    (folder / "wandb.json").write_text('{"id": "old-run"}')
+    (folder / "wandb" / "offline-run-old").mkdir(parents=True)
+    assert run(cfg_for(tmp_path, "train.total_updates=2", "checkpoint.resume=never"), ClusterEnv()) == EXIT_OK
+    (aside,) = folder.glob("old-*")
+    assert (aside / "wandb.json").is_file() and (aside / "wandb" / "offline-run-old").is_dir()
+    assert not (folder / "wandb.json").exists() and not (folder / "wandb").exists()

@@ -164,10 +164,18 @@ def _safe_load(text: str) -> Any:
 
 def read_yaml(path: str) -> dict[str, Any]:
     file = Path(path)
+    if file.is_dir():
+        raise UserError(f"config file {path!r} is a folder; name a YAML file in it (e.g. {path}/debug.yaml)")
     if not file.is_file():
         raise UserError(f"config file {path!r} not found")
     try:
-        data = _safe_load(file.read_text())
+        data = _safe_load(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"config file {path!r} is not UTF-8 text (byte {exc.start}): is it a YAML file?"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"config file {path!r} cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -392,7 +400,12 @@ def load_config(
 def _dotenv_file(path: str | None) -> dict[str, str | None]:
     if not path or not Path(path).is_file():
         return {}
-    return dict(dotenv_values(path))
+    try:
+        return dict(dotenv_values(path, encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"env file {path!r} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"env file {path!r} cannot be read: {exc.strerror or exc}") from None
 
 
 def resolve_config(

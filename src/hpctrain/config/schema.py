@@ -19,7 +19,8 @@ from hpctrain.config.remote import PelicanConfig, StagingConfig
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are validated on assignment too."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `optim.lr=inf` is a typo to refuse now, not a NaN loss at update 2.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # What a key means for a run that continues from its checkpoint, as `json_schema_extra=` of its field (a field

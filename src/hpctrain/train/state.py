@@ -115,7 +115,17 @@ class StateKeeper:
             # Before the commit: what was logged up to this update is on disk once `latest` names it (a run
             # resumed from it logs only the updates after it).
             self.t.trackers.flush()
-            path = self.t.store.save(state, self.t.step, best=best)
+            try:
+                path = self.t.store.save(state, self.t.step, best=best)
+            except (
+                OSError
+            ) as exc:  # a full disk, a quota, a read-only folder: nothing of the last commit is lost
+                kept = f"update {self.last_saved_step}" if self.last_saved_step is not None else "nothing yet"
+                raise RunError(
+                    f"cannot write the checkpoint of update {self.t.step} into {self.t.store.folder}: "
+                    f"{exc.strerror or exc}; the last complete checkpoint ({kept}) is kept: free space (or fix "
+                    "the folder's permissions, or set run.out_dir elsewhere) and run the same command again"
+                ) from None
             if self.t.cfg.checkpoint.mirror_to:
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
         self.last_saved_step = self.t.step

@@ -554,9 +554,10 @@ class Trainer:
             f"checkpoints/latest stays at update {saved}" if saved is not None else "no checkpoint was saved"
         )
         skip = "" if self.guard.skip else " (train.on_nonfinite=skip_batch skips such updates)"
+        again = "to continue from that checkpoint" if saved is not None else "(it starts afresh)"
         message = (
             f"{bad}; stopped at update {self.step} without saving: {kept}. Lower optim.lr, set "
-            f"optim.grad_clip_norm or check the data{skip}, then run again to continue from that checkpoint"
+            f"optim.grad_clip_norm or check the data{skip}, then run again {again}"
         )
         return self._result(
             "failed",
