@@ -49,6 +49,19 @@ def dead_pid() -> int:
     return child.pid
 
 
+def write_dead_holders_lock(folder: Path) -> dict:
+    """A run.lock on this host whose holder is gone, its heartbeat still fresh (killed a moment ago)."""
+    record = {
+        "pid": dead_pid(),
+        "host": runlock.HOST,
+        "job_id": None,
+        "started": 1.0,
+        "heartbeat": time.time(),
+    }
+    (folder / "run.lock").write_text(json.dumps(record))
+    return record
+
+
 def listing(folder: Path) -> dict[str, bytes]:
     # config.yaml aside: commands/train.py still writes it before the run folder is locked (to be moved).
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "config.yaml")
@@ -200,14 +213,7 @@ def test_without_flock_the_lock_is_an_exclusive_file_with_a_heartbeat(tmp_path: 
     finally:
         holder.release()
     # A dead holder's record is taken over; a live one on this host is not.
-    record = {
-        "pid": dead_pid(),
-        "host": runlock.HOST,
-        "job_id": None,
-        "started": 1.0,
-        "heartbeat": time.time(),
-    }
-    (tmp_path / "run.lock").write_text(json.dumps(record))
+    record = write_dead_holders_lock(tmp_path)
     lock = runlock.RunLock(tmp_path)
     lock.acquire()
     assert "taking over the lock" in caplog.text
@@ -526,14 +532,7 @@ def test_folder_mirror_holds_a_whole_checkpoint_after_every_single_operation(tmp
 
 def test_a_flock_kept_by_a_dead_holders_forked_workers_is_taken_over(tmp_path: Path, monkeypatch, caplog):
     monkeypatch.setattr(runlock, "TAKEOVER_PAUSE", 0.01)
-    record = {
-        "pid": dead_pid(),
-        "host": runlock.HOST,
-        "job_id": None,
-        "started": 1.0,
-        "heartbeat": time.time(),
-    }
-    (tmp_path / "run.lock").write_text(json.dumps(record))
+    write_dead_holders_lock(tmp_path)
     # A DataLoader worker forked by the dead holder: it still holds the flock of the file for a few seconds.
     orphan = subprocess.Popen(
         [

@@ -16,9 +16,12 @@ raised, reduced to its first line). A valid file without events has layout "empt
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -176,6 +179,20 @@ def _select(
     return Events(primaries, muons.reshape(-1, 3), counts.astype(np.int64, copy=False), ids)
 
 
+@contextlib.contextmanager
+def _closed_on_error(file: Any, path: str) -> Iterator[None]:
+    """Close a just-opened file when reading its layout fails: a LayoutError stays as it is (it names what is
+    missing), anything else from the reader library becomes the one-line "cannot be read" error."""
+    try:
+        yield
+    except LayoutError:
+        file.close()
+        raise
+    except Exception as err:  # pyarrow and h5py raise many types for a bad file
+        file.close()
+        raise unreadable(path, err) from None
+
+
 class ParquetReader:
     """One Parquet file; unit i is row group i. A file without events has layout "empty"."""
 
@@ -185,17 +202,11 @@ class ParquetReader:
             self.file = pq.ParquetFile(path)
         except Exception as err:  # OSError, ArrowInvalid, ...: pyarrow raises many types for a bad file
             raise unreadable(path, err) from None
-        try:
+        with _closed_on_error(self.file, path):
             meta = self.file.metadata
             self.unit_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
             # an empty file holds nothing to misread: whatever its columns, it is just empty
             self.layout = self._detect(self.file.schema_arrow) if sum(self.unit_rows) else "empty"
-        except LayoutError:
-            self.file.close()
-            raise
-        except Exception as err:
-            self.file.close()
-            raise unreadable(path, err) from None
         self._columns = (
             ["primary_major_id", "primary_minor_id", "primary", "muons"]
             if self.layout == "parquet"
@@ -279,14 +290,8 @@ class HDF5Reader:
             self.file = h5py.File(path, "r")
         except Exception as err:  # OSError for truncated/foreign files, others for odd ones
             raise unreadable(path, err) from None
-        try:
+        with _closed_on_error(self.file, path):
             self._check(unit_events)
-        except LayoutError:
-            self.file.close()
-            raise
-        except Exception as err:
-            self.file.close()
-            raise unreadable(path, err) from None
 
     def _check(self, unit_events: int) -> None:
         path = self.path
