@@ -51,10 +51,19 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
     _active = torch_dist.get_world_size() > 1
 
 
-def teardown() -> None:
+def teardown(clean: bool = True) -> None:
+    """Leave the process group. After a clean end every rank first waits for the others: rank 0 may still be
+    writing the final checkpoint, and a rank that destroys its group and exits while peers are in another phase
+    can abort in gloo's threads ("terminate called without an active exception", seen on a 2-node job). After an
+    error nobody waits: the peers may be gone."""
     global _active
-    _active = False
-    if torch_dist.is_initialized():
+    was_active, _active = _active, False
+    if not torch_dist.is_initialized():
+        return
+    try:
+        if clean and was_active:
+            torch_dist.barrier()
+    finally:
         torch_dist.destroy_process_group()
 
 

@@ -64,7 +64,7 @@ def run(cfg: Any, env: ClusterEnv) -> int:
             [
                 ("the trainer", built[0].close if built else None),
                 ("the stop signal handlers", signals.close),
-                ("the process group", _teardown),
+                ("the process group", lambda: _teardown(clean=error is None)),
             ],
             error,
         )
@@ -160,10 +160,10 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
         ) from None
 
 
-def _teardown() -> None:
+def _teardown(clean: bool) -> None:
     from hpctrain.runtime import dist
 
-    dist.teardown()
+    dist.teardown(clean)
 
 
 def _close_all(steps: list[tuple[str, Callable[[], None] | None]], error: BaseException | None) -> None:
