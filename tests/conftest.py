@@ -30,6 +30,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+FAULT_HOOK = Path(__file__).parent / "faulthook"
+
+
+def save_pause(seconds: float) -> dict[str, str]:
+    """Environment for a subprocess whose checkpoint saves pause `seconds` before their rename (the window a
+    fault test kills in, or a way to make hops last): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+
+
 @dataclass
 class Done:
     code: int

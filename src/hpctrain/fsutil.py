@@ -7,10 +7,13 @@ finds it left behind can tell whether its writer still runs (`train/runlock.py: 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 HOST = socket.gethostname()
 
@@ -29,28 +32,60 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file."""
+# Called with the temporary path once it is written and before it is committed. Tests set it (monkeypatch) to
+# open a window in which a file is complete but not yet renamed, and kill the writer there.
+before_commit: Callable[[Path, Path], None] | None = None
+
+
+@contextmanager
+def atomic_path(path: Path, fsync: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside `path` for the caller to write (with any library: torch.save, h5py,
+    pyarrow); on success fsync it, rename it to `path` and fsync the folder. On any failure the temporary is
+    removed: a full disk, a quota or a read-only mount leaves no half file taking the space a retry needs.
+    `fsync=False` only for files whose loss on a power cut is harmless (a cache rebuilt on demand)."""
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            pause = os.environ.get("_HPCTRAIN_FAULT_SAVE_PAUSE")
-            if pause and path.suffix == ".pt":
-                # Fault-injection hook for tests: a window in which the file is written but not committed.
-                time.sleep(float(pause))
-            os.fsync(handle.fileno())
+        yield tmp
+        if fsync:
+            _fsync_file(tmp)
+        if before_commit is not None:
+            before_commit(tmp, path)
         os.replace(tmp, path)
-    except OSError:
-        # A full disk, a quota, a read-only mount: leave no half file taking the space a retry needs.
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY)  # our own file; writable as some filesystems want for fsync
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def nearest_existing_folder(path: str | Path) -> Path:
+    """Where a missing path stops existing: the usual cause is a volume not mounted on this node, or a typo."""
+    parent = Path(path).expanduser().absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,6 +1,6 @@
 """Chained resubmission, preemption, a killed rank and the no-progress cap, with the real templates.
 
-Hops are throttled with the checkpoint layer's fault hook (_HPCTRAIN_FAULT_SAVE_PAUSE: every save sleeps) so
+Hops are throttled with the checkpoint layer's fault hook (tests/faulthook: every save sleeps) so
 that the work needs several hops whatever the machine's speed, and so that a test can act mid-run.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env
+from tests.conftest import clean_env, save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import (
     log_of,
@@ -49,7 +49,7 @@ def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmClu
         slurm_cluster,
         project,
         [script.name, *DEBUG, "run.name=chain", "budget.margin_seconds=42", *work],
-        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",  # 60 saves x 0.5 s: at least 30 s of work
+        **save_pause(0.5),  # 60 saves x 0.5 s: at least 30 s of work
     )
     # The same run without interruption, meanwhile, outside SLURM.
     ref = subprocess.Popen(
@@ -96,7 +96,7 @@ def test_preemption_by_scancel_signal_usr1(slurm_cluster: SlurmCluster, project:
             "checkpoint.every=20",
             "logging.log_every=1",
         ],
-        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",
+        **save_pause(0.5),
     )
     try:
         run = project / "logs" / "preempt"
@@ -142,7 +142,7 @@ def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmClu
         "checkpoint.every=20",
         "distributed.timeout_seconds=15",
     ]
-    job = submit(slurm_cluster, project, args, _HPCTRAIN_FAULT_SAVE_PAUSE="0.5")
+    job = submit(slurm_cluster, project, args, **save_pause(0.5))
     run = project / "logs" / "killed"
     try:
         wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
@@ -174,7 +174,7 @@ def test_no_progress_cap_stops_the_chain(slurm_cluster: SlurmCluster, project: P
             "checkpoint.every=1",
             "slurm.max_hops_without_progress=2",
         ],
-        _HPCTRAIN_FAULT_SAVE_PAUSE="300",
+        **save_pause(300),
     )
     try:
         for hop in (1, 2):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import job_env, loss_steps, make_project, read_json, wait_done, wait_for
 
@@ -50,7 +51,7 @@ def test_submit_dry_run_then_submit_preempt_and_finish(slurm_cluster: SlurmClust
     assert "#SBATCH --signal=USR2@20" in dry.stdout and "#SBATCH --time=5" in dry.stdout
     assert not list((project / "logs" / "slurm").glob("submitit/*.pkl"))  # nothing submitted
 
-    done = hpctrain_submit(slurm_cluster, project, *args, _HPCTRAIN_FAULT_SAVE_PAUSE="0.5")
+    done = hpctrain_submit(slurm_cluster, project, *args, **save_pause(0.5))
     assert done.returncode == 0, done.stderr
     match = re.search(r"job (\d+); run folder (\S+)", done.stdout)
     assert match, done.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import clean_env
+from tests.conftest import clean_env, save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import log_of, make_project, read_json, submit, wait_done, wait_for
 
@@ -131,7 +131,7 @@ def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, pr
             "checkpoint.every=20",
             "logging.log_every=1",
         ],
-        _HPCTRAIN_FAULT_SAVE_PAUSE="0.5",
+        **save_pause(0.5),
     )
     run = project / "logs" / "trun"
     try:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hpctrain.train.checkpoint import CheckpointStore, load_verified, strip_prefixes
-from tests.conftest import clean_env, hpctrain
+from tests.conftest import clean_env, hpctrain, save_pause
 
 
 def fake_state(value: float) -> dict:
@@ -91,7 +91,7 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
         "train.eval_every=0",
         "logging.log_every=10",
     ]
-    env = clean_env(_HPCTRAIN_FAULT_SAVE_PAUSE="30")
+    env = clean_env(**save_pause(30))
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = tmp_path / "out" / "k" / "checkpoints"
     deadline = time.time() + 90
@@ -112,7 +112,7 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
     proc = subprocess.Popen(
         args,
         cwd=tmp_path,
-        env=clean_env(_HPCTRAIN_FAULT_SAVE_PAUSE="3"),
+        env=clean_env(**save_pause(3)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

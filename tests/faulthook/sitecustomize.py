@@ -1,0 +1,22 @@
+"""Test-only fault injection, loaded by every Python process whose PYTHONPATH starts with this folder.
+
+Subprocesses (the CLI, SLURM jobs, submitit workers) cannot be monkeypatched from a test; this file does it for
+them: with `_HPCTRAIN_TEST_SAVE_PAUSE=S` each checkpoint (`*.pt`) written through `hpctrain.fsutil` pauses S
+seconds once complete and before its rename, a window in which a test kills the writer or slows a hop down.
+Production code reads no such variable. Use `tests.conftest.save_pause(S)` to build the environment.
+"""
+
+import os
+
+_pause = os.environ.get("_HPCTRAIN_TEST_SAVE_PAUSE")
+if _pause:
+    import time
+    from pathlib import Path
+
+    from hpctrain import fsutil
+
+    def _pause_before_commit(tmp: Path, path: Path) -> None:
+        if path.suffix == ".pt":
+            time.sleep(float(_pause))
+
+    fsutil.before_commit = _pause_before_commit
