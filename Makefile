@@ -2,7 +2,7 @@
 # Both install what is missing first (a virtual environment in .venv, reused while pyproject.toml is unchanged).
 PYTHON ?= python3
 VENV ?= .venv
-# CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "On a cluster".
+# CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "Installing on a cluster (CUDA)".
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hpctrain-installed

@@ -179,3 +179,28 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
     cfg = yaml.safe_load((project / "logs" / "multi_gpu" / "config.yaml").read_text())
     assert cfg["optim"]["lr"] == pytest.approx(2e-5) and cfg["train"]["precision"] == "bf16"
     assert f"run folder {project / 'logs' / 'multi_gpu'}" in log_of(project, job)
+
+
+def test_every_documented_sbatch_line_is_accepted(slurm_cluster: SlurmCluster, project: Path) -> None:
+    """The sbatch lines of README.md and docs/*.md, exactly as written, pass the real controller's checks
+    (`sbatch --test-only`: script, options, array, dependency). The templates' runs themselves are the tests
+    above; `hpctrain submit` lines that queue are checked through their documented `--dry-run` twin."""
+    from tests.docs.commands import all_commands
+
+    lines = [c for c in all_commands() if c.on_cluster and c.text.startswith("sbatch ")]
+    assert len(lines) >= 6, lines
+    held = submit(slurm_cluster, project, ["--hold", "--wrap", "true"])  # a job for `afterany:$LAST_JOB`
+    try:
+        for line in lines:
+            command = line.text.replace("sbatch ", "sbatch --test-only ", 1)
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=project,
+                env=clean_env(**slurm_cluster.env, LAST_JOB=held),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert done.returncode == 0 and "to start at" in done.stderr, f"{line}\n{done.stderr}"
+    finally:
+        subprocess.run(["scancel", held], env=slurm_cluster.env, timeout=30, check=False)
