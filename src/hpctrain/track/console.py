@@ -1,9 +1,19 @@
-"""Progress on the console: a bar on a terminal, a plain line every log_every updates otherwise."""
+"""Progress on the console: one tqdm bar on a terminal, a plain line every log_every updates otherwise.
+
+The bar redraws at most `REDRAW_SECONDS` apart whatever the update rate (a bar redrawn at every update costs
+time and floods a terminal multiplexer's scrollback), shows one rate (ours, averaged over the log window, not
+tqdm's own next to it), and an ETA bounded by the time budget when there is one: the run stops (and saves)
+before the wall time, so the time to the budget's end is the honest "remaining" of this hop.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
+
+REDRAW_SECONDS = 0.25
 
 
 def _fmt(key: str, value: float) -> str:
@@ -16,33 +26,91 @@ def _fmt(key: str, value: float) -> str:
     return f"{key} {value:.4g}"
 
 
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
 # Keys shown on the progress line, in this order (the rest goes to metrics files and trackers only).
 SHOWN = ("loss", "lr", "updates_per_s", "samples_per_s", "events_per_s", "muons_per_s", "data_share")
+# On the bar: fewer (it shares one terminal line with the bar), the rate first after the loss.
+ON_BAR = ("loss", "updates_per_s", "lr", "data_share")
 
 
 class Console:
-    def __init__(self, total: int, start: int, mode: str = "auto", stream: TextIO | None = None) -> None:
+    """`update` at log steps, `tick` at every update (cheap: a bar redraw only when due), `message` for lines
+    that must not tear the bar, `close` before the run's last line."""
+
+    def __init__(
+        self,
+        total: int,
+        start: int,
+        mode: str = "auto",
+        stream: TextIO | None = None,
+        time_left: Callable[[], float | None] | None = None,
+    ) -> None:
         self.stream = stream or sys.stdout
         self.total = total
-        use_bar = mode == "bar" or (mode == "auto" and self.stream.isatty())
+        self.start = start
+        self._time_left = time_left or (lambda: None)
+        self._rate: float | None = None
+        self._postfix = ""
+        self._drawn_at = time.monotonic()  # tqdm draws once when created
+        self._drawn_step = self._step = start
         self._bar: Any = None
-        if use_bar:
+        if mode == "bar" or (mode == "auto" and self.stream.isatty()):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=start, file=self.stream, dynamic_ncols=True, unit="upd")
+            self._bar = tqdm(
+                total=total,
+                initial=start,
+                file=self.stream,
+                dynamic_ncols=True,
+                mininterval=REDRAW_SECONDS,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+            )
 
     def update(self, step: int, scalars: dict[str, float]) -> None:
-        shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
-        if self._bar is not None:
-            self._bar.n = step
-            self._bar.set_postfix_str(" | ".join(shown[:5]), refresh=True)
-        else:
+        self._rate = scalars.get("updates_per_s", self._rate)
+        if self._bar is None:
+            shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
             print(f"step {step}/{self.total} | " + " | ".join(shown), file=self.stream, flush=True)
+            return
+        self._postfix = " | ".join(
+            _fmt(k.replace("_per_s", "/s"), scalars[k]) for k in ON_BAR if k in scalars
+        )
+        self.tick(step)
 
     def tick(self, step: int) -> None:
-        if self._bar is not None:
-            self._bar.n = step
-            self._bar.refresh()
+        if self._bar is None:
+            return
+        self._step = step
+        now = time.monotonic()
+        final = step >= self.total and self._drawn_step != step
+        if now - self._drawn_at < REDRAW_SECONDS and not final:
+            return
+        self._drawn_at, self._drawn_step = now, step
+        self._sync(step)
+        self._bar.refresh()
+
+    def _sync(self, step: int) -> None:
+        self._step = step
+        self._bar.n = step
+        self._bar.set_postfix_str(
+            " | ".join(p for p in (*self._eta(step), self._postfix) if p), refresh=False
+        )
+
+    def _eta(self, step: int) -> list[str]:
+        """`eta MM:SS` from our rate, and the time budget left when there is one (the hop stops, saving, before
+        it ends: the earlier of the two is where this hop's progress ends)."""
+        parts = []
+        if self._rate and self._rate > 0:
+            parts.append(f"eta {_clock((self.total - step) / self._rate)}")
+        budget = self._time_left()
+        if budget is not None:
+            parts.append(f"budget {_clock(budget)}")
+        return parts
 
     def message(self, text: str) -> None:
         if self._bar is not None:
@@ -51,5 +119,8 @@ class Console:
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
+        """End the bar's line; safe to call twice (the trainer closes it before its final line)."""
         if self._bar is not None:
+            self._sync(self._step)  # the last state, even if its redraw was not due yet
             self._bar.close()
+            self._bar = None
