@@ -171,8 +171,9 @@ class OptimConfig(Section):
 
 
 class ScheduleStage(Section):
-    type: Literal["linear", "cosine", "constant"] = Field(
-        description="Shape of the LR factor in this stage (linear warmup/cooldown, cosine decay, constant)."
+    type: Literal["linear", "cosine", "constant", "exponential"] = Field(
+        description="Shape of the LR factor in this stage (linear warmup/cooldown, cosine decay, constant, "
+        "exponential decay: start_factor x gamma per update or per epoch)."
     )
     num_updates: int = Field(
         description="Updates this stage lasts; -1 = the rest of the run (at most one stage). Milestones are "
@@ -180,6 +181,20 @@ class ScheduleStage(Section):
     )
     start_factor: float = Field(1.0, ge=0, description="LR factor at the start of the stage.")
     end_factor: float = Field(1.0, ge=0, description="LR factor at the end of the stage.")
+    gamma: float | None = Field(
+        None, gt=0, description="exponential only: the factor is multiplied by gamma every `gamma_every`."
+    )
+    gamma_every: Literal["update", "epoch"] = Field(
+        "update",
+        description="exponential only: apply gamma after every update, or after every epoch (updates per epoch "
+        "from the data set's size and the global batch; a streaming data set without a size is refused).",
+    )
+
+    @model_validator(mode="after")
+    def _gamma_for_exponential(self) -> ScheduleStage:
+        if (self.type == "exponential") != (self.gamma is not None):
+            raise ValueError("gamma is required by an exponential stage, and only by one")
+        return self
 
     @field_validator("num_updates")
     @classmethod

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from hpctrain.config.schema import OptimConfig, ScheduleConfig, ScheduleStage
+from hpctrain.errors import UserError
 
 
 def effective_lr(cfg: OptimConfig, global_batch: int) -> float:
@@ -45,9 +46,15 @@ def stage_bounds(stages: list[ScheduleStage], total_updates: int) -> list[tuple[
 class LRSchedule:
     """LR factor as a pure function of the update count: nothing to drift or forget across resumes."""
 
-    def __init__(self, cfg: ScheduleConfig, total_updates: int) -> None:
+    def __init__(self, cfg: ScheduleConfig, total_updates: int, updates_per_epoch: int | None = None) -> None:
         self.stages = cfg.stages
         self.bounds = stage_bounds(cfg.stages, total_updates)
+        self.updates_per_epoch = updates_per_epoch
+        if updates_per_epoch is None and any(s.gamma_every == "epoch" for s in cfg.stages if s.gamma):
+            raise UserError(
+                "schedule.stages: gamma_every=epoch needs a data set of known size; use gamma_every=update "
+                "(gamma per update = gamma per epoch ** (1 / updates per epoch))"
+            )
 
     def factor(self, update: int) -> float:
         if not self.stages:
@@ -58,12 +65,17 @@ class LRSchedule:
                 a, b = stage.start_factor, stage.end_factor
                 if stage.type == "constant":
                     return a
+                if stage.type == "exponential":
+                    assert stage.gamma is not None  # the config requires it
+                    every = self.updates_per_epoch if stage.gamma_every == "epoch" else 1
+                    return a * stage.gamma ** ((update - start) // max(every or 1, 1))
                 if stage.type == "linear":
                     return a + (b - a) * progress
                 return b + (a - b) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return (
-            self.stages[-1].end_factor if self.stages[-1].type != "constant" else self.stages[-1].start_factor
-        )
+        last, (start, end) = self.stages[-1], self.bounds[-1]
+        if last.type == "exponential":  # after the last stage: where it ended
+            return self.factor(end - 1) if end > start else last.start_factor
+        return last.end_factor if last.type != "constant" else last.start_factor
 
 
 def apply_lr(optimizer: torch.optim.Optimizer, base_lr: float, factor: float) -> float:
