@@ -382,6 +382,14 @@ class LoggingConfig(Section):
     progress: Literal["auto", "bar", "lines"] = Field(
         "auto", description="auto: a progress bar on a terminal, plain lines otherwise (SLURM logs)."
     )
+    gpu_every_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Sample per-GPU utilisation, memory, power and temperature (NVML) and the process's memory "
+        "and DataLoader workers' CPU share every N seconds, in a background thread; logged at log steps as "
+        "gpu{i}_*, rss_gb, workers_cpu_pct. 0 = off. Without NVML only the process side is sampled.",
+        json_schema_extra=MAY_CHANGE,
+    )
     tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
 
