@@ -221,6 +221,20 @@ class EarlyStoppingConfig(Section):
     min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as an improvement.")
 
 
+class ProfileConfig(Section):
+    """A window of updates run under torch.profiler; nothing is profiled outside it."""
+
+    start: int = Field(10, ge=0, description="Update count at which the profiler starts (its wait ends).")
+    warmup: int = Field(
+        2, ge=0, description="Updates traced but discarded first (the profiler's own warm-up)."
+    )
+    active: int = Field(5, ge=1, description="Updates recorded.")
+    record_shapes: bool = Field(False, description="Record operator input shapes.")
+    with_stack: bool = Field(False, description="Record Python stacks (slower; for the flame view).")
+    memory: bool = Field(False, description="Profile memory allocations (the TensorBoard memory view).")
+    ranks: Literal["0", "all"] = Field("0", description="Which ranks profile: rank 0, or every rank.")
+
+
 class TrainConfig(Section):
     total_updates: int = Field(
         200,
@@ -250,6 +264,12 @@ class TrainConfig(Section):
         "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
     )
     compile: bool = Field(False, description="torch.compile the networks.", json_schema_extra=MAY_CHANGE)
+    profile: ProfileConfig | None = Field(
+        None,
+        description="Profile a window of updates with torch.profiler: a trace under <run>/profile/ that "
+        "TensorBoard's profiler plugin and Perfetto open, and <run>/profile/top_ops.txt. null = off.",
+        json_schema_extra=MAY_CHANGE,
+    )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward.", json_schema_extra=MAY_CHANGE
     )
