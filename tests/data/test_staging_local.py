@@ -11,8 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import MissingPathError, expand_paths, is_remote, mirror, resolve_token
 from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name, staging_root
+from hpctrain.remote.auth import resolve_token
+from hpctrain.remote.expand import expand_paths
+from hpctrain.remote.mirror import mirror
+from hpctrain.remote.uris import MissingPathError, is_remote
 
 
 def test_is_remote() -> None:

@@ -141,7 +141,7 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
     """Turn the failures a user causes while the run is built or resumed into one-line UserErrors: missing
     inputs (the data layer's MissingPathError) and, while resuming, a checkpoint whose networks do not fit the
     configured model (a changed architecture under the same run name)."""
-    from hpctrain.data.remote import MissingPathError
+    from hpctrain.remote.uris import MissingPathError
 
     try:
         yield

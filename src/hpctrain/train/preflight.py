@@ -24,7 +24,7 @@ _PELICAN_SCHEMES = ("pelican", "osdf")
 
 def check_config(cfg: Any, writable: bool = True) -> list[str]:
     """Every mistake found, one line each (empty when none). `writable`: also probe the output folders."""
-    from hpctrain.data.remote import is_remote
+    from hpctrain.remote.uris import is_remote
 
     errors: list[str] = []
     data = cfg.data
@@ -59,7 +59,7 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
 
 
 def _local_problem(path: str) -> str | None:
-    from hpctrain.data.remote import has_magic
+    from hpctrain.remote.uris import has_magic
 
     local = os.path.expanduser(path.removeprefix("file://"))
     if has_magic(local):
@@ -109,7 +109,7 @@ def _remote_problem(uri: str) -> str | None:
 def _token_problems(pelican: Any, remote: bool) -> list[str]:
     """An unreadable or empty token file (data.pelican.token_file, or BEARER_TOKEN_FILE for remote inputs),
     a missing CA bundle."""
-    from hpctrain.data.remote import resolve_token
+    from hpctrain.remote.auth import resolve_token
 
     problems = []
     if pelican.token_file or (remote and os.environ.get("BEARER_TOKEN_FILE")):
