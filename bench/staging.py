@@ -41,8 +41,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' loopback federation
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import expand_paths
 from hpctrain.data.staging import Stager
+from hpctrain.remote.expand import expand_paths
 from tests.integration.pelican_fixtures import pelican_federation
 
 

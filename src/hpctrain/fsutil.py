@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +21,22 @@ HOST = socket.gethostname()
 
 
 def temp_name(path: Path) -> Path:
-    """`.NAME.tmp-PID@HOST` beside `path`: whoever finds it later can tell whether its writer still runs."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}@{HOST}")
+    """`.NAME.tmp-PID@HOST` beside `path`: whoever finds it later can tell whether its writer still runs.
+
+    From a thread other than the main one `.NAME.tmp-PID-THREAD@HOST`: two threads of one process writing the
+    same file (two download threads staging one URI listed twice) never share a temporary."""
+    writer = str(os.getpid())
+    if threading.current_thread() is not threading.main_thread():
+        writer += f"-{threading.get_ident()}"
+    return path.with_name(f".{path.name}.tmp-{writer}@{HOST}")
+
+
+def temp_writer(temp: Path) -> tuple[int | None, str]:
+    """(pid, host) of the process that wrote a temporary named by `temp_name`; pid None if the name has none."""
+    writer = temp.name.rsplit(".tmp-", 1)[-1]
+    pid_text, _, host = writer.partition("@")
+    pid_text = pid_text.partition("-")[0]
+    return (int(pid_text) if pid_text.isdigit() else None), host
 
 
 def fsync_dir(path: Path) -> None:
@@ -40,9 +56,10 @@ before_commit: Callable[[Path, Path], None] | None = None
 @contextmanager
 def atomic_path(path: Path, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `path` for the caller to write (with any library: torch.save, h5py,
-    pyarrow); on success fsync it, rename it to `path` and fsync the folder. On any failure the temporary is
-    removed: a full disk, a quota or a read-only mount leaves no half file taking the space a retry needs.
-    `fsync=False` only for files whose loss on a power cut is harmless (a cache rebuilt on demand)."""
+    pyarrow, a folder tree); on success fsync it, rename it to `path` and fsync the folder. On any failure the
+    temporary is removed: a full disk, a quota or a read-only mount leaves no half file taking the space a retry
+    needs. `fsync=False` only for files whose loss on a power cut is harmless (a cache rebuilt on demand, state
+    that lives as long as the job). A folder replaces only a missing or empty `path` (rename's rule)."""
     tmp = temp_name(path)
     try:
         yield tmp
@@ -52,13 +69,19 @@ def atomic_path(path: Path, fsync: bool = True) -> Iterator[Path]:
             before_commit(tmp, path)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         raise
     if fsync:
         fsync_dir(path.parent)
 
 
 def _fsync_file(path: Path) -> None:
+    if path.is_dir():  # a tree: its files were synced by whoever wrote them (see mirror's copy)
+        fsync_dir(path)
+        return
     fd = os.open(path, os.O_WRONLY)  # our own file; writable as some filesystems want for fsync
     try:
         os.fsync(fd)
@@ -66,18 +89,18 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
     """Write to a temporary name in the same folder, fsync, rename: readers see the old or the new file."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, fsync=fsync) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: Path, text: str, fsync: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), fsync=fsync)
 
 
-def atomic_write_json(path: Path, obj: Any, indent: int | None = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+def atomic_write_json(path: Path, obj: Any, indent: int | None = 2, fsync: bool = True) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n", fsync=fsync)
 
 
 def nearest_existing_folder(path: str | Path) -> Path:

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.remote import PelicanConfig
-from hpctrain.data.remote import FolderError, MissingPathError, RemoteFiles, expand_paths
 from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name
+from hpctrain.fsutil import HOST
+from hpctrain.remote.expand import expand_paths
+from hpctrain.remote.files import RemoteFiles
+from hpctrain.remote.uris import FolderError, MissingPathError
 from tests.integration.pelican_fixtures import (
     FederationSetup,
     StagingLog,
@@ -179,7 +182,7 @@ def test_transfer_cut_mid_file_is_retried(federation: FederationSetup) -> None:
         assert st.get(0).read_bytes() == fed.files[F[0]]
         assert st.get(1).read_bytes() == fed.files[F[1]]
         assert st.stats["retries"] >= 2
-    assert not list(fed.scratch.rglob("*.part-*"))
+    assert not list(fed.scratch.rglob(".*.tmp-*"))
 
 
 def test_transfer_always_cut_gives_up(federation: FederationSetup) -> None:
@@ -258,7 +261,7 @@ def test_requeue_removes_leftovers_and_reuses_complete_files(federation: Federat
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    leftover = root / f".{local_name(uris[1])}.part-{dead.stdout.strip()}-1"
+    leftover = root / f".{local_name(uris[1])}.tmp-{dead.stdout.strip()}-1@{HOST}"
     leftover.write_bytes(b"half a file")
     before = gets(fed, F[0])
     with Stager(uris, fed.staging(ahead=0), job_id="rq", pelican=fed.pelican) as st:
@@ -323,7 +326,7 @@ def test_untrusted_certificate_is_a_setup_error(federation: FederationSetup) -> 
 @pytest.mark.parametrize("uri", ["/ns/data", "/ns/data/"])
 def test_a_folder_fails_at_once_and_leaves_nothing(federation: FederationSetup, uri: str) -> None:
     """A folder where a file was expected: no retries (its answers may look transient: here 503s), no
-    `.part-*` folder left behind (pelicanfs makes one for a collection), one-line FolderError."""
+    `.*.tmp-*` folder left behind (pelicanfs makes one for a collection), one-line FolderError."""
     fed = federation
     fed.fed.faults.fail_503["/ns/data"] = 100
     with Stager(
@@ -333,28 +336,28 @@ def test_a_folder_fails_at_once_and_leaves_nothing(federation: FederationSetup, 
             st.get(0)
         assert st.stats["retries"] == 0 and "\n" not in str(info.value)
         root = st.root
-    assert not list(root.glob(".*part*"))
+    assert not list(root.glob(".*.tmp-*"))
     with Stager([fed.uri(F[0])], fed.staging(), job_id="t", pelican=fed.pelican) as st:  # the next one works
         assert st.get(0).read_bytes() == fed.files[F[0]]
 
 
 def test_leftover_partial_entries_of_any_kind(federation: FederationSetup, tmp_path: Path) -> None:
-    """Dead writers' `.part-*` entries (files, folders, links) go; a live writer's stay; nothing breaks."""
+    """Dead writers' temporary (`.*.tmp-*`) entries (files, folders, links) go; a live writer's stay; nothing breaks."""
     fed = federation
     uris = [fed.uri(F[0])]
     with Stager(uris, fed.staging(), job_id="lo", pelican=fed.pelican) as st:
         root = st.root
     dead = 4_194_304 + 7  # above Linux's largest pid: never alive
-    folder = root / f".{local_name(uris[0])}.part-{dead}-1"
+    folder = root / f".{local_name(uris[0])}.tmp-{dead}-1@{HOST}"
     (folder / "sub").mkdir(parents=True)
     (folder / "sub" / "x").write_bytes(b"x")
-    half = root / f".other.part-{dead}-2"
+    half = root / f".other.tmp-{dead}-2@{HOST}"
     half.write_bytes(b"half")
     outside = tmp_path / "keep.txt"
     outside.write_text("not ours to delete")
-    link = root / f".link.part-{dead}-3"
+    link = root / f".link.tmp-{dead}-3@{HOST}"
     link.symlink_to(outside)
-    live = root / f".live.part-{os.getppid()}-4"
+    live = root / f".live.tmp-{os.getppid()}-4@{HOST}"
     live.mkdir()
     with Stager(uris, fed.staging(), job_id="lo", pelican=fed.pelican) as st:
         assert st.get(0).read_bytes() == fed.files[F[0]]

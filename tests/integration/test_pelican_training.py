@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.data.remote import expand_paths
 from hpctrain.data.staging import staging_root
 from hpctrain.errors import UserError
+from hpctrain.remote.expand import expand_paths
 from hpctrain.workloads.muons.staged import StagingSpec
 from hpctrain.workloads.muons.stream import EventStream
 from tests.integration.pelican_fixtures import FederationSetup, StagingLog, pelican_federation
@@ -232,7 +232,7 @@ def test_a_folder_named_as_a_file_is_one_line(served: FederationSetup, tmp_path:
         f"({fed.uri('/ns/muons')}/*.parquet) or end the URI with '/' to read every file under it (in data.paths)"
     ]
     assert len(fed.fed.requests_for("/ns/muons", "GET", server="cache0")) <= 1  # not retried
-    assert not list(fed.scratch.rglob("*.part-*"))
+    assert not list(fed.scratch.rglob(".*.tmp-*"))
 
 
 def test_checkpoints_mirrored_after_each_commit(tmp_path: Path) -> None:

@@ -451,7 +451,7 @@ def test_mirror_is_whole_at_every_moment_while_saves_go_on(tmp_path: Path):
 def test_folder_mirror_copies_only_what_changed(tmp_path: Path):
     import fsspec
 
-    from hpctrain.data.remote import FolderMirror
+    from hpctrain.remote.mirror import FolderMirror
 
     src = tmp_path / "checkpoints"
     src.mkdir()
@@ -488,7 +488,7 @@ def test_folder_mirror_copies_only_what_changed(tmp_path: Path):
 
 def test_folder_mirror_holds_a_whole_checkpoint_after_every_single_operation(tmp_path: Path, monkeypatch):
     """Check the mirror after each rename and removal it makes: `latest` always names a file matching its hash."""
-    from hpctrain.data.remote import FolderMirror
+    from hpctrain.remote.mirror import FolderMirror
     from hpctrain.train.checkpoint import CheckpointStore
 
     local, dest = tmp_path / "run" / "checkpoints", tmp_path / "mirror"

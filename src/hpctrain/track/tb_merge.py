@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from hpctrain.fsutil import atomic_path
+
 _STAMP = re.compile(r"(\d{8}-\d{6})")
 _EVENTS = "events.out.tfevents.*"
 
@@ -91,9 +93,9 @@ def _place(run: TbRun, target: Path, mode: str) -> None:
                 continue
             dst = target / src.name
             if not dst.exists() or dst.stat().st_size != src.stat().st_size:
-                tmp = target / f".{src.name}.tmp-{os.getpid()}"
-                shutil.copy2(src, tmp)
-                os.replace(tmp, dst)
+                # unsynced: a copy lost to a power cut is made again by the next merge
+                with atomic_path(dst, fsync=False) as tmp:
+                    shutil.copy2(src, tmp)
 
 
 def merge(

@@ -90,7 +90,7 @@ class TensorBoardTracker:
     def _mirror(self) -> None:
         if not self.mirror_to or not self._dirty:
             return
-        from hpctrain.data.remote import mirror
+        from hpctrain.remote.mirror import mirror
 
         try:
             mirror(str(self.log_dir), self.mirror_to)

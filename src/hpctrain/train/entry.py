@@ -90,7 +90,7 @@ def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
     if env.is_main:
-        from hpctrain.train.checkpoint import atomic_write_text
+        from hpctrain.fsutil import atomic_write_text
 
         # Only now: the run really starts with this config (a failed resume above left config.yaml alone).
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
@@ -141,7 +141,7 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
     """Turn the failures a user causes while the run is built or resumed into one-line UserErrors: missing
     inputs (the data layer's MissingPathError) and, while resuming, a checkpoint whose networks do not fit the
     configured model (a changed architecture under the same run name)."""
-    from hpctrain.data.remote import MissingPathError
+    from hpctrain.remote.uris import MissingPathError
 
     try:
         yield

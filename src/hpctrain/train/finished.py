@@ -95,7 +95,7 @@ def _mirror(t: Trainer) -> None:
     dest = t.cfg.checkpoint.mirror_to
     if not dest:
         return
-    from hpctrain.data.remote import FolderMirror
+    from hpctrain.remote.mirror import FolderMirror
 
     try:
         FolderMirror(dest).sync(t.store.folder, last=("latest",))

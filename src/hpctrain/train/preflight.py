@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-_PELICAN_SCHEMES = ("pelican", "osdf")
+from hpctrain.fsutil import nearest_existing_folder
 
 
 def check_config(cfg: Any, writable: bool = True) -> list[str]:
     """Every mistake found, one line each (empty when none). `writable`: also probe the output folders."""
-    from hpctrain.data.remote import is_remote
+    from hpctrain.remote.uris import is_remote
 
     errors: list[str] = []
     data = cfg.data
@@ -59,13 +58,13 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
 
 
 def _local_problem(path: str) -> str | None:
-    from hpctrain.data.remote import has_magic
+    from hpctrain.remote.uris import has_magic, magic_prefix
 
     local = os.path.expanduser(path.removeprefix("file://"))
     if has_magic(local):
         matches = glob.iglob(local, recursive=True)
         if next((m for m in matches if os.path.isfile(m)), None) is None:
-            return f"{path}: no file matches this pattern{_nearest(re.split(r'[*?[]', local, maxsplit=1)[0])}"
+            return f"{path}: no file matches this pattern{_nearest(magic_prefix(local))}"
         return None
     if os.path.isdir(local):
         for _, dirs, names in os.walk(local):
@@ -85,17 +84,15 @@ def _local_problem(path: str) -> str | None:
 
 def _nearest(path: str) -> str:
     """Where the path stops existing: the usual cause is a volume not mounted on this node, or a typo."""
-    parent = Path(path).absolute()
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    return f" (nearest existing folder: {parent})"
+    return f" (nearest existing folder: {nearest_existing_folder(path)})"
 
 
 def _remote_problem(uri: str) -> str | None:
-    parts = urllib.parse.urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme in _PELICAN_SCHEMES:
-        path = ("/" + parts.netloc + parts.path) if scheme == "osdf" and parts.netloc else parts.path
+    from hpctrain.remote.uris import PELICAN_SCHEMES, split_federation
+
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if scheme in PELICAN_SCHEMES:
+        path = split_federation(uri, None)[1]
         if not path.strip("/"):
             return f"{uri}: no namespace path (e.g. {scheme}:///<namespace>/<file or folder>)"
         return None
@@ -109,7 +106,7 @@ def _remote_problem(uri: str) -> str | None:
 def _token_problems(pelican: Any, remote: bool) -> list[str]:
     """An unreadable or empty token file (data.pelican.token_file, or BEARER_TOKEN_FILE for remote inputs),
     a missing CA bundle."""
-    from hpctrain.data.remote import resolve_token
+    from hpctrain.remote.auth import resolve_token
 
     problems = []
     if pelican.token_file or (remote and os.environ.get("BEARER_TOKEN_FILE")):
@@ -124,16 +121,14 @@ def _token_problems(pelican: Any, remote: bool) -> list[str]:
 
 def _unwritable(folder: Path) -> str | None:
     """Why `folder` cannot be created and written (None if it can): its nearest existing ancestor decides."""
-    nearest = folder.absolute()
-    while not nearest.exists() and nearest != nearest.parent:
-        nearest = nearest.parent
+    nearest = nearest_existing_folder(folder)
     if not nearest.is_dir():
         return f"{folder} cannot be created: {nearest} is a file, not a folder"
     try:
         # A real probe: permission bits say nothing on read-only mounts, ACLs or for root.
         fd, probe = tempfile.mkstemp(prefix=".hpctrain-check-", dir=nearest)
     except OSError as exc:
-        where = "" if nearest == folder.absolute() else f" (nearest existing folder: {nearest})"
+        where = "" if nearest == folder.expanduser().absolute() else f" (nearest existing folder: {nearest})"
         return f"{folder} is not writable{where}: {exc.strerror}; choose another folder"
     os.close(fd)
     os.unlink(probe)

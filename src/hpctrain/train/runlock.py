@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import HOST, fsync_dir, pid_alive, temp_name
+from hpctrain.fsutil import HOST, atomic_path, fsync_dir, pid_alive, temp_writer
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,9 @@ def writer_gone(temp: Path) -> bool:
     From another host (or with no host in the name, written by an older version): not modified for
     STALE_SECONDS; callers hold the run lock, so its writer was a previous holder.
     """
-    writer = temp.name.rsplit(".tmp-", 1)[-1]
-    pid_text, _, host = writer.partition("@")
-    if host == HOST and pid_text.isdigit():
-        return not pid_alive(int(pid_text)) or int(pid_text) == os.getpid()
+    pid, host = temp_writer(temp)
+    if host == HOST and pid is not None:
+        return not pid_alive(pid) or pid == os.getpid()
     try:
         return time.time() - temp.stat().st_mtime > STALE_SECONDS
     except FileNotFoundError:
@@ -268,19 +267,19 @@ class RunLock:
         now = time.time()
         started = self.record.started if self.record is not None else now
         record = LockRecord(os.getpid(), HOST, self.job_id, started, now)
-        tmp = temp_name(self.path)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = None
         try:
-            if self._flock:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows this file: never blocks
-            os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
-            os.fsync(fd)
-            os.replace(tmp, self.path)
+            with atomic_path(self.path) as tmp:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                if self._flock:  # the lock goes with the file: it is held from the moment run.lock names it
+                    fcntl.flock(
+                        fd, fcntl.LOCK_EX | fcntl.LOCK_NB
+                    )  # nobody else knows this file: never blocks
+                os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
         except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
+            if fd is not None:
+                os.close(fd)
             raise
-        fsync_dir(self.path.parent)
         if self._fd is not None:
             os.close(self._fd)  # the old file's flock: run.lock now names the new, locked one
         if self._flock:

@@ -30,7 +30,7 @@ from hpctrain.train.checkpoint import (
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
 
 if TYPE_CHECKING:
-    from hpctrain.data.remote import FolderMirror
+    from hpctrain.remote.mirror import FolderMirror
     from hpctrain.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class StateKeeper:
 
     def _mirror_in_background(self, folder: Path, dest: str) -> None:
         """Copy in a thread: the training goes on meanwhile (the next save waits for it, see save)."""
-        from hpctrain.data.remote import FolderMirror
+        from hpctrain.remote.mirror import FolderMirror
 
         if self._mirror_copier is None:
             self._mirror_copier = FolderMirror(dest)

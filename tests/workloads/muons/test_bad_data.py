@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpctrain.data.remote import expand_paths
 from hpctrain.errors import UserError
+from hpctrain.remote.expand import expand_paths
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.stream import EventStream, build_index
 from hpctrain.workloads.muons.tools import synthetic_events

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_path, atomic_write_text
 
 H = 0.7  # Hubble parameter in units of 100 km/s/Mpc (BBKS shape parameter Gamma = Omega_m h)
 N_S = 0.96  # primordial spectral index
@@ -296,9 +296,7 @@ def write_split(
         name = f"shard-{number:05d}"
         files = _write_shard(folder, name, fmt, maps, params, np.arange(start, stop), meta)
         meta["shards"].append({"files": files, "n": stop - start, "first_index": start})
-    tmp = folder / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, folder / "meta.json")
+    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))  # last: it names complete shards
     return meta
 
 
@@ -316,22 +314,19 @@ def _write_shard(
         import h5py
 
         final = folder / f"{name}.h5"
-        tmp = folder / f"{name}.h5.tmp"
-        with h5py.File(tmp, "w") as h5:
+        with atomic_path(final) as tmp, h5py.File(tmp, "w") as h5:
             h5.create_dataset("maps", data=maps, chunks=(1, *maps.shape[1:]))
             h5.create_dataset("params", data=params)
             h5.create_dataset("index", data=index)
             for key in ("kind", "split", "seed", "size", "box_size"):
                 h5.attrs[key] = meta[key]
             h5.attrs["parameters"] = json.dumps(meta["parameters"])
-        os.replace(tmp, final)
         return {"maps": final.name}
     files = {}
     for key, array in (("maps", maps), ("params", params), ("index", index)):
         final = folder / f"{name}-{key}.npy"
-        tmp = folder / f"{name}-{key}.tmp.npy"
-        np.save(tmp, array)
-        os.replace(tmp, final)
+        with atomic_path(final) as tmp, open(tmp, "wb") as fh:  # a file object: np.save adds no ".npy"
+            np.save(fh, array)
         files[key] = final.name
     return files
 

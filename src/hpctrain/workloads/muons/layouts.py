@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
 from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_path, nearest_existing_folder
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
 # layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
@@ -136,12 +137,9 @@ class MissingFileError(UnreadableFileError, FileNotFoundError):
 def check_local(path: str) -> None:
     """A clear error for a missing local file, hinting at an unmounted volume."""
     if not os.path.exists(path):
-        parent = Path(path).absolute()
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
         raise MissingFileError(
             path,
-            f"no such file (nearest existing folder: {parent}); if the data lives on a shared or "
+            f"no such file (nearest existing folder: {nearest_existing_folder(path)}); if the data lives on a shared or "
             f"scratch volume, check that it is mounted on this node",
         )
 
@@ -391,10 +389,6 @@ def concat_events(parts: list[Events]) -> Events:
 # ---- writers -----------------------------------------------------------------------------------------------
 
 
-def _tmp(path: str) -> str:
-    return os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{os.getpid()}")
-
-
 def _full_rows(events: Events) -> tuple[np.ndarray, np.ndarray]:
     """(n, 7) [major, minor, E, zen, mass, time, depth] and (M, 6) [major, minor, E, x, y, t] rows."""
     n = len(events)
@@ -457,16 +451,11 @@ def write_events(path: str, events: Events, layout: str, row_group_size: int = 6
     """Write `events` in `layout` (atomically: temporary name, then rename)."""
     if layout not in LAYOUTS:
         raise LayoutError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
-    tmp = _tmp(path)
-    try:
+    with atomic_path(Path(path)) as tmp:
         if layout == "hdf5":
-            _write_hdf5(tmp, events)
+            _write_hdf5(str(tmp), events)
         else:
-            pq.write_table(events_table(events, layout), tmp, row_group_size=row_group_size)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            pq.write_table(events_table(events, layout), str(tmp), row_group_size=row_group_size)
 
 
 def _write_hdf5(path: str, events: Events) -> None:

@@ -24,7 +24,7 @@ def resolve_files(paths: list[str], data: Any) -> list[str]:
 
     Remote files are NOT downloaded here: the stream reads their metadata remotely and stages each file to
     node-local scratch just ahead of its use (data.staging)."""
-    from hpctrain.data.remote import expand_paths
+    from hpctrain.remote.expand import expand_paths
 
     if not paths:
         raise UserError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")

@@ -1,32 +1,17 @@
-"""Stage remote input files to node-local scratch just ahead of use, and delete them after.
+"""The Stager: stages remote input files to node-local scratch just ahead of use, and deletes them after.
 
-    with Stager(uris, cfg, local_rank=env.local_rank, local_world_size=env.local_world_size,
-                job_id=env.job_id, pelican=data.pelican) as st:
-        for i in range(len(uris)):
-            path = st.get(i)        # blocks until file i is local; time spent is added to st.wait_seconds
-            read(path)
-            st.release(i)           # done with it: deleted once every local rank released it
-
-Every local rank builds a Stager over the SAME ordered list. Local rank 0 downloads (a background thread
-keeps `ahead` files in advance within `max_files`/`max_bytes`); the other local ranks never download: they
-wait for the file to appear under its final name. Ranks talk through small files in `<root>/ctl/`: each rank
-publishes the lowest index it may still read ("floor") and the index it waits for; rank 0 deletes files below
-every rank's floor. A file appears under its final name only when complete (temporary name in the same folder,
-size check against the remote size, fsync, rename), so a complete final file left by a killed job is reused
-after a requeue; leftover temporary files are removed.
+Each remote file moves through the states of `FileState`; local rank 0 drives them (a dispatcher thread and up
+to `parallel` download threads, all under one condition variable), the other local ranks only wait for final
+names and publish what they still need (`peers.NodePeers`). A file appears under its final name only when
+complete (`fsutil.atomic_path`: temporary name in the same folder, size check against the remote size, fsync,
+rename), so a complete final file left by a killed job is reused after a requeue.
 """
 
 from __future__ import annotations
 
-import contextlib
-import getpass
+import enum
 import hashlib
-import json
 import logging
-import os
-import re
-import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,71 +22,29 @@ from typing import Any
 from fsspec.callbacks import Callback
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import (
-    FolderError,
-    RemoteFiles,
-    TransferError,
-    classify_failure,
-    is_folder,
-    is_remote,
-)
-from hpctrain.fsutil import pid_alive
+from hpctrain.data.staging.errors import BadFileError, StagingError
+from hpctrain.data.staging.peers import NodePeers
+from hpctrain.data.staging.scratch import local_name, remove_dead_partials, remove_entry, staging_root
+from hpctrain.fsutil import atomic_path
+from hpctrain.remote.failures import TransferError, classify_failure, is_folder
+from hpctrain.remote.files import RemoteFiles
+from hpctrain.remote.uris import FolderError, is_remote
 from hpctrain.runtime.budget import check_stop
 
 log = logging.getLogger("hpctrain.staging")
-_GENERATIONS: dict[tuple[str, str, int], int] = {}
-_GEN_LOCK = threading.Lock()
 
 
-class BadFileError(RuntimeError):
-    """A file that cannot be staged (missing, refused, or still failing after the retries)."""
+class FileState(enum.Enum):
+    """Where one entry of the list is. PENDING -> FETCHING -> READY -> DELETED (released by every local rank,
+    or evicted for room; back to PENDING if asked for again); FETCHING -> PENDING (deferred: no room yet, or
+    closing); FETCHING -> BAD (the reader gets the error). LOCAL: a local path, never staged."""
 
-    def __init__(self, uri: str, reason: str) -> None:
-        super().__init__(f"{uri}: {reason}")
-        self.uri, self.reason = uri, reason
-
-
-class StagingError(RuntimeError):
-    """Staging itself failed (scratch full, unwritable, another rank not answering)."""
-
-
-def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, str] | None = None) -> Path:
-    """<dir or SLURM_TMPDIR or TMPDIR or /tmp>/hpctrain-<user>/job-<id>/<node>, each level 0700 and ours."""
-    env = dict(os.environ) if env is None else env
-    base = Path(cfg.dir or env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp").expanduser()
-    if not base.is_dir():
-        raise StagingError(f"staging folder {base} does not exist (data.staging.dir, SLURM_TMPDIR or TMPDIR)")
-    job = job_id or env.get("SLURM_JOB_ID") or "local"
-    parts = [f"hpctrain-{getpass.getuser()}", f"job-{job}", socket.gethostname().split(".")[0]]
-    path = base
-    for part in parts:
-        path = path / re.sub(r"[^A-Za-z0-9._-]", "_", part)
-        path.mkdir(mode=0o700, exist_ok=True)
-        st = path.lstat()
-        # in a shared /tmp someone else could have made the folder (or a symlink) first
-        if path.is_symlink() or st.st_uid != os.getuid():
-            raise StagingError(f"staging folder {path} is not a folder owned by you; set data.staging.dir")
-        if st.st_mode & 0o077:
-            os.chmod(path, 0o700)
-    return path
-
-
-def local_name(uri: str) -> str:
-    """A flat, unique, safe file name for a URI: hash prefix + sanitised base name (no '/', no '..')."""
-    base = uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")[-80:] or "file"
-    return f"{hashlib.sha1(uri.encode()).hexdigest()[:12]}-{base}"
-
-
-def _remove(path: Path) -> None:
-    """Remove a file, symlink or folder tree at `path` if there (a leftover of any kind; never follows links)."""
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    except OSError as err:  # someone else's entry in our folder? say so, do not stop staging for it
-        log.warning("cannot remove %s: %s", path, err)
+    LOCAL = "local"
+    PENDING = "pending"
+    FETCHING = "fetching"
+    READY = "ready"
+    DELETED = "deleted"
+    BAD = "bad"
 
 
 class Stager:
@@ -131,14 +74,10 @@ class Stager:
             RemoteFiles(pelican, storage_options, timeout=self.cfg.timeout) if any(self._remote) else None
         )
         self.root = staging_root(self.cfg, job_id) if any(self._remote) else Path(".")
-        self._ctl = self.root / "ctl"
-        self._tag = hashlib.sha1("\n".join(self.uris).encode()).hexdigest()[:12]
-        key = (str(self.root), self._tag, local_rank)
-        with _GEN_LOCK:
-            self._gen = _GENERATIONS.get(key, 0)
-            _GENERATIONS[key] = self._gen + 1
+        tag = hashlib.sha1("\n".join(self.uris).encode()).hexdigest()[:12]
+        self._peers = NodePeers(self.root / "ctl", tag, local_rank, local_world_size)
         n = len(self.uris)
-        self._state = ["pending" if r else "local" for r in self._remote]
+        self._state = [FileState.PENDING if r else FileState.LOCAL for r in self._remote]
         self._size: list[int | None] = [None] * n
         self._errors: dict[int, BaseException] = {}
         self._requested: set[int] = set()
@@ -152,10 +91,12 @@ class Stager:
         self._thread: threading.Thread | None = None
         if not any(self._remote):
             return
-        self._ctl.mkdir(mode=0o700, exist_ok=True)
+        self._peers.open()
         self._publish()
         if local_rank == 0:
-            self._clean_leftovers()
+            remove_dead_partials(self.root)
+            for marker in self._peers.markers():  # a killed job's, for this list
+                remove_entry(marker)
             self._thread = threading.Thread(target=self._run, name="hpctrain-stager", daemon=True)
             self._thread.start()
             log.info("staging %d remote files to %s (ahead=%d)", sum(self._remote), self.root, self.cfg.ahead)
@@ -210,7 +151,7 @@ class Stager:
             return
         deadline = time.monotonic() + self.cfg.wait_timeout
         while self.local_world_size > 1 and time.monotonic() < deadline and self._thread.is_alive():
-            if all(view.get("closed") for view in self._peers()):
+            if self._peers.all_closed():
                 break
             time.sleep(0.05)
         with self._cond:
@@ -227,12 +168,12 @@ class Stager:
         with self._cond:
             self._requested.add(i)
             self._max_req = max(self._max_req, i)
-            if self._state[i] == "deleted":
-                self._state[i] = "pending"
+            if self._state[i] == FileState.DELETED:
+                self._state[i] = FileState.PENDING
             self._demanded.add(i)
             self._cond.notify_all()
             try:
-                while self._state[i] in ("pending", "fetching"):
+                while self._state[i] in (FileState.PENDING, FileState.FETCHING):
                     if self._fatal is not None or self._thread is None:
                         raise StagingError(f"staging stopped: {self._fatal_message()}") from self._fatal
                     check_stop()  # a stop (signal, deadline) must not wait for a slow download
@@ -257,7 +198,7 @@ class Stager:
                     if j is None:
                         self._cond.wait(0.05 if self.local_world_size > 1 else 0.5)
                         continue
-                    self._state[j] = "fetching"
+                    self._state[j] = FileState.FETCHING
                     self._active += 1
                 pool.submit(self._stage, j, j in demanded)
         except BaseException as err:
@@ -271,8 +212,10 @@ class Stager:
             self._fatal = err
             self._cond.notify_all()
         log.error("staging failed: %s", self._fatal_message())
-        with contextlib.suppress(OSError):
-            (self._ctl / f"{self._tag}.fatal").write_text(self._fatal_message())
+        try:
+            self._peers.mark_fatal(self._fatal_message())
+        except OSError as exc:  # scratch failing is often why we stop: the waiting ranks then time out
+            log.warning("cannot tell the other local ranks that staging stopped: %s", exc)
 
     def _fatal_message(self) -> str:
         if self._fatal is None:
@@ -286,12 +229,12 @@ class Stager:
 
     def _next(self, floor: float, max_want: int, demanded: set[int]) -> int | None:
         for j in sorted(demanded):
-            if self._state[j] in ("pending", "deleted"):
+            if self._state[j] in (FileState.PENDING, FileState.DELETED):
                 return j
         for j in range(
             max(0, int(min(floor, len(self.uris)))), min(len(self.uris), max_want + self.cfg.ahead + 1)
         ):
-            if self._state[j] == "pending":
+            if self._state[j] == FileState.PENDING:
                 # in order: a later, smaller file must not overtake one that waits for room
                 return j if self._fits(j, False) else None
         return None
@@ -302,11 +245,13 @@ class Stager:
             # a download under way whose size is not known yet would count as 0 bytes here, and two prefetches
             # could then both fit (seen on a loaded machine): wait until its size is known (it notifies)
             n = len(self.uris)
-            if any(self._state[k] == "fetching" and self._size[k] is None for k in range(n) if k != j):
+            if any(
+                self._state[k] == FileState.FETCHING and self._size[k] is None for k in range(n) if k != j
+            ):
                 return False
 
         def used() -> dict[str, int]:  # staged or being staged, other than j
-            states = ("ready", "fetching")
+            states = (FileState.READY, FileState.FETCHING)
             return {
                 self._names[k]: self._size[k] or 0
                 for k in range(len(self.uris))
@@ -341,63 +286,46 @@ class Stager:
         for j in range(low, min(n, max_want + self.cfg.ahead + 1)):
             window.setdefault(self._names[j], j)
         for k in range(low):
-            if self._state[k] != "ready":
+            if self._state[k] != FileState.READY:
                 continue
             later = window.get(self._names[k])
             if later is not None:
                 # the file now belongs to its later entry (counted in the budget from now on)
-                if self._state[later] in ("pending", "deleted"):
-                    self._state[later], self._size[later] = "ready", self._size[k]
+                if self._state[later] in (FileState.PENDING, FileState.DELETED):
+                    self._state[later], self._size[later] = FileState.READY, self._size[k]
                     self.stats["reused"] += 1
-                self._state[k] = "deleted"
+                self._state[k] = FileState.DELETED
                 continue
             self.path(k).unlink(missing_ok=True)
-            self._state[k] = "deleted"
+            self._state[k] = FileState.DELETED
             self.stats["evicted"] += 1
 
     def _node_view(self) -> tuple[float, int, set[int]]:
         """(lowest index any local rank may still read, highest index asked for, indices someone waits on)."""
         floor: float = min([*self._requested, self._max_req + 1])
         max_want, demanded = max(self._max_req, 0), set(self._demanded)
-        for view in self._peers():
-            floor = min(floor, view["floor"])
-            max_want = max(max_want, view["max_req"])
-            if view.get("waiting") is not None:
-                demanded.add(int(view["waiting"]))
+        for view in self._peers.views():
+            floor = min(floor, view.floor)
+            max_want = max(max_want, view.max_req)
+            if view.waiting is not None:
+                demanded.add(int(view.waiting))
         return floor, max_want, demanded
-
-    def _peers(self) -> list[dict[str, Any]]:
-        """The other local ranks' published state; a rank that has not started yet may read from 0."""
-        views = []
-        for rank in range(1, self.local_world_size):
-            try:
-                view = json.loads((self._ctl / f"{self._tag}.rank{rank}").read_text())
-            except (OSError, ValueError):
-                view = {"gen": self._gen}
-            if view.get("gen", -1) < self._gen:
-                view = {"floor": 0, "max_req": -1}
-            elif view["gen"] > self._gen or view.get("closed"):
-                view = {"floor": float("inf"), "max_req": -1, "closed": True}
-            view.setdefault("floor", 0)
-            view.setdefault("max_req", -1)
-            views.append(view)
-        return views
 
     def _stage(self, j: int, demanded: bool) -> None:
         """One download thread's job: stage file j and record the outcome."""
-        state, size, reused = "pending", 0, False
+        state, size, reused = FileState.PENDING, 0, False
         try:
             size, reused = self._fetch(j, demanded)
-            state = "ready"
+            state = FileState.READY
             log.debug("staged %s (%d bytes%s)", self.uris[j], size, ", reused" if reused else "")
         except BadFileError as err:
-            (self._ctl / f"{self._tag}.{self._names[j]}.bad").write_text(err.reason)
+            self._peers.mark_bad(self._names[j], err.reason)
             log.warning("cannot stage %s", err)
-            state = "bad"
+            state = FileState.BAD
             self._errors[j] = err
         except FolderError as err:  # a mistake in the list, not a bad file: its reader raises it (UserError)
-            (self._ctl / f"{self._tag}.{self._names[j]}.folder").write_text(err.uri)
-            state = "bad"
+            self._peers.mark_folder(self._names[j], err.uri)
+            state = FileState.BAD
             self._errors[j] = err
         except _Deferred:
             pass  # no room yet, or closing: back to pending
@@ -406,7 +334,7 @@ class Stager:
         finally:
             with self._cond:
                 self._state[j] = state
-                if state == "ready":
+                if state == FileState.READY:
                     self._size[j] = size
                     self.stats["reused" if reused else "downloaded"] += 1
                     self.stats["downloaded_bytes"] += 0 if reused else size
@@ -417,39 +345,36 @@ class Stager:
         """Stage file j (or reuse a complete copy): (size, reused). Retries transient failures."""
         assert self._files is not None
         uri = self.uris[j]
-        tmp = self.root / f".{self._names[j]}.part-{os.getpid()}-{threading.get_ident()}"
         fs, path = self._files.resolve(uri)
         if uri.endswith("/"):
-            raise FolderError(uri)  # pelicanfs would make a folder at `tmp` for it
+            raise FolderError(uri)  # pelicanfs would make a folder at the temporary name for it
         attempt = 0
-        try:
-            while True:
-                try:
-                    return self._attempt(j, fs, path, tmp, demanded)
-                except (_Deferred, StagingError):
-                    raise
-                except Exception as err:
-                    if is_folder(fs, path):  # a folder answers 403/404/405, a listing or a short transfer
-                        raise FolderError(uri) from None
-                    kind, reason = classify_failure(err, fs, path, self._files.scrub)
-                    if kind == "fatal":
-                        raise StagingError(f"{uri}: {reason}") from None
-                    if kind == "bad":
-                        raise BadFileError(uri, reason) from None
-                    attempt += 1
-                    if attempt > self.cfg.retries:
-                        raise BadFileError(uri, f"gave up after {attempt} attempts: {reason}") from None
-                    self.stats["retries"] += 1
-                    delay = min(self.cfg.backoff_cap, self.cfg.backoff_base * 2 ** (attempt - 1))
-                    log.warning("staging %s: %s; retry %d in %.2f s", uri, reason, attempt, delay)
-                    with self._cond:
-                        if self._cond.wait_for(lambda: self._closing, delay):
-                            raise BadFileError(uri, "staging closed during retries") from None
-        finally:
-            _remove(tmp)  # a file, or a folder pelicanfs made for a collection
+        while True:
+            try:
+                return self._attempt(j, fs, path, demanded)
+            except (_Deferred, StagingError):
+                raise
+            except Exception as err:
+                if is_folder(fs, path):  # a folder answers 403/404/405, a listing or a short transfer
+                    raise FolderError(uri) from None
+                kind, reason = classify_failure(err, fs, path, self._files.scrub)
+                if kind == "fatal":
+                    raise StagingError(f"{uri}: {reason}") from None
+                if kind == "bad":
+                    raise BadFileError(uri, reason) from None
+                attempt += 1
+                if attempt > self.cfg.retries:
+                    raise BadFileError(uri, f"gave up after {attempt} attempts: {reason}") from None
+                self.stats["retries"] += 1
+                delay = min(self.cfg.backoff_cap, self.cfg.backoff_base * 2 ** (attempt - 1))
+                log.warning("staging %s: %s; retry %d in %.2f s", uri, reason, attempt, delay)
+                with self._cond:
+                    if self._cond.wait_for(lambda: self._closing, delay):
+                        raise BadFileError(uri, "staging closed during retries") from None
 
-    def _attempt(self, j: int, fs: Any, path: str, tmp: Path, demanded: bool) -> tuple[int, bool]:
-        """One try: download to `tmp` (streamed by the filesystem), check the size, fsync, rename."""
+    def _attempt(self, j: int, fs: Any, path: str, demanded: bool) -> tuple[int, bool]:
+        """One try: download to a temporary name (streamed by the filesystem), check the size, fsync, rename.
+        A failed try leaves nothing: a half file, or the folder pelicanfs makes for a collection, goes."""
         final, size = self.path(j), None
         if self.cfg.max_bytes is not None or final.exists():
             # the size first: to keep the byte budget, or to check a file left by an earlier job
@@ -462,20 +387,15 @@ class Stager:
             if final.exists() and final.stat().st_size == size:
                 return size, True
         progress = _Progress(lambda: self._closing)
-        fs.get_file(path, str(tmp), callback=progress)
-        got = tmp.stat().st_size
-        expected = size if size is not None else progress.size
-        expected = int(expected if expected is not None else fs.size(path))
-        if got != expected:
-            raise TransferError(f"got {got} bytes, expected {expected}")
-        if got == 0 and is_folder(fs, path):  # a folder's HEAD may announce 0 bytes
-            raise FolderError(self.uris[j])
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)  # readers see the file only now, complete
+        with atomic_path(final) as tmp:  # readers (the other local ranks) see the file only complete
+            fs.get_file(path, str(tmp), callback=progress)
+            got = tmp.stat().st_size
+            expected = size if size is not None else progress.size
+            expected = int(expected if expected is not None else fs.size(path))
+            if got != expected:
+                raise TransferError(f"got {got} bytes, expected {expected}")
+            if got == 0 and is_folder(fs, path):  # a folder's HEAD may announce 0 bytes
+                raise FolderError(self.uris[j])
         return got, False
 
     # -- other local ranks -----------------------------------------------------------------------------------
@@ -483,18 +403,11 @@ class Stager:
         self._requested.add(i)
         self._max_req = max(self._max_req, i)
         self._publish(waiting=i)
-        final, bad = self.path(i), self._ctl / f"{self._tag}.{self._names[i]}.bad"
-        fatal = self._ctl / f"{self._tag}.fatal"
-        folder = self._ctl / f"{self._tag}.{self._names[i]}.folder"
+        final = self.path(i)
         deadline, pause = time.monotonic() + self.cfg.wait_timeout, 0.005
         try:
             while not final.exists():
-                if folder.exists():
-                    raise FolderError(self.uris[i])
-                if bad.exists():
-                    raise BadFileError(self.uris[i], bad.read_text())
-                if fatal.exists():
-                    raise StagingError(f"local rank 0 stopped staging: {fatal.read_text()}")
+                self._peers.raise_if_marked(self._names[i], self.uris[i])
                 check_stop()
                 if time.monotonic() > deadline:
                     raise StagingError(
@@ -508,34 +421,8 @@ class Stager:
         return final
 
     def _publish(self, waiting: int | None = None, closed: bool = False) -> None:
-        """Write this rank's state for local rank 0 (atomically: readers never see half a file)."""
-        if self.local_world_size == 1 or self.local_rank == 0:
-            return
-        floor = min([*self._requested, self._max_req + 1])
-        state = {
-            "gen": self._gen,
-            "floor": floor,
-            "max_req": self._max_req,
-            "waiting": waiting,
-            "closed": closed,
-        }
-        target = self._ctl / f"{self._tag}.rank{self.local_rank}"
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, target)
-
-    def _clean_leftovers(self) -> None:
-        """Remove temporary entries of dead writers (a killed job: files, or folders pelicanfs made) and this
-        list's stale error markers. Entries of live processes, and names we did not make, stay."""
-        for tmp in self.root.glob(".*.part-*"):
-            match = re.search(r"\.part-(\d+)-", tmp.name)
-            if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
-                kind = "folder" if tmp.is_dir() and not tmp.is_symlink() else "file"
-                _remove(tmp)
-                log.info("removed leftover partial %s %s", kind, tmp.name)
-        markers = [*self._ctl.glob(f"{self._tag}.*.bad"), *self._ctl.glob(f"{self._tag}.*.folder")]
-        for marker in [*markers, self._ctl / f"{self._tag}.fatal"]:
-            _remove(marker)
+        """Tell local rank 0 what this rank may still read (nothing to tell on local rank 0 itself)."""
+        self._peers.publish(min([*self._requested, self._max_req + 1]), self._max_req, waiting, closed)
 
 
 class _Deferred(Exception):
