@@ -84,10 +84,6 @@ class RunData:
         steps, values = zip(*pairs)
         return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
-    def last(self, key: str) -> float | None:
-        steps, values = self.series(key)
-        return float(values[-1]) if values.size else None
-
     def hop_of(self, step: int) -> int:
         """Index of the hop that did update `step` (hop i did first_update_i < step <= last_update_i)."""
         found = 0
