@@ -28,8 +28,9 @@ def summary_table(data: RunData) -> Table:
         ["run goodput (training-step time / allocated time)", s.get("run_goodput")],
         ["wall time [s]", s.get("run_wall_seconds")],
     ]  # fmt: skip
-    if s.get("best"):
-        rows.append(["best checkpoint", s["best"]])
+    best_metric = (data.config.get("checkpoint") or {}).get("best_metric")
+    if s.get("best") is not None and best_metric:
+        rows.append([f"best {best_metric} (checkpoints/best)", s["best"]])
     for key in ["loss_mean", *[k for k in data.scalar_keys() if k.startswith("val_")]]:
         steps, values = data.series(key)
         if values.size:

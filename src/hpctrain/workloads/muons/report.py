@@ -41,7 +41,11 @@ def _range_text(by: str, lo: float, hi: float) -> str:
 def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
     cols = len(panels)
-    fig, axes = figure(230 * cols + 120, 460, 2, cols, sharex=True, height_ratios=[3, 1])
+    width = 230 * cols + 130
+    fig, axes = figure(width, 460, 2, cols, layout=None, sharex=True, height_ratios=[3, 1])
+    fig.subplots_adjust(
+        left=55 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
+    )
     for col, panel in enumerate(panels):
         ax, ratio_ax = axes[0, col], axes[1, col]
         spec = panel["features"][name]
