@@ -69,7 +69,7 @@ def figure(
     height: float,
     rows: int = 1,
     cols: int = 1,
-    layout: str | None = "constrained",
+    layout: Literal["constrained"] | None = "constrained",
     **kwargs: Any,
 ) -> tuple[Any, Any]:
     """A Figure with its own Agg canvas (no pyplot global state, no display needed on a login node), sized in
