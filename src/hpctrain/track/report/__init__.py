@@ -23,17 +23,17 @@ def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadRepor
     data = RunData.load(run_dir)
     out = Path(out) if out is not None else data.run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    images = [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
+    # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
+    images = [image for panel in workload.panels for image in panel(data)]
     images += plot_distributions(data)
-    for panel in workload.panels:
-        images += panel(data)
+    images += [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
     tables = [table for make in workload.tables for table in make(data)]
     for image in images:
         with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
             image.figure.savefig(tmp, dpi=DPI, format="png", metadata=_metadata(image))
     page = out / "index.html"
     with atomic_path(page, fsync=False) as tmp:
-        Path(tmp).write_text(render_page(data, images, tables))
+        Path(tmp).write_text(render_page(data, images, tables, workload.evaluation_table))
     return page
 
 

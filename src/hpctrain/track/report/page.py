@@ -68,19 +68,19 @@ def evaluation_table(data: RunData) -> Table | None:
     return Table("Evaluation", ["figure", "value"], [[k, fmt(v)] for k, v in metrics.items()], note)
 
 
-def render_page(data: RunData, images: list[Image], tables: list[Table]) -> str:
+def render_page(data: RunData, images: list[Image], tables: list[Table], evaluation: bool = True) -> str:
     import jinja2
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    evaluation = evaluation_table(data)
+    table = evaluation_table(data) if evaluation else None
     return env.get_template("report.html.j2").render(
         title=f"hpctrain report: {data.run_dir.name}",
         run_dir=str(data.run_dir),
         generated=time.strftime("%Y-%m-%d %H:%M:%S"),
         summary=summary_table(data),
         hops=hops_table(data),
-        tables=([evaluation] if evaluation else []) + tables,
+        tables=([table] if table else []) + tables,
         images=images,
     )

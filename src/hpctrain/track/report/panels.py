@@ -59,6 +59,8 @@ class WorkloadReport:
     groups: Callable[[RunData], list[ScalarGroup]] = lambda data: []
     panels: Sequence[Panel] = field(default_factory=tuple)
     tables: Sequence[TableMaker] = field(default_factory=tuple)
+    # evaluate.json's "metrics" as a generic table (off when the workload's own tables show them better)
+    evaluation_table: bool = True
 
 
 NO_WORKLOAD = WorkloadReport()

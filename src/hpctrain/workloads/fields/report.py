@@ -82,4 +82,6 @@ def parameter_table(data: RunData) -> list[Table]:
     ]
 
 
-REPORT = WorkloadReport(groups=groups, panels=(scatter_panels,), tables=(parameter_table,))
+REPORT = WorkloadReport(
+    groups=groups, panels=(scatter_panels,), tables=(parameter_table,), evaluation_table=False
+)
