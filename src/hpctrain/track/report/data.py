@@ -3,10 +3,10 @@
 evaluate.json (written by a workload's evaluation, all keys optional):
 
     {"metrics": {"<name>": <number>, ...},                    # headline figures, shown in a table
-     "per_bin": [{"log10_E_GeV": [lo, hi], "w1_<feature>": .., "ks_<feature>": .., ...}, ...],   # pivot table
+     "info": {"step", "events", "units", "checkpoint", ...},   # shown under that table
      "distributions": {"<name>": {"label", "unit", "bins": [n+1 edges], "generated": [n], "true": [n],
                                   "y_label", "log_x", "log_y"}},                # one overall plot each
-     ...}                                                      # workload-specific keys, read by its panels
+     ...}                       # workload-specific keys, read by its panels (muons: "binned"; fields: "predictions")
 """
 
 from __future__ import annotations
