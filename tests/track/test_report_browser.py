@@ -78,7 +78,7 @@ def test_the_report_renders_offline_in_chromium(tmp_path: Path, make_run) -> Non
     broken = [i["src"] for i in rendered["images"] if not (i["complete"] and i["width"] > 0)]
     assert not broken, f"images the browser could not show: {broken}"
     assert rendered["tables"]["summary"] >= 6 and rendered["tables"]["hops"] == 3  # header + 2 hops
-    assert len(rendered["tables"]) >= 4  # + evaluation and the workload's (pivot) tables
+    assert len(rendered["tables"]) >= 3  # + the evaluation or the workload's (pivot) tables
 
     shot = out / "screenshot.png"
     _browser(exe, tmp_path / "profile", "--hide-scrollbars", "--window-size=1200,1600",
