@@ -164,3 +164,12 @@ def test_a_run_without_evaluation_gets_the_generic_report(tmp_path: Path) -> Non
 def test_report_of_a_non_run_folder_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_an_evaluate_json_of_another_format_is_a_one_line_error(tmp_path: Path) -> None:
+    run = muon_run(tmp_path / "run")
+    old = {"distributions": {"energy": {"generated_values": [1.0], "true_values": [2.0]}}}
+    (run / "evaluate.json").write_text(json.dumps(old))
+    done = hpctrain("report", str(run), cwd=tmp_path)
+    assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
+    assert "evaluate.json is not what this version reads" in done.err and "hpctrain evaluate" in done.err

@@ -24,8 +24,14 @@ def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadRepor
     out = Path(out) if out is not None else data.run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
-    images = [image for panel in workload.panels for image in panel(data)]
-    images += plot_distributions(data)
+    try:
+        images = [image for panel in workload.panels for image in panel(data)]
+        images += plot_distributions(data)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"{data.run_dir / 'evaluate.json'} is not what this version reads ({type(exc).__name__}: {exc}); "
+            "write it again with `hpctrain evaluate`"
+        ) from None
     images += [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
     tables = [table for make in workload.tables for table in make(data)]
     for image in images:
