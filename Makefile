@@ -28,6 +28,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	@hpc/local-cluster install
+	@hpc/install-browser
 	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Done, clean_env, hpctrain
 
 
@@ -45,6 +47,7 @@ def test_status_never_imports_torch_and_shows_hops(tmp_path: Path) -> None:
             "exit_reason": "time_budget",
             "train_seconds": 32.0,
             "goodput": 0.8,
+            "deadline": now - 50,
         },
         {
             "hop": 1,
@@ -57,6 +60,7 @@ def test_status_never_imports_torch_and_shows_hops(tmp_path: Path) -> None:
             "exit_reason": None,
             "train_seconds": 16.0,
             "last_seen": now - 30,
+            "deadline": now,
         },
     ]
     (run / "chain.json").write_text(json.dumps(hops))
@@ -76,7 +80,8 @@ def test_status_never_imports_torch_and_shows_hops(tmp_path: Path) -> None:
     assert info["updates_done"] == 60 and info["total_updates"] == 100
     assert info["last_checkpoint"]["step"] == 60
     assert abs(info["goodput"] - 48 / 60) < 1e-6  # 48 s of steps in 40 + 20 s of hops
-    assert info["remaining_hops"] == 2  # 40 updates left at 30 per hop
+    # 60 updates in 60 s of hops; a hop gets 50 s (its deadline - its start): 40 left fit in one hop
+    assert info["remaining_hops"] == 1 and info["hop_seconds"] == pytest.approx(50)
     text = hpctrain("status", str(run), cwd=tmp_path, env=clean_env(PATH=_bin(tmp_path, squeue="")))
     assert text.code == 0
     assert "updates 60 of 100 (60.0%)" in text.out and "#1 job 7 on c1" in text.out

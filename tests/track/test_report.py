@@ -1,138 +1,175 @@
-"""`hpctrain report`: real PNGs of the expected size and an HTML page that shows them."""
+"""`hpctrain report`: the PNGs each workload should get (opened, sized, their panels named in the PNG's text
+chunk), and an HTML page that parses, shows every image from a relative file and holds the tables."""
 
 from __future__ import annotations
 
 import json
+from html.parser import HTMLParser
 from pathlib import Path
 
-import matplotlib.image
 import numpy as np
+from PIL import Image as PILImage
 
 from hpctrain.cli import main
+from hpctrain.track.report import Image, WorkloadReport, write_report
+from hpctrain.track.report.panels import figure
+from tests.conftest import hpctrain
+from tests.track.report_runs import fields_run, muon_run
+
+GENERIC = {"scalars", "throughput", "time_shares"}
+VOID = {"meta", "img", "br", "hr", "link", "input", "col", "source"}
 
 
-def _run_folder(run: Path, with_eval: bool) -> None:
-    run.mkdir(parents=True)
-    lines = []
-    for step in range(10, 130, 10):
-        lines.append(
-            {
-                "step": step,
-                "loss": 1 / step,
-                "loss_mean": 1.2 / step,
-                "lr": 1e-3 * (1 - step / 200),
-                "updates_per_s": 50.0 + step % 30,
-                "samples_per_s": 1600.0,
-                "data_share": 0.1,
-                "step_share": 0.7,
-                "eval_share": 0.05,
-                "checkpoint_share": 0.02,
-            }
-        )
-        if step % 40 == 0:
-            lines.append({"step": step, "val_loss": 1.1 / step})
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    hops = [
-        {
-            "hop": 0,
-            "job_id": "101",
-            "nodes": "n1",
-            "start": 1000.0,
-            "end": 1100.0,
-            "first_update": 0,
-            "last_update": 40,
-            "exit_reason": "time budget",
-            "train_seconds": 70.0,
-            "goodput": 0.7,
-        },
-        {
-            "hop": 1,
-            "job_id": "102",
-            "nodes": "n2",
-            "start": 1200.0,
-            "end": 1300.0,
-            "first_update": 40,
-            "last_update": 120,
-            "exit_reason": "finished",
-            "train_seconds": 80.0,
-            "goodput": 0.8,
-        },
+class Page(HTMLParser):
+    """Checks that tags balance; collects images, tables (id -> rows of cell texts) and every URL."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.images: list[dict[str, str]] = []
+        self.urls: list[str] = []
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+        self.feed(text)
+        self.close()
+        assert not self.stack, f"unclosed tags {self.stack}"
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        self.urls += [v for k, v in attrs if k in ("src", "href") and v]
+        if tag == "img":
+            self.images.append(a)
+        if tag == "table":
+            self._table = a["id"]
+            self.tables[self._table] = []
+        if tag == "tr" and self._table:
+            self.tables[self._table].append([])
+        if tag in ("td", "th"):
+            self._cell = []
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            return
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes <{self.stack[-1:]}>"
+        self.stack.pop()
+        if tag in ("td", "th") and self._cell is not None and self._table:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        if tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def check_report(out: Path) -> tuple[Page, dict[str, list[str]]]:
+    """Parse index.html, open every PNG it shows; return the page and each image's panel titles."""
+    page = Page((out / "index.html").read_text())
+    assert all(not u.startswith(("http:", "https:", "//", "/")) for u in page.urls), page.urls  # offline
+    assert sorted(i["src"] for i in page.images) == sorted(p.name for p in out.glob("*.png"))
+    panels = {}
+    for img in page.images:
+        with PILImage.open(out / img["src"]) as png:
+            assert png.size == (int(img["width"]), int(img["height"])), img
+            pixels = np.asarray(png.convert("L"), dtype=float)
+            text = dict(png.text)
+        assert np.ptp(pixels) > 100 and pixels.std() > 5, f"{img['src']} looks blank"
+        panels[Path(img["src"]).stem] = text["Comment"].removeprefix("panels: ").split(" | ")
+    assert {"summary", "hops"} <= set(page.tables)
+    return page, panels
+
+
+def test_muon_report_has_its_panels_and_tables(tmp_path: Path) -> None:
+    run = muon_run(tmp_path / "run")
+    done = hpctrain("report", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert done.code == 0, done.err
+    page, panels = check_report(tmp_path / "out")
+    features = ("multiplicity", "energy", "lateral_distance")
+    assert set(panels) == GENERIC | {
+        f"{kind}_{f}" for kind in ("dist", "energy_bins", "zenith_bins") for f in features
+    }
+    assert panels["scalars"] == [
+        "generator loss",
+        "critic loss (E[D(fake)] - E[D(real)] + GP)",
+        "Wasserstein estimate",  # wasserstein and val_wasserstein together
+        "gradient penalty",
+        "multiplicity NLL",
+        "gradient norm (before clipping)",
+        "learning rate",  # on its own axis
     ]
-    (run / "chain.json").write_text(json.dumps(hops))
-    (run / "summary.json").write_text(
-        json.dumps({"status": "finished", "step": 120, "hops": 2, "run_goodput": 0.75})
-    )
-    if with_eval:
-        edges = list(range(21))
-        evaluation = {
-            "distributions": {
-                "multiplicity": {
-                    "label": "muon multiplicity",
-                    "unit": "muons per event",
-                    "bins": edges,
-                    "generated": [30 - i for i in range(20)],
-                    "true": [31 - i for i in range(20)],
-                    "log_y": True,
-                },
-                "energy": {
-                    "label": "muon energy",
-                    "unit": "GeV",
-                    "log_x": True,
-                    "generated_values": list(np.geomspace(1, 1000, 200)),
-                    "true_values": list(np.geomspace(1, 2000, 300)),
-                },
-                "lateral_distance": {
-                    "label": "lateral distance",
-                    "unit": "m",
-                    "bins": [0, 10, 20, 40],
-                    "generated": [5, 3, 1],
-                    "true": [6, 2, 1],
-                },
-            },
-            "metrics": {"multiplicity_wasserstein": 0.12},
-        }
-        (run / "evaluate.json").write_text(json.dumps(evaluation))
+    assert panels["throughput"][1] == "data throughput"
+    energy_bins = [t for t in panels["energy_bins_energy"] if t]
+    assert len(energy_bins) == 5 and energy_bins[0].startswith("log10 E/GeV 3-5")
+    assert len([t for t in panels["zenith_bins_multiplicity"] if t]) == 4
+    # the per-bin figures as a pivot table: a header row of features over W1/KS, one row per energy bin
+    evaluation = json.loads((run / "evaluate.json").read_text())
+    pivot = next(rows for rows in page.tables.values() if rows and "muon energy" in rows[0])
+    assert pivot[0] == ["", "muons per event", "muon energy", "lateral distance"]
+    assert pivot[1][3:5] == ["W1", "KS"] and len(pivot) == 2 + 5
+    first = evaluation["binned"]["energy"][0]["features"]["energy"]
+    assert pivot[2][5] == f"{first['w1']:.4g}" and pivot[2][6] == f"{first['ks']:.4g}"
+    summary = dict(r for r in page.tables["summary"][1:])
+    assert summary["model"] == "muon_wgan" and summary["job hops"] == "2"
+    assert summary["final val_multiplicity_nll (update 120)"] == f"{2 + 9 / 120:.4g}"
+    assert "data.prefetch_batches 0 -> 2" in page.tables["hops"][2][-1]
 
 
-def _check_png(path: Path) -> None:
-    image = matplotlib.image.imread(path)
-    assert image.shape[:2] == (450, 800), path
-    assert np.ptp(image[..., :3]) > 0.5, f"{path} is blank"
-
-
-def test_report_writes_pngs_and_html(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _run_folder(run, with_eval=True)
-    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
-    names = [
-        "loss.png",
-        "lr.png",
-        "throughput.png",
-        "time_shares.png",
-        "dist_energy.png",
-        "dist_lateral_distance.png",
-        "dist_multiplicity.png",
-    ]
-    for name in names:
-        _check_png(tmp_path / "out" / name)
-    page = (tmp_path / "out" / "index.html").read_text()
-    for name in names:
-        assert f'src="{name}"' in page
-    assert "time budget" in page and "multiplicity_wasserstein" in page
-
-
-def test_report_default_folder_without_evaluation(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    _run_folder(run, with_eval=False)
+def test_fields_report_has_predicted_vs_true(tmp_path: Path) -> None:
+    run = fields_run(tmp_path / "run")
     assert main(["report", str(run)]) == 0
-    assert sorted(p.name for p in (run / "report").glob("*.png")) == [
-        "loss.png",
-        "lr.png",
-        "throughput.png",
-        "time_shares.png",
+    page, panels = check_report(run / "report")
+    assert set(panels) == GENERIC | {"predicted_vs_true"}
+    assert [t for t in panels["predicted_vs_true"] if t] == [
+        "Ω_m: predicted vs true",
+        "σ_8: predicted vs true",
     ]
+    assert "validation R² per parameter" in panels["scalars"]
+    rows = next(rows for rows in page.tables.values() if rows and rows[0][0] == "parameter")
+    r2 = json.loads((run / "evaluate.json").read_text())["metrics"]["r2_omega_m"]
+    assert rows[1][:2] == ["Ω_m", f"{r2:.4g}"]
+
+
+def test_a_workload_adds_panels_and_tables_without_touching_the_others(tmp_path: Path) -> None:
+    from hpctrain.track.report import Table
+
+    run = fields_run(tmp_path / "run")
+
+    def extra(data):  # a new workload's panel: any figure from the run's data
+        fig, axes = figure(400, 300)
+        axes[0, 0].plot(*data.series("mse_scaled"))
+        axes[0, 0].set_title("my panel")
+        return [Image("mine", "a new workload's plot", fig)]
+
+    table = Table("Mine", ["a", "b"], [[1, 2]])
+    write_report(run, tmp_path / "out", WorkloadReport(panels=(extra,), tables=(lambda data: [table],)))
+    page, panels = check_report(tmp_path / "out")
+    assert set(panels) == GENERIC | {"mine"} and panels["mine"] == ["my panel"]
+    assert ["1", "2"] in page.tables["table-1"] or ["1", "2"] in page.tables["table-2"]
+
+
+def test_a_run_without_evaluation_gets_the_generic_report(tmp_path: Path) -> None:
+    run = fields_run(tmp_path / "run")
+    (run / "evaluate.json").unlink()
+    (run / "config.yaml").write_text("model: {type: regression}\n")
+    assert main(["report", str(run)]) == 0
+    _, panels = check_report(run / "report")
+    assert set(panels) == GENERIC
+    assert "r2 omega m" in panels["scalars"] and "loss" in panels["scalars"]  # every key has a home
 
 
 def test_report_of_a_non_run_folder_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_an_evaluate_json_of_another_format_is_a_one_line_error(tmp_path: Path) -> None:
+    run = muon_run(tmp_path / "run")
+    old = {"distributions": {"energy": {"generated_values": [1.0], "true_values": [2.0]}}}
+    (run / "evaluate.json").write_text(json.dumps(old))
+    done = hpctrain("report", str(run), cwd=tmp_path)
+    assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
+    assert "evaluate.json is not what this version reads" in done.err and "hpctrain evaluate" in done.err

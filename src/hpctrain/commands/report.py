@@ -17,9 +17,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from hpctrain.track.report import write_report
+    from hpctrain.track.report.data import model_type_of
+    from hpctrain.workloads.registry import report_of
 
     try:
-        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+        workload = report_of(model_type_of(Path(args.run_dir)))
+        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None, workload)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     print(f"report: {page}")

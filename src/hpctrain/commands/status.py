@@ -5,10 +5,16 @@ and asks `squeue` about the current job when it exists. Never imports torch: it 
 
 The state comes from evidence, in this order:
 - running: run.lock names a live process on this host, or its heartbeat is younger than HEARTBEAT_FRESH
-  seconds (a process on another node), or squeue says the last hop's job runs;
+  seconds (a process on another node; a lock of this host whose process is gone is stale whatever its
+  heartbeat), or squeue says the last hop's job runs;
 - finished / stopped (resumable): summary.json, written at a clean exit, belongs to the last hop;
 - crashed: the last hop never closed (or its summary is missing) and nobody holds the lock;
 - not started: no hop and no summary yet.
+
+How many more hops: from the wall time one hop gets (`hop_seconds`), first known of: the last hop's deadline in
+chain.json (the SLURM job's end time or budget.time_limit, minus its start), squeue's time limit of the job,
+slurm.time of a run that ran as SLURM jobs. A run without any (a local run without budget.time_limit) has no
+hop estimate: "unknown", never a count extrapolated from a short local hop.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import yaml
 
 from hpctrain.commands.common import ArgParser
+from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.fsutil import pid_alive
 from hpctrain.launch.chain import read_hops
@@ -64,8 +71,9 @@ def lock_holder(run_dir: Path, now: float) -> str | None:
     if not isinstance(lock, dict):
         return None
     pid, host, beat = lock.get("pid"), lock.get("host"), lock.get("heartbeat")
-    if isinstance(pid, int) and host == socket.gethostname() and pid_alive(pid):
-        return f"run.lock held by live process {pid} on this host"
+    if isinstance(pid, int) and host == socket.gethostname():
+        # On this host the process table is the evidence: a fresh heartbeat of a dead pid is a killed run.
+        return f"run.lock held by live process {pid} on this host" if pid_alive(pid) else None
     if isinstance(beat, (int, float)) and now - beat < HEARTBEAT_FRESH:
         return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"
     return None
@@ -125,6 +133,59 @@ def queue_state(job_id: str | None) -> str | None:
     return out if done.returncode == 0 and out else ("not in the queue" if done.returncode == 0 else None)
 
 
+def queue_time_limit(job_id: str | None) -> float | None:
+    """The job's time limit in seconds from `squeue -o %l` (None when unknown, UNLIMITED or no squeue)."""
+    exe = shutil.which("squeue")
+    if not exe or not job_id:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, "-h", "-j", str(job_id), "-o", "%l"], capture_output=True, text=True, timeout=10
+        )
+        return parse_duration(done.stdout.strip()) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def hop_seconds(hops: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[float | None, str]:
+    """(wall seconds one hop gets, where that comes from); (None, why) when no time limit is known."""
+    if not hops:
+        return None, "no hop yet"
+    hop = hops[-1]  # the latest settings: an earlier hop's limit may no longer hold
+    deadline, start = hop.get("deadline"), hop.get("start")
+    if isinstance(deadline, (int, float)) and isinstance(start, (int, float)) and deadline > start:
+        return deadline - start, f"hop #{hop.get('hop', '?')}'s deadline in chain.json"
+    job = hop.get("job_id")
+    limit = queue_time_limit(job)
+    if limit:
+        return limit, f"squeue time limit of job {job}"
+    slurm_time = (cfg.get("slurm") or {}).get("time")
+    if job and slurm_time:
+        try:
+            return parse_duration(slurm_time), f"slurm.time={slurm_time}"
+        except ValueError:
+            pass
+    return None, "no job time limit known (no deadline in chain.json, no SLURM job)"
+
+
+def hop_estimate(
+    left: int, per_wall: float | None, limit: float | None, running_hop: dict[str, Any] | None, now: float
+) -> int | None:
+    """Hops still needed after the current one (when running) for `left` updates at `per_wall` updates per
+    wall second, each hop getting `limit` seconds; None when the rate or the limit is unknown."""
+    if left <= 0:
+        return 0
+    if not per_wall or not limit:
+        return None
+    if running_hop is not None:
+        deadline = running_hop.get("deadline")
+        end = deadline if isinstance(deadline, (int, float)) else running_hop["start"] + limit
+        left -= int(per_wall * max(end - now, 0.0))  # what the current hop still does
+        if left <= 0:
+            return 0
+    return math.ceil(left / (per_wall * limit))
+
+
 def collect(run_dir: Path) -> dict[str, Any]:
     """Everything the status shows, as plain data (also printed with --json)."""
     if not run_dir.is_dir():
@@ -159,11 +220,12 @@ def collect(run_dir: Path) -> dict[str, Any]:
     )
     left = max((total or 0) - done, 0)
     per_wall = progress / wall if wall > 0 else None
-    per_hop = progress / len(hops) if hops else None
     slurm = cfg.get("slurm", {}) or {}
     holder = lock_holder(run_dir, now)
     queue = queue_state(hops[-1].get("job_id")) if hops and not finished else None
     state, evidence = run_state(hops, summary, holder, queue, finished)
+    limit, limit_source = hop_seconds(hops, cfg) if not finished else (None, "finished")
+    running_hop = hops[-1] if state == "running" and hops else None
     return {
         "run_dir": str(run_dir),
         "status": state,
@@ -176,7 +238,9 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "updates_per_wall_second": per_wall,
         "goodput": trained / wall if wall > 0 else None,
         "remaining_wall_seconds": (left / per_wall) if per_wall else (0.0 if finished else None),
-        "remaining_hops": (math.ceil(left / per_hop) if per_hop else None) if not finished else 0,
+        "remaining_hops": 0 if finished else hop_estimate(left, per_wall, limit, running_hop, now),
+        "hop_seconds": limit,
+        "hop_seconds_source": limit_source,
         "resubmit": slurm.get("resubmit"),
         "queue": queue,
     }
@@ -234,10 +298,17 @@ def render(info: dict[str, Any]) -> str:
         else "goodput: -"
     )
     hops_left = info["remaining_hops"]
-    lines.append(
-        f"remaining: {_duration(info['remaining_wall_seconds'])} of wall time, "
-        f"about {hops_left if hops_left is not None else '?'} more hop(s)"
-    )
+    if info["status"] == "finished":
+        hops_text = "none"
+    elif hops_left is None:
+        hops_text = f"more hops: unknown ({info['hop_seconds_source']})"
+    else:
+        after = " after the running one" if info["status"] == "running" else ""
+        hops_text = (
+            f"about {hops_left} more hop(s){after} of {_duration(info['hop_seconds'])} "
+            f"({info['hop_seconds_source']})"
+        )
+    lines.append(f"remaining: {_duration(info['remaining_wall_seconds'])} of wall time; {hops_text}")
     if info["queue"]:
         lines.append(f"queue: job {info['hops'][-1].get('job_id')} {info['queue']}")
     return "\n".join(lines)

@@ -88,3 +88,14 @@ def extra(workload: str, name: str) -> Callable[..., Any]:
     if spec is None or name not in spec.extras:
         raise ValueError(f"workload {workload!r} has no {name!r}")
     return _load(spec.extras[name])  # type: ignore[no-any-return]
+
+
+def report_of(model_type: str | None) -> Any:
+    """The `WorkloadReport` (track/report/panels.py) of model_type's workload: its "report" extra, or the
+    generic report when the workload has none or the type is unknown."""
+    from hpctrain.track.report.panels import NO_WORKLOAD
+
+    for spec in workloads().values():
+        if model_type in spec.models and "report" in spec.extras:
+            return _load(spec.extras["report"])
+    return NO_WORKLOAD

@@ -104,5 +104,7 @@ WORKLOAD = WorkloadSpec(
         "generate": "hpctrain.workloads.fields.generate:generate",
         "generate_args": "hpctrain.workloads.fields.generate:generate_args",
         "inspect": "hpctrain.workloads.fields.generate:inspect",
+        "evaluate": "hpctrain.workloads.fields.evaluate:evaluate_run",
+        "report": "hpctrain.workloads.fields.report:REPORT",
     },
 )

@@ -123,6 +123,74 @@ def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[s
     return out
 
 
+ZENITH_BANDS_DEG = (0.0, 30.0, 45.0, 60.0, 75.0)  # cos(zenith) >= truth.COS_ZENITH_MIN = 0.3: up to 72.5 deg
+SMALL_MULTIPLICITY = 20  # integer bins up to here, log-spaced above
+
+
+def _physical(name: str, values: np.ndarray) -> np.ndarray:
+    """features() values (log10 units) back in physical units: N, E/GeV, r/m."""
+    return np.rint(10.0**values - 1.0) if name == "multiplicity" else 10.0**values
+
+
+def _edges(name: str, values: np.ndarray) -> np.ndarray:
+    """Integer bins (centred on 0, 1, 2, ...) for small multiplicities, log-spaced above and for E and r."""
+    top = float(values.max()) if values.size else 1.0
+    if name == "multiplicity":
+        small = np.arange(-0.5, min(top, SMALL_MULTIPLICITY) + 1.0)
+        if top <= SMALL_MULTIPLICITY:
+            return small
+        return np.concatenate([small, np.geomspace(small[-1], top + 0.5, 16)[1:]])
+    low = float(values[values > 0].min()) if np.any(values > 0) else 1e-2
+    return np.geomspace(low, max(top, low * 10), 31)
+
+
+def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES) -> dict:
+    """Histograms of generated and true in physical units per primary-energy bin and per zenith band, with W1
+    and KS (in the log10 units of `compare`) per panel: {"energy": [panel, ...], "zenith": [...]}, a panel
+    being {"by", "range", "events_true", "events_generated", "features": {name: {"edges", "true",
+    "generated", "w1", "ks"}}}. Counts are raw (the same primaries on both sides): Poisson errors apply."""
+    gen_f, true_f = features(generated), features(true)
+    by = {
+        "energy": (
+            np.log10(generated.primaries[:, 0]),
+            np.log10(true.primaries[:, 0]),
+            ENERGY_BINS_LOG10_GEV,
+        ),
+        "zenith": (
+            np.degrees(generated.primaries[:, 1]),
+            np.degrees(true.primaries[:, 1]),
+            ZENITH_BANDS_DEG,
+        ),
+    }
+    edges = {n: _edges(n, _physical(n, np.concatenate([gen_f[n][0], true_f[n][0]]))) for n in only}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind, (gen_key, true_key, bounds) in by.items():
+        gen_bin = np.digitize(gen_key, bounds[1:-1])
+        true_bin = np.digitize(true_key, bounds[1:-1])
+        panels = []
+        for i in range(len(bounds) - 1):
+            panel: dict[str, Any] = {
+                "by": kind,
+                "range": [bounds[i], bounds[i + 1]],
+                "events_true": int((true_bin == i).sum()),
+                "events_generated": int((gen_bin == i).sum()),
+                "features": {},
+            }
+            for name in only:
+                (gv, ge), (tv, te) = gen_f[name], true_f[name]
+                a, b = gv[gen_bin[ge] == i], tv[true_bin[te] == i]
+                panel["features"][name] = {
+                    "edges": edges[name].tolist(),
+                    "generated": np.histogram(_physical(name, a), edges[name])[0].tolist(),
+                    "true": np.histogram(_physical(name, b), edges[name])[0].tolist(),
+                    "w1": wasserstein_1d(a, b),
+                    "ks": ks_statistic(a, b),
+                }
+            panels.append(panel)
+        out[kind] = panels
+    return out
+
+
 def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
     """Fresh truth events (from their own seed stream) without those above `cap` muons (as the loader skips
     them); also returns how many were dropped."""
@@ -159,6 +227,7 @@ def evaluate_model(model: Any, n_events: int, seed: int, batch_size: int = 4096)
         only = FEATURES
     result = compare(generated, true, only)
     result["distributions"] = distributions(generated, true, only)
+    result["binned"] = binned(generated, true, only)  # per energy bin and zenith band, for the report
     result["info"] = {
         "checkpoint": str(model.checkpoint),
         "step": model.step,

@@ -163,5 +163,6 @@ WORKLOAD = WorkloadSpec(
         "generate": "hpctrain.workloads.muons.tools:generate",
         "generate_args": "hpctrain.workloads.muons.tools:generate_args",
         "inspect": "hpctrain.workloads.muons.tools:inspect",
+        "report": "hpctrain.workloads.muons.report:REPORT",
     },
 )

@@ -1,0 +1,49 @@
+"""`hpctrain report`: PNG plots and one HTML page for a run folder (no torch; matplotlib's Agg canvas).
+
+data.py reads the run folder, generic.py draws what every run has, a workload's own `WorkloadReport` (panels.py)
+adds its panels and tables, page.py renders templates/report.html.j2. The page needs no network: images are
+files next to it, the style is inline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpctrain.fsutil import atomic_path
+from hpctrain.track.report.data import RunData
+from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
+from hpctrain.track.report.page import render_page
+from hpctrain.track.report.panels import DPI, NO_WORKLOAD, Image, ScalarGroup, Table, WorkloadReport
+
+__all__ = ["Image", "RunData", "ScalarGroup", "Table", "WorkloadReport", "write_report"]
+
+
+def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadReport = NO_WORKLOAD) -> Path:
+    """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path."""
+    data = RunData.load(run_dir)
+    out = Path(out) if out is not None else data.run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
+    try:
+        images = [image for panel in workload.panels for image in panel(data)]
+        images += plot_distributions(data)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(
+            f"{data.run_dir / 'evaluate.json'} is not what this version reads ({type(exc).__name__}: {exc}); "
+            "write it again with `hpctrain evaluate`"
+        ) from None
+    images += [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
+    tables = [table for make in workload.tables for table in make(data)]
+    for image in images:
+        with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
+            image.figure.savefig(tmp, dpi=DPI, format="png", metadata=_metadata(image))
+    page = out / "index.html"
+    with atomic_path(page, fsync=False) as tmp:
+        Path(tmp).write_text(render_page(data, images, tables, workload.evaluation_table))
+    return page
+
+
+def _metadata(image: Image) -> dict[str, str]:
+    """PNG text chunks naming the image and its panels (the titles of its visible axes), for readers and tests."""
+    titles = [ax.get_title() for ax in image.figure.axes if ax.get_visible() and ax.get_title()]
+    return {"Title": image.name, "Description": image.caption, "Comment": "panels: " + " | ".join(titles)}

@@ -1,0 +1,203 @@
+"""Panels every run gets: the logged scalars grouped by meaning (LR on its own axis), throughput, time shares,
+and generated-vs-true plots of the distributions in evaluate.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hpctrain.track.report.data import RunData
+from hpctrain.track.report.panels import (
+    X_UPDATE,
+    Image,
+    ScalarGroup,
+    figure,
+    legend_outside,
+    log_if_wide,
+    mark_hops,
+)
+
+SHARES = ("data", "step", "eval", "checkpoint")
+RATES = {"samples_per_s": "samples/s", "events_per_s": "events/s", "muons_per_s": "muons/s"}
+# Logged scalars drawn elsewhere (throughput, time shares, LR) or not over updates (evaluate's eval_* records).
+NOT_CURVES = {"lr", "updates_per_s", "gpu_mem_peak_gb", "stage_wait_s", *RATES}
+
+
+def _is_curve(key: str) -> bool:
+    return key not in NOT_CURVES and not key.endswith("_share") and not key.startswith("eval_")
+
+
+def group_scalars(data: RunData, named: list[ScalarGroup]) -> list[ScalarGroup]:
+    """Every logged scalar in one group: the workload's named groups first, then the loss, gradient norms, and
+    one group per remaining key with its val_ twin."""
+    keys = [k for k in data.scalar_keys() if _is_curve(k)]
+    groups: list[ScalarGroup] = []
+    claimed: set[str] = set()
+
+    def add(title: str, members: list[str], ylabel: str) -> None:
+        present = [k for k in members if k in keys and k not in claimed]
+        if present:
+            groups.append(ScalarGroup(title, tuple(present), ylabel))
+            claimed.update(present)
+
+    for group in named:
+        add(group.title, list(group.keys), group.ylabel)
+    add("loss", ["loss_mean", "loss", "val_loss"], "loss [task units]")
+    add("gradient norm (before clipping)", [k for k in keys if k.startswith("grad_norm")], "L2 norm")
+    for key in keys:
+        base = key[4:] if key.startswith("val_") else key
+        add(base.replace("_", " "), [base, f"val_{base}"], base)
+    return groups
+
+
+def _label(key: str) -> str:
+    if key.startswith("val_"):
+        return f"{key} (validation)"
+    if key == "loss_mean":
+        return "loss (mean over log window)"
+    return f"{key} (train)" if key == "loss" else key
+
+
+def plot_scalars(data: RunData, named: list[ScalarGroup]) -> Image:
+    groups = group_scalars(data, named)
+    cells = len(groups) + 1  # + the learning rate
+    rows = (cells + 1) // 2
+    fig, axes = figure(1100, 60 + 250 * rows, rows, 2, sharex=True)
+    flat = list(axes.flat)
+    for i, (ax, group) in enumerate(zip(flat, groups)):
+        for key in group.keys:
+            steps, values = data.series(key)
+            val = key.startswith("val_")
+            ax.plot(steps, values, "o-" if val else "-", markersize=3, linewidth=1.0, label=_label(key))
+        log_if_wide(ax, [line.get_ydata() for line in ax.get_lines()])
+        mark_hops(ax, data, labels=i == 0)
+        ax.set(title=group.title, ylabel=group.ylabel)
+        legend_outside(ax)
+    lr_ax = flat[len(groups)]
+    steps, values = data.series("lr")
+    lr_ax.plot(steps, values, "-", color="tab:green", label="lr")
+    mark_hops(lr_ax, data, labels=False)
+    lr_ax.set(title="learning rate", ylabel="learning rate [per update]")
+    for ax in flat[cells:]:
+        ax.set_visible(False)
+    for ax in flat[-2:]:
+        ax.set_xlabel(X_UPDATE)
+    fig.suptitle(f"{data.run_dir.name}: logged scalars by meaning (lines: where each job hop began)")
+    return Image("scalars", "Logged scalars grouped by meaning; the learning rate on its own axis.", fig)
+
+
+def plot_throughput(data: RunData) -> Image:
+    fig, axes = figure(1100, 330, 1, 3)
+    upd, rates, per_hop = axes[0]
+    steps, values = data.series("updates_per_s")
+    upd.plot(steps, values, "-", label="updates/s")
+    mark_hops(upd, data)
+    upd.set(title="updates per second", xlabel=X_UPDATE, ylabel="updates/s [1/s]")
+    drawn = []
+    for key, label in RATES.items():
+        steps, values = data.series(key)
+        if steps.size and not (key == "samples_per_s" and data.series("events_per_s")[0].size):
+            rates.plot(steps, values, "-", label=label)  # samples are events in the muon task: drawn once
+            drawn.append(values)
+    log_if_wide(rates, drawn, ratio=10)
+    mark_hops(rates, data, labels=False)
+    rates.set(title="data throughput", xlabel=X_UPDATE, ylabel="items per second [1/s]")
+    legend_outside(rates)
+    means = data.per_hop_mean("updates_per_s")
+    per_hop.bar([str(h) for h in range(len(means))], np.nan_to_num(means), color="tab:blue")
+    per_hop.set(title="mean updates/s per job hop", xlabel="job hop [index]", ylabel="updates/s [1/s]")
+    return Image("throughput", "Throughput over updates (own axes per unit) and per job hop.", fig)
+
+
+def plot_time_shares(data: RunData) -> Image:
+    fig, axes = figure(1100, 330, 1, 2)
+    shares, walls = axes[0]
+    names = [str(h) for h in range(max(len(data.hops), 1))]
+    bottom = np.zeros(len(names))
+    for kind in SHARES:
+        per_hop = np.nan_to_num(data.per_hop_mean(f"{kind}_share")) * 100
+        shares.bar(names, per_hop, bottom=bottom, label=f"{kind}")
+        bottom += per_hop
+    goodput = [hop.get("goodput") for hop in data.hops]
+    if any(g is not None for g in goodput):
+        shares.plot(
+            names[: len(goodput)],
+            [100 * g if g is not None else np.nan for g in goodput],
+            "kD",
+            label="goodput\n(train time / wall)",
+        )
+    shares.set(title="where the time went, per hop", xlabel="job hop [index]", ylabel="share of time [%]")
+    shares.set_ylim(0, 105)
+    legend_outside(shares)
+    wall = [max((h.get("end") or h.get("last_seen") or h["start"]) - h["start"], 0.0) for h in data.hops]
+    train = [float(h.get("train_seconds") or 0.0) for h in data.hops]
+    hop_names = names[: len(wall)]
+    walls.bar(hop_names, train, color="tab:green", label="in training updates")
+    walls.bar(
+        hop_names, np.subtract(wall, train), bottom=train, color="0.7", label="other (start, eval, save)"
+    )
+    walls.set(title="wall time per hop", xlabel="job hop [index]", ylabel="seconds [s]")
+    legend_outside(walls)
+    return Image("time_shares", "Time shares and goodput per job hop; wall time split per hop.", fig)
+
+
+def ratio_panel(
+    ax: Any,
+    ratio_ax: Any,
+    edges: np.ndarray,
+    true: np.ndarray,
+    generated: np.ndarray,
+    per_width: bool = False,
+) -> None:
+    """Counts of true (line, grey band: +-1 sigma) and generated (points) with Poisson errors, and generated /
+    true below. `per_width` divides by the bin width (for bins of unequal width on a linear scale)."""
+    centres = 0.5 * (edges[1:] + edges[:-1])
+    scale = 1.0 / np.diff(edges) if per_width else np.ones(len(true))
+    t, t_err, g, g_err = true * scale, np.sqrt(true) * scale, generated * scale, np.sqrt(generated) * scale
+    floor = 0.5 * float(np.min(t[t > 0])) if np.any(t > 0) else 0.5
+    ax.fill_between(
+        edges, np.append(np.maximum(t - t_err, floor), floor), np.append(t + t_err, floor), step="post",
+        color="0.8", linewidth=0,
+    )  # fmt: skip
+    ax.stairs(t, edges, color="k", linewidth=1.2, label="true")
+    ax.errorbar(centres, g, yerr=g_err, fmt="o", markersize=2.5, color="tab:red", elinewidth=0.8,
+                label="generated")  # fmt: skip
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = generated / true
+        err = ratio * np.sqrt(1 / generated + 1 / true)
+    ok = (true > 0) & (generated > 0)
+    ratio_ax.errorbar(centres[ok], ratio[ok], yerr=err[ok], fmt="o", markersize=2.5, color="tab:red",
+                      elinewidth=0.8)  # fmt: skip
+    ratio_ax.axhline(1.0, color="k", linewidth=0.8)
+    ratio_ax.set_ylim(0.0, 2.0)
+    ratio_ax.set_ylabel("gen / true")
+    if np.any(t > 0):
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=floor)
+
+
+def plot_distributions(data: RunData) -> list[Image]:
+    """One image per evaluate.json distribution: counts with error bars above, the ratio below."""
+    images = []
+    metrics = data.evaluation.get("metrics", {})
+    for name, spec in sorted(data.evaluation.get("distributions", {}).items()):
+        edges = np.asarray(spec["bins"], dtype=float)
+        generated = np.asarray(spec["generated"], dtype=float)
+        true = np.asarray(spec["true"], dtype=float)
+        if not len(edges) == len(generated) + 1 == len(true) + 1:
+            raise ValueError(f"evaluate.json: distribution {name!r} needs len(bins) == len(generated) + 1")
+        fig, axes = figure(800, 480, 2, 1, sharex=True, height_ratios=[3, 1])
+        ax, ratio_ax = axes[:, 0]
+        ratio_panel(ax, ratio_ax, edges, true, generated)
+        label, unit = spec.get("label", name.replace("_", " ")), spec.get("unit", "1")
+        w1, ks = metrics.get(f"w1_{name}"), metrics.get(f"ks_{name}")
+        if w1 is not None and ks is not None:
+            ax.text(0.02, 0.04, f"W1 {w1:.3g}   KS {ks:.3g}", transform=ax.transAxes, fontsize=8)
+        ax.set(title=f"{label}: generated vs true, all events", ylabel=spec.get("y_label", "count per bin"))
+        ratio_ax.set_xlabel(f"{label} [{unit}]")
+        if spec.get("log_x"):
+            ax.set_xscale("log")
+        legend_outside(ax)
+        images.append(Image(f"dist_{name}", f"{label}: generated vs true over all events.", fig))
+    return images

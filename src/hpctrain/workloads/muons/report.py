@@ -1,0 +1,117 @@
+"""What `hpctrain report` adds for muon runs: the WGAN's scalars by meaning, generated vs true per primary-energy
+bin and per zenith band (from evaluate.json's "binned", written by `hpctrain evaluate`) with ratio panels and
+W1/KS on each, and the per-bin figures as pivot tables. No torch: runs on a login node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
+from hpctrain.track.report.generic import ratio_panel
+from hpctrain.track.report.panels import figure, fmt, legend_outside
+
+FEATURES = {  # name -> (axis label, unit)
+    "multiplicity": ("muons per event", "count"),
+    "energy": ("muon energy", "GeV"),
+    "lateral_distance": ("lateral distance", "m"),
+}
+BY = {"energy": ("log10(E_primary / GeV)", "primary-energy bin"), "zenith": ("zenith [deg]", "zenith band")}
+
+
+def groups(data: RunData) -> list[ScalarGroup]:
+    if data.model_type == "muon_multiplicity":
+        return [ScalarGroup("multiplicity NLL", ("loss_mean", "loss", "val_loss"), "NLL per event [nats]")]
+    return [
+        ScalarGroup("generator loss", ("generator_loss",), "-E[D(fake)] [critic units]"),
+        ScalarGroup(
+            "critic loss (E[D(fake)] - E[D(real)] + GP)", ("loss_mean", "loss"), "critic loss [critic units]"
+        ),
+        ScalarGroup("Wasserstein estimate", ("wasserstein", "val_wasserstein"), "E[D(real)] - E[D(fake)]"),
+        ScalarGroup("gradient penalty", ("gradient_penalty",), "penalty [critic units]"),
+        ScalarGroup("multiplicity NLL", ("multiplicity_nll", "val_multiplicity_nll"), "NLL per event [nats]"),
+    ]
+
+
+def _range_text(by: str, lo: float, hi: float) -> str:
+    return f"log10 E/GeV {lo:g}-{hi:g}" if by == "energy" else f"zenith {lo:g}-{hi:g} deg"
+
+
+def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
+    label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
+    cols = len(panels)
+    width = 230 * cols + 130
+    fig, axes = figure(width, 460, 2, cols, layout=None, sharex=True, height_ratios=[3, 1])
+    fig.subplots_adjust(
+        left=55 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
+    )
+    for col, panel in enumerate(panels):
+        ax, ratio_ax = axes[0, col], axes[1, col]
+        spec = panel["features"][name]
+        edges = np.asarray(spec["edges"], dtype=float)
+        true, generated = np.asarray(spec["true"], float), np.asarray(spec["generated"], float)
+        ratio_panel(ax, ratio_ax, edges, true, generated, per_width=name == "multiplicity")
+        if name == "multiplicity":
+            ax.set_xscale("symlog", linthresh=20, linscale=1.5)  # integers to 20 linear, log-spaced above
+        else:
+            ax.set_xscale("log")
+        ax.set_title(f"{_range_text(by, *panel['range'])}\n{panel['events_true']} true events", fontsize=9)
+        ax.text(
+            0.03,
+            0.03,
+            f"W1 {fmt(spec.get('w1'))}\nKS {fmt(spec.get('ks'))}",
+            transform=ax.transAxes,
+            fontsize=8,
+            va="bottom",
+            bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.8},
+        )
+        ratio_ax.set_xlabel(f"{label} [{unit}]")
+        if col == 0:
+            ax.set_ylabel("muons per bin" if name != "multiplicity" else "events per unit N")
+        else:
+            ratio_ax.set_ylabel("")
+    legend_outside(axes[0, -1])
+    fig.suptitle(f"{label}: generated vs true per {BY[by][1]} (error bars: Poisson; W1 in log10 units)")
+    return Image(
+        f"{by}_bins_{name}", f"{label}: generated (points) vs true (line, grey band) per {BY[by][1]}.", fig
+    )
+
+
+def binned_panels(data: RunData) -> list[Image]:
+    binned = data.evaluation.get("binned", {})
+    images = []
+    for by in BY:
+        panels = binned.get(by) or []
+        names = [n for n in FEATURES if panels and n in panels[0]["features"]]
+        images += [_feature_image(by, name, panels) for name in names]
+    return images
+
+
+def pivot_tables(data: RunData) -> list[Table]:
+    """W1 and KS per bin (rows) and feature (columns), for primary-energy bins and zenith bands."""
+    tables = []
+    binned = data.evaluation.get("binned", {})
+    for by, (axis, what) in BY.items():
+        panels = binned.get(by) or []
+        if not panels:
+            continue
+        names = [n for n in FEATURES if n in panels[0]["features"]]
+        rows = [
+            [f"{p['range'][0]:g} - {p['range'][1]:g}", p["events_true"], p["events_generated"]]
+            + [fmt(p["features"][n].get(k)) for n in names for k in ("w1", "ks")]
+            for p in panels
+        ]
+        tables.append(
+            Table(
+                f"Generated vs true per {what}",
+                [axis, "true events", "generated events"] + ["W1", "KS"] * len(names),
+                rows,
+                note="W1 in log10(N+1), log10(E/GeV), log10(r/m); KS: the largest CDF difference.",
+                header_groups=[("", 3)] + [(FEATURES[n][0], 2) for n in names],
+            )
+        )
+    return tables
+
+
+REPORT = WorkloadReport(groups=groups, panels=(binned_panels,), tables=(pivot_tables,))

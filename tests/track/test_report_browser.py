@@ -1,0 +1,85 @@
+"""The report page in a real browser: headless Chromium (Debian's package, installed by `make test` through
+hpc/install-browser) loads it with the network cut off, every image must have loaded, the tables must be there;
+a screenshot is saved next to the page."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image as PILImage
+
+from tests.conftest import hpctrain
+from tests.track.report_runs import fields_run, muon_run
+
+# Reads the page from a same-folder iframe once it has loaded (file:// pages may read each other with
+# --allow-file-access-from-files) and writes what the browser rendered into <pre id="result">.
+PROBE = """<!DOCTYPE html><html><body><pre id="result">not loaded</pre>
+<iframe id="page" src="index.html" width="1200" height="900"></iframe>
+<script>
+document.getElementById("page").addEventListener("load", function () {
+  var doc = this.contentDocument, out = {images: [], tables: {}};
+  doc.querySelectorAll("img").forEach(function (img) {
+    out.images.push({src: img.getAttribute("src"), complete: img.complete, width: img.naturalWidth});
+  });
+  doc.querySelectorAll("table").forEach(function (t) { out.tables[t.id] = t.rows.length; });
+  document.getElementById("result").textContent = JSON.stringify(out);
+});
+</script></body></html>
+"""
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is missing: `make test` installs it with hpc/install-browser")
+    return exe
+
+
+def _browser(exe: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    offline = [
+        "--proxy-server=127.0.0.1:9",  # nothing listens there: any http(s) request fails
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--proxy-bypass-list=<-loopback>",  # not even 127.0.0.1 bypasses that proxy
+    ]
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}"]
+    return subprocess.run([*cmd, *offline, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("make_run", [muon_run, fields_run], ids=["muons", "fields"])
+def test_the_report_renders_offline_in_chromium(tmp_path: Path, make_run) -> None:
+    exe = _chromium()
+    run = make_run(tmp_path / "run")
+    out = tmp_path / "report"
+    done = hpctrain("report", str(run), "--out", str(out), cwd=tmp_path)
+    assert done.code == 0, done.err
+    (out / "probe.html").write_text(PROBE)
+    seen = _browser(
+        exe,
+        tmp_path / "profile",
+        "--allow-file-access-from-files",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        (out / "probe.html").as_uri(),
+    )
+    found = re.search(r'<pre id="result">(.*?)</pre>', seen.stdout, re.S)
+    assert found and found.group(1) != "not loaded", seen.stdout[-2000:] + seen.stderr[-2000:]
+    rendered = json.loads(found.group(1))
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert sorted(i["src"] for i in rendered["images"]) == pngs and len(pngs) >= 4
+    broken = [i["src"] for i in rendered["images"] if not (i["complete"] and i["width"] > 0)]
+    assert not broken, f"images the browser could not show: {broken}"
+    assert rendered["tables"]["summary"] >= 6 and rendered["tables"]["hops"] == 3  # header + 2 hops
+    assert len(rendered["tables"]) >= 3  # + the evaluation or the workload's (pivot) tables
+
+    shot = out / "screenshot.png"
+    _browser(exe, tmp_path / "profile", "--hide-scrollbars", "--window-size=1200,1600",
+             f"--screenshot={shot}", (out / "index.html").as_uri())  # fmt: skip
+    with PILImage.open(shot) as image:
+        assert image.size == (1200, 1600)
+        assert np.asarray(image.convert("L"), dtype=float).std() > 10  # not a blank page
