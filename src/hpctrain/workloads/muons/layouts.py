@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
 from hpctrain.errors import UserError
+from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
 # layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
@@ -281,7 +282,7 @@ class ParquetReader:
 class HDF5Reader:
     """One HDF5 file; unit i is the slice of `unit_events` events starting at i * unit_events."""
 
-    def __init__(self, path: str, unit_events: int = 65536) -> None:
+    def __init__(self, path: str, unit_events: int = UNIT_EVENTS) -> None:
         import h5py
 
         self.path = path
@@ -351,7 +352,7 @@ class HDF5Reader:
 Reader = ParquetReader | HDF5Reader
 
 
-def open_reader(path: str, hdf5_unit_events: int = 65536) -> Reader:
+def open_reader(path: str, hdf5_unit_events: int = UNIT_EVENTS) -> Reader:
     """A reader of the right format; raises MissingFileError (missing), LayoutError (unknown layout) or
     UnreadableFileError (no permission, truncated, corrupt): all one-line UserErrors naming the file."""
     check_local(path)
