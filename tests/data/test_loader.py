@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
 from hpctrain.data.loader import IndexedStream, LoaderOptions, SeededLoader, load_position
@@ -19,7 +19,7 @@ from tests.workloads.muons.conftest import event_stream, write_set
 
 
 class Indices(Dataset[tuple[int, int, int, float]]):
-    """Sample i is (i, the worker's pid, its torch seed, a draw of its NumPy global RNG)."""
+    """Sample i is (i, the worker's pid, its torch seed, a draw of its global NumPy RNG)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -28,7 +28,8 @@ class Indices(Dataset[tuple[int, int, int, float]]):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[int, int, int, float]:
-        return i, os.getpid(), torch.initial_seed(), float(np.random.random())
+        worker = get_worker_info()  # its seed: the torch seed of the worker (-1: the main process)
+        return i, os.getpid(), worker.seed if worker is not None else -1, float(np.random.random())
 
 
 def take(stream: IndexedStream, batches: int) -> list[list[int]]:

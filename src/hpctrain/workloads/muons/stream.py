@@ -37,7 +37,7 @@ from hpctrain.data.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.decode import ChunkDataset, ReadOptions
-from hpctrain.workloads.muons.event_index import build_index, note_bad_file
+from hpctrain.workloads.muons.event_index import EventIndex, build_index, note_bad_file
 from hpctrain.workloads.muons.item_result import ItemError, ItemResult
 from hpctrain.workloads.muons.outliers import EventRules
 from hpctrain.workloads.muons.spec import MuonData
@@ -74,6 +74,21 @@ def _init_worker(worker_id: int) -> None:
     seed_worker(worker_id)
     torch.set_num_threads(1)  # decoding is NumPy/Arrow work; torch threads would only compete
     pa.set_cpu_count(1)  # one core per worker: Arrow's decode threads would compete with the other workers
+
+
+def _chunks(
+    index: EventIndex, data: MuonData, seed: int, train: bool, run: str | None, rank: int
+) -> ChunkDataset:
+    """The worker side of a stream of `data` (outliers written only while training)."""
+    rules = EventRules(
+        data.on_bad_event,
+        data.event_muon_cap,
+        data.drop_empty_events,
+        data.outliers_dir if train else None,
+        rank,
+    )
+    read = ReadOptions(data.on_bad_file, run, data.hdf5_unit_events)
+    return ChunkDataset(index, seed, data.shuffle and train, max(data.shuffle_window, 1), read, rules)
 
 
 class EventStream:
@@ -113,17 +128,7 @@ class EventStream:
             capped = f" (data.max_events={max_events})" if max_events else ""
             what = f"the training files hold {self.index.total} events{capped}"
             check_one_batch(self.index.total, data.batch_size, world_size, what, "add files")
-        read = ReadOptions(data.on_bad_file, run, data.hdf5_unit_events)
-        rules = EventRules(
-            data.on_bad_event,
-            data.event_muon_cap,
-            data.drop_empty_events,
-            data.outliers_dir if train else None,
-            rank,
-        )
-        self._dataset = ChunkDataset(
-            self.index, seed, data.shuffle and train, max(data.shuffle_window, 1), read, rules
-        )
+        self._dataset = _chunks(self.index, data, seed, train, run, rank)
         # The file list's state, built again only when the index changes: state_dict() runs every update.
         self._files_state: tuple[tuple[int, int], dict[str, Any]] | None = None
         self.epoch, self.position = 0, 0
