@@ -23,9 +23,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.fingerprint import FileList, check_resume
 from hpctrain.errors import UserError
 from hpctrain.runtime.budget import ignore_stop_signals
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import EPOCH_ORDER, LOADER_WORKERS, NUMPY_SEED_SPAN, derive
 
 
@@ -63,7 +65,7 @@ class LoaderOptions:
     pin_memory: bool = False
 
     @classmethod
-    def from_config(cls, data: Any, persistent: bool = True) -> LoaderOptions:
+    def from_config(cls, data: DataConfigBase, persistent: bool = True) -> LoaderOptions:
         """`persistent=False` for a one-pass stream (validation): its workers end with the pass."""
         return cls(
             num_workers=data.num_workers,
@@ -215,9 +217,9 @@ class IndexedStream:
     def from_config(
         cls,
         dataset: Any,
-        data: Any,
+        data: DataConfigBase,
         seed: int,
-        env: Any,
+        env: ClusterEnv,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         files: FileList | None = None,
     ) -> IndexedStream:

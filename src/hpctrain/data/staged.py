@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
+from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.epoch_plan import EpochPlan
 from hpctrain.data.staging import BadFileError, Stager
+from hpctrain.runtime.env import ClusterEnv
 
 
 @dataclass
@@ -36,7 +38,7 @@ class StagingSpec:
     index_threads: int = 8  # remote metadata read in parallel when the index is built
 
     @classmethod
-    def from_config(cls, data: Any, env: Any) -> StagingSpec:
+    def from_config(cls, data: DataConfigBase, env: ClusterEnv) -> StagingSpec:
         """This rank's access to remote inputs: data.staging, data.pelican and its place on the node."""
         return cls(
             staging=data.staging,

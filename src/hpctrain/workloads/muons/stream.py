@@ -35,6 +35,7 @@ from hpctrain.data.prefetch import Prefetcher
 from hpctrain.data.remote import is_remote
 from hpctrain.data.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.decode import ChunkDataset, ReadOptions
 from hpctrain.workloads.muons.event_index import EventIndex, build_index, note_bad_file
@@ -149,7 +150,7 @@ class EventStream:
 
     @classmethod
     def from_config(
-        cls, data: MuonData, seed: int, env: Any, run_dir: str | Path | None, split: str = "train"
+        cls, data: MuonData, seed: int, env: ClusterEnv, run_dir: str | Path | None, split: str = "train"
     ) -> EventStream:
         """This rank's stream of `data`'s files (data.paths for 'train', val_paths for 'val')."""
         files = resolve_files(data.paths if split == "train" else data.val_paths, data)
