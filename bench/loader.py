@@ -49,9 +49,11 @@ def raw(files: list[str]) -> tuple[int, int]:
 
 
 def loader(files: list[str], workers: int, batch_size: int, shuffle: bool = True) -> tuple[int, int]:
+    from hpctrain.workloads.muons.spec import MuonData
     from hpctrain.workloads.muons.stream import EventStream
 
-    stream = EventStream(files, batch_size, seed=0, num_workers=workers, prefetch_factor=4, shuffle=shuffle)
+    data = MuonData(batch_size=batch_size, num_workers=workers, prefetch_factor=4, shuffle=shuffle)
+    stream = EventStream(files, data, seed=0)
     events = muons = 0
     try:
         for batch, _ in stream.epoch_batches(0, 0):

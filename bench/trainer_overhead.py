@@ -20,11 +20,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from hpctrain.config.loading import ConfigRequest, load_config
+from hpctrain.data.loader import as_batch
 from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.trainer import Trainer
 from hpctrain.workloads.registry import config_model, fill_default_types
-from hpctrain.workloads.regression.task import MLP, RegressionTask, as_batch, make_dataset
+from hpctrain.workloads.regression.task import MLP, RegressionTask, make_dataset
 
 
 def config(out: Path, hidden: list[int], batch: int, updates: int):

@@ -70,7 +70,7 @@ def test_missing_or_truncated_shard(tmp_path: Path, fmt: str) -> None:
 def test_changed_shards_stop_or_restart_the_epoch(tmp_path: Path) -> None:
     folder = shards(tmp_path / "f")
     stream = IndexedStream(ShardFields(folder), 4, 0, files=ShardFields(folder).file_list())
-    state = stream.state_dict() | {"offset": 8}
+    state = stream.state_dict() | {"position": 8}
     shutil.rmtree(tmp_path / "f")
     folder = shards(tmp_path / "f", n=32)  # regenerated with more maps
 
@@ -82,4 +82,4 @@ def test_changed_shards_stop_or_restart_the_epoch(tmp_path: Path) -> None:
 
     text = one_line(lambda: resumed(False))
     assert "2 added (shard-00003-maps.npy, shard-00003-params.npy)" in text
-    assert resumed(True).offset == 0
+    assert resumed(True).position == 0

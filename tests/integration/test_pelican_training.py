@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpctrain.data.staged import StagingSpec
 from hpctrain.data.staging import staging_root
 from hpctrain.errors import UserError
 from hpctrain.remote.expand import expand_paths
-from hpctrain.workloads.muons.staged import StagingSpec
-from hpctrain.workloads.muons.stream import EventStream
 from tests.integration.pelican_fixtures import FederationSetup, StagingLog, pelican_federation
 from tests.integration.pelican_server import Namespace
+from tests.workloads.muons.conftest import event_stream
 
 pytestmark = pytest.mark.integration
 
@@ -115,14 +115,14 @@ def test_stream_stages_ahead_in_reading_order(
     cfg = fed.staging(ahead=3, max_bytes=3 * size) if workers == 0 else fed.staging(ahead=1)
     job = f"w{workers}"
     spec = StagingSpec(staging=cfg, pelican=fed.pelican, job_id=job)
-    stream = EventStream(uris, 100, seed=4, shuffle_window=150, num_workers=workers, staging=spec)
+    stream = event_stream(uris, 100, seed=4, shuffle_window=150, num_workers=workers, staging=spec)
     # the index came from the footers (Range GETs near the end of each file), nothing was staged
     data_gets = [r for r in fed.fed.requests if r.method == "GET" and r.server.startswith("cache")]
     assert len(data_gets) == N_FILES and all(
         r.range and not r.range.startswith("bytes=0-") for r in data_gets
     )
     assert staged_files(fed, job) == []
-    ref = EventStream(local_files(muon_data), 100, seed=4, shuffle_window=150)
+    ref = event_stream(local_files(muon_data), 100, seed=4, shuffle_window=150)
     log = StagingLog(monkeypatch)
     watch = ScratchWatch(fed, job)
     try:
@@ -154,10 +154,10 @@ def test_bad_files_skipped_and_listed(served: FederationSetup, tmp_path: Path) -
     uris = expand_paths([fed.uri("/ns/muons/*.parquet"), fed.uri("/ns/muons/gone.parquet")], fed.pelican)
     spec = StagingSpec(staging=fed.staging(ahead=1), pelican=fed.pelican, job_id="bad")
     run = tmp_path / "run"
-    kw = dict(shuffle=False, staging=spec, run_dir=run, drop_last=False)
+    kw = dict(staging=spec, run_dir=run, split="val")
     # gone.parquet: 404 when its footer is read; muons-00002: removed after the index, 404 when staged
-    stream = EventStream(uris, 100, 0, on_bad_file="skip", **kw)  # type: ignore[arg-type]
-    failing = EventStream([u for u in uris if "gone" not in u], 100, 0, **kw)  # type: ignore[arg-type]
+    stream = event_stream(uris, 100, 0, on_bad_file="skip", **kw)  # type: ignore[arg-type]
+    failing = event_stream([u for u in uris if "gone" not in u], 100, 0, **kw)  # type: ignore[arg-type]
     (fed.root / "ns" / "muons" / "muons-00002.parquet").unlink()
     try:
         seen = np.concatenate([ids(b) for b, _ in stream.epoch_batches(0, 0)])

@@ -375,7 +375,7 @@ def test_staging_wait_gives_up_when_a_stop_is_due(tmp_path: Path, stop_after, lo
 
 
 def test_prefetch_queue_wait_gives_up_when_a_stop_is_due(stop_after):
-    from hpctrain.workloads.muons.stream import _Prefetcher
+    from hpctrain.data.prefetch import Prefetcher
 
     release = threading.Event()
 
@@ -384,7 +384,7 @@ def test_prefetch_queue_wait_gives_up_when_a_stop_is_due(stop_after):
         release.wait(60)  # the next batch is slow to come
         yield 2
 
-    prefetcher = _Prefetcher(stalled(), 2)
+    prefetcher = Prefetcher(stalled(), 2)
     items = iter(prefetcher)
     assert next(items) == 1
     start = stop_after(0.3)

@@ -1,44 +1,168 @@
-"""A sharded, exactly resumable stream over a map-style data set.
+"""Sharded, exactly resumable streams: the DataLoader both streams use, their position, and one for map-style sets.
 
 Each epoch has ONE global, seeded order of samples; it is cut into global batches of `batch_size * world_size`
 and rank r takes the r-th slice of each. The position is the number of samples of the epoch consumed by all
 ranks together, so a resumed stream continues with the very next sample without reading the past, also with a
 different number of workers or ranks. A data set read from files passes their `FileList`: the state then
 holds it, and a resume into other files stops or restarts the epoch (see data/fingerprint.py).
+
+`make_loader` builds the DataLoader of every stream (this module's `IndexedStream` and the muon `EventStream`):
+worker seeds from a private generator seeded per (seed, epoch, rank), workers that ignore stop signals, and a
+`close` that ends persistent workers. `position_state`/`load_position` are the one form of the position in a
+checkpoint.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.fingerprint import FileList, check_resume
 from hpctrain.errors import UserError
 from hpctrain.runtime.budget import ignore_stop_signals
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.seeding import EPOCH_ORDER, LOADER_WORKERS, NUMPY_SEED_SPAN, derive
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    """(n,) the epoch's global order of sample indices."""
     if not shuffle:
         return torch.arange(n)
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=generator)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(derive(seed, EPOCH_ORDER, epoch)))
 
 
 def seed_worker(worker_id: int) -> None:
     """Each worker gets its own NumPy/Python stream (derived from the per-worker torch seed) and ignores the
     stop signals, which are the main process's business."""
     ignore_stop_signals()
-    seed = torch.initial_seed() % 2**32
+    seed = torch.initial_seed() % NUMPY_SEED_SPAN
     np.random.seed(seed)
     random.seed(seed)
 
 
-class _RankBatches:
+def as_batch(batch: Any) -> Any:
+    """collate_fn for data sets that return whole batches already (`__getitems__`, or a work item's result)."""
+    return batch
+
+
+# ---- the DataLoader of every stream ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The DataLoader settings of a `data` section (DataConfigBase)."""
+
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    pin_memory: bool = False
+
+    @classmethod
+    def from_config(cls, data: DataConfigBase, persistent: bool = True) -> LoaderOptions:
+        """`persistent=False` for a one-pass stream (validation): its workers end with the pass."""
+        return cls(
+            num_workers=data.num_workers,
+            prefetch_factor=data.prefetch_factor,
+            persistent_workers=data.persistent_workers and persistent,
+            pin_memory=data.pin_memory and torch.cuda.is_available(),
+        )
+
+
+class SeededLoader:
+    """A DataLoader whose worker seeds are a function of (seed, epoch, rank) only, and that can be closed."""
+
+    def __init__(self, loader: DataLoader[Any], generator: torch.Generator, seed: int, rank: int) -> None:
+        self._loader, self._generator, self._seed, self._rank = loader, generator, seed, rank
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """An iterator over the loader for `epoch`. The worker base seeds come from this private generator,
+        never from the global torch RNG: creating an iterator (each epoch, after a resume, for validation)
+        leaves the model's random stream alone."""
+        self._generator.manual_seed(derive(self._seed, LOADER_WORKERS, epoch, self._rank))
+        return iter(self._loader)
+
+    def close(self) -> None:
+        # DataLoader has no close(): dropping its kept iterator shuts persistent workers down.
+        self._loader._iterator = None  # type: ignore[attr-defined]
+
+
+def make_loader(
+    dataset: Dataset[Any],
+    options: LoaderOptions,
+    seed: int,
+    rank: int,
+    *,
+    sampler: Sampler[Any] | None = None,
+    batch_sampler: Sampler[list[int]] | None = None,
+    collate_fn: Callable[[Any], Any] | None = None,
+    worker_init_fn: Callable[[int], None] = seed_worker,
+) -> SeededLoader:
+    """The DataLoader of a stream: `batch_sampler` hands out index lists (collated by `collate_fn`), or
+    `sampler` hands out items that are whole batches already (`batch_size=None`). `worker_init_fn` must call
+    `seed_worker` first."""
+    workers = options.num_workers
+    generator = torch.Generator()
+    loader = DataLoader(
+        dataset,
+        batch_size=None if sampler is not None else 1,
+        sampler=sampler,
+        batch_sampler=batch_sampler,
+        collate_fn=collate_fn,
+        num_workers=workers,
+        worker_init_fn=worker_init_fn if workers > 0 else None,
+        prefetch_factor=options.prefetch_factor if workers > 0 else None,
+        persistent_workers=options.persistent_workers and workers > 0,
+        pin_memory=options.pin_memory,
+        generator=generator,
+    )
+    return SeededLoader(loader, generator, seed, rank)
+
+
+# ---- the position in a checkpoint --------------------------------------------------------------------------
+
+
+def position_state(epoch: int, position: int, files: dict[str, Any] | None) -> dict[str, Any]:
+    """A stream's position as its state_dict holds it (`files`: FileList.state() of its files, if any)."""
+    state: dict[str, Any] = {"epoch": epoch, "position": position}
+    if files is not None:
+        state["files"] = files
+    return state
+
+
+def load_position(
+    state: dict[str, Any], files: FileList | None, allow_changed_files: bool
+) -> tuple[int, int]:
+    """(epoch, position) to continue at; UserError if the files changed (unless allowed: then the saved epoch
+    restarts from its start with the files found now)."""
+    epoch = int(state["epoch"])
+    # "offset": the key of IndexedStream checkpoints written before both streams shared this form
+    position = int(state["position"] if "position" in state else state["offset"])
+    if files is not None and check_resume(state.get("files"), files, allow_changed_files, epoch):
+        position = 0
+    return epoch, position
+
+
+def check_one_batch(samples: int, batch_size: int, world_size: int, what: str, remedy: str) -> None:
+    """UserError when the data (`what`: "the training set holds N samples") is less than one global batch: a
+    stream that drops the last partial batch would yield nothing."""
+    if samples < batch_size * world_size:
+        raise UserError(
+            f"{what}, fewer than one global batch of {batch_size * world_size} (data.batch_size={batch_size} x "
+            f"{world_size} ranks): lower data.batch_size to at most {samples // world_size} or {remedy}"
+        )
+
+
+# ---- a map-style data set ----------------------------------------------------------------------------------
+
+
+class _RankBatches(Sampler[list[int]]):
     """Batch sampler: this rank's index lists from a position in the epoch's global order."""
 
     def __init__(self, stream: IndexedStream) -> None:
@@ -48,15 +172,15 @@ class _RankBatches:
         s = self.stream
         order = epoch_order(len(s.dataset), s.seed, s.epoch, s.shuffle)
         global_batch = s.batch_size * s.world_size
-        offset = s.offset
-        while offset + global_batch <= len(order):
-            start = offset + s.rank * s.batch_size
+        position = s.position
+        while position + global_batch <= len(order):
+            start = position + s.rank * s.batch_size
             yield order[start : start + s.batch_size].tolist()
-            offset += global_batch
+            position += global_batch
 
     def __len__(self) -> int:
         s = self.stream
-        return (len(s.dataset) - s.offset) // (s.batch_size * s.world_size)
+        return (len(s.dataset) - s.position) // (s.batch_size * s.world_size)
 
 
 class IndexedStream:
@@ -69,54 +193,33 @@ class IndexedStream:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
-        num_workers: int = 0,
+        *,
+        options: LoaderOptions = LoaderOptions(),
         shuffle: bool = True,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        prefetch_factor: int = 2,
-        persistent_workers: bool = False,
-        pin_memory: bool = False,
         files: FileList | None = None,
         allow_changed_files: bool = False,
     ) -> None:
         self.dataset = dataset
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.shuffle = shuffle
         self.epoch = 0
-        self.offset = 0
+        self.position = 0
         self.files, self.allow_changed_files = files, allow_changed_files
         self._files_state = files.state() if files is not None else None  # state_dict() runs every update
         n = len(dataset)
-        if n < batch_size * world_size:
-            raise UserError(
-                f"the training set holds {n} samples, fewer than one global batch of {batch_size * world_size} "
-                f"(data.batch_size={batch_size} x {world_size} ranks): lower data.batch_size to at most "
-                f"{n // world_size} or use more data"
-            )
-        # The loader draws its worker base seed from its own generator, never from the global torch RNG, so that
-        # creating a loader mid-epoch after a resume leaves the model's random stream untouched.
-        self._generator = torch.Generator()
-        self._loader = DataLoader(
-            dataset,
-            batch_sampler=_RankBatches(self),
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            worker_init_fn=seed_worker if num_workers > 0 else None,
-            prefetch_factor=prefetch_factor if num_workers > 0 else None,
-            persistent_workers=persistent_workers and num_workers > 0,
-            pin_memory=pin_memory,
-            generator=self._generator,
+        check_one_batch(n, batch_size, world_size, f"the training set holds {n} samples", "use more data")
+        self._loader = make_loader(
+            dataset, options, seed, rank, batch_sampler=_RankBatches(self), collate_fn=collate_fn
         )
 
     @classmethod
     def from_config(
         cls,
         dataset: Any,
-        data: Any,
+        data: DataConfigBase,
         seed: int,
-        env: Any,
+        env: ClusterEnv,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         files: FileList | None = None,
     ) -> IndexedStream:
@@ -128,12 +231,9 @@ class IndexedStream:
             seed,
             env.rank,
             env.world_size,
-            num_workers=data.num_workers,
+            options=LoaderOptions.from_config(data),
             shuffle=data.shuffle,
             collate_fn=collate_fn,
-            prefetch_factor=data.prefetch_factor,
-            persistent_workers=data.persistent_workers,
-            pin_memory=data.pin_memory and torch.cuda.is_available(),
             files=files,
             allow_changed_files=data.allow_changed_files,
         )
@@ -145,30 +245,20 @@ class IndexedStream:
 
     def __iter__(self) -> Iterator[Any]:
         while True:
-            self._generator.manual_seed(self.seed * 7919 + self.epoch + 104_729 * self.rank)
-            for batch in self._loader:
-                self.offset += self.batch_size * self.world_size
+            for batch in self._loader.epoch(self.epoch):
+                self.position += self.batch_size * self.world_size
                 yield batch
             self.epoch += 1
-            self.offset = 0
+            self.position = 0
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"epoch": self.epoch, "offset": self.offset}
-        if self._files_state is not None:
-            state["files"] = self._files_state
-        return state
+        return position_state(self.epoch, self.position, self._files_state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self.offset = int(state["offset"])
-        if self.files is not None and check_resume(
-            state.get("files"), self.files, self.allow_changed_files, self.epoch
-        ):
-            self.offset = 0
+        self.epoch, self.position = load_position(state, self.files, self.allow_changed_files)
 
     def close(self) -> None:
-        # Shuts persistent workers down by dropping the loader's iterator.
-        self._loader._iterator = None  # type: ignore[attr-defined]
+        self._loader.close()
 
 
 def eval_batches(

@@ -15,7 +15,7 @@ from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABL
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.seeding import rng_state, seed_everything, set_rng_state
+from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
 from hpctrain.track.chain import ChainLog, write_summary
 from hpctrain.track.console import Console
@@ -153,7 +153,7 @@ class Trainer:
                 "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
             )
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
-        seed_everything(self.cfg.run.seed + 100_003 * (self.env.rank + 1))
+        seed_everything(derive(self.cfg.run.seed, RANK_STREAM, self.env.rank))
         # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
         # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
         state_bytes = sum(

@@ -10,10 +10,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hpctrain.config.loading import ConfigRequest, load_config
-from hpctrain.data.loader import IndexedStream, seed_worker
+from hpctrain.data.loader import IndexedStream, LoaderOptions, as_batch, seed_worker
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
-from hpctrain.workloads.fields.dataset import GeneratedFields, as_batch
+from hpctrain.workloads.fields.dataset import GeneratedFields
 from hpctrain.workloads.fields.model import FieldCNN
 from hpctrain.workloads.fields.task import FieldTask
 from hpctrain.workloads.registry import config_model, fill_default_types
@@ -115,7 +115,9 @@ def _collect(stream: IndexedStream, batches: int) -> torch.Tensor:
 def test_workers_and_ranks_draw_different_maps_and_the_same_as_in_process():
     data = GeneratedFields("gaussian", "train", 16, 5, 16, 1000.0, PRIOR)
     in_process = _collect(IndexedStream(data, 4, seed=1, collate_fn=as_batch), 4)
-    workers = _collect(IndexedStream(data, 4, seed=1, num_workers=2, collate_fn=as_batch), 4)
+    workers = _collect(
+        IndexedStream(data, 4, seed=1, options=LoaderOptions(num_workers=2), collate_fn=as_batch), 4
+    )
     assert torch.equal(in_process, workers)  # each map comes from its own (seed, split, index) stream
     flat = workers.reshape(16, -1)
     assert len({tuple(row.tolist()) for row in flat}) == 16  # two workers, sixteen different maps

@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpctrain.data.staged import StagingSpec
 from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.spec import MuonData
+from hpctrain.workloads.muons.stream import EventStream
 from hpctrain.workloads.muons.tools import synthetic_events
 
 
@@ -27,6 +30,25 @@ def write_set(
         layouts.write_events(str(path), data, layout, row_group)
         out.append(str(path))
     return out
+
+
+def event_stream(
+    files: list[str],
+    batch_size: int,
+    seed: int,
+    *,
+    split: str = "train",
+    rank: int = 0,
+    world_size: int = 1,
+    run_dir: Path | str | None = None,
+    staging: StagingSpec | None = None,
+    **data: object,
+) -> EventStream:
+    """The EventStream of `files` with a data section of these fields (pin_memory off: CPU tests)."""
+    section = MuonData.model_validate({"batch_size": batch_size, "pin_memory": False, **data})
+    return EventStream(
+        files, section, seed, split=split, rank=rank, world_size=world_size, run_dir=run_dir, staging=staging
+    )
 
 
 def keys(ids: np.ndarray) -> np.ndarray:

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from hpctrain.errors import UserError
 from hpctrain.remote.expand import expand_paths
 from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.stream import EventStream, build_index
+from hpctrain.workloads.muons.event_index import build_index
+from hpctrain.workloads.muons.stream import EventStream
 from hpctrain.workloads.muons.tools import synthetic_events
 from tests.conftest import ROOT, Done, hpctrain
-from tests.workloads.muons.conftest import write_set
+from tests.workloads.muons.conftest import event_stream, write_set
 
 
 def train(tmp_path: Path, *overrides: str, name: str = "t") -> Done:
@@ -229,7 +230,7 @@ def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize("workers", [0, 1])
 def test_file_gone_between_index_and_read(tmp_path: Path, workers: int) -> None:
     files = write_set(tmp_path / "d", files=2, events=100, row_group=50)
-    stream = EventStream(files, 50, seed=0, shuffle=False, num_workers=workers)
+    stream = event_stream(files, 50, seed=0, shuffle=False, num_workers=workers)
     os.unlink(files[0])
     try:
         text = user_error(lambda: next(iter(stream)))
@@ -240,7 +241,7 @@ def test_file_gone_between_index_and_read(tmp_path: Path, workers: int) -> None:
 
 def test_file_changed_between_index_and_read(tmp_path: Path) -> None:
     files = write_set(tmp_path / "d", files=1, events=100, row_group=50)
-    stream = EventStream(files, 50, seed=0, shuffle=False)
+    stream = event_stream(files, 50, seed=0, shuffle=False)
     write_set(tmp_path / "d", files=1, events=100, row_group=25)  # rewritten with other row groups
     try:
         text = user_error(lambda: next(iter(stream)))
@@ -253,7 +254,7 @@ def test_bad_event_is_one_line(tmp_path: Path) -> None:
     data = synthetic_events(60, 0, 0)
     data.primaries[5, 0] = 0.0
     layouts.write_events(str(tmp_path / "bad.parquet"), data, "parquet")
-    stream = EventStream([str(tmp_path / "bad.parquet")], 60, seed=0, shuffle=False, num_workers=1)
+    stream = event_stream([str(tmp_path / "bad.parquet")], 60, seed=0, shuffle=False, num_workers=1)
     try:
         assert "event at row 5 has a zero" in user_error(lambda: next(iter(stream)))
     finally:
@@ -262,11 +263,11 @@ def test_bad_event_is_one_line(tmp_path: Path) -> None:
 
 def test_resume_checks_the_file_list(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     files = write_set(tmp_path / "d", files=3, events=100, row_group=50)
-    saved = EventStream(files, 50, seed=0).state_dict()
+    saved = event_stream(files, 50, seed=0).state_dict()
     saved["position"] = 100
 
     def resumed(paths: list[str], state: dict, allow: bool = False) -> EventStream:
-        stream = EventStream(paths, 50, seed=0, allow_changed_files=allow)
+        stream = event_stream(paths, 50, seed=0, allow_changed_files=allow)
         stream.load_state_dict(state)
         return stream
 
@@ -279,7 +280,7 @@ def test_resume_checks_the_file_list(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert resumed(files, saved, allow=True).position == 0  # the epoch restarts with the new list
     # the data moved to another folder: same names, sizes and events, so the same order
     moved = shutil.copytree(tmp_path / "d", tmp_path / "elsewhere")
-    state = EventStream(files, 50, seed=0).state_dict() | {"position": 100}
+    state = event_stream(files, 50, seed=0).state_dict() | {"position": 100}
     assert resumed(sorted(str(p) for p in Path(moved).iterdir()), state).position == 100
     # a checkpoint from before the check: accepted, with a warning
     old = {k: v for k, v in state.items() if k != "files"}

@@ -12,7 +12,7 @@ from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.stream import EventStream
 from hpctrain.workloads.muons.tools import synthetic_events
 
-from .conftest import keys, write_set
+from .conftest import event_stream, keys, write_set
 
 
 def take(stream: EventStream, n: int) -> list:
@@ -23,7 +23,7 @@ def take(stream: EventStream, n: int) -> list:
 def epoch_keys(
     files: list[str], rank: int, world: int, workers: int, bs: int = 16
 ) -> tuple[np.ndarray, np.ndarray]:
-    stream = EventStream(
+    stream = event_stream(
         files, bs, seed=3, rank=rank, world_size=world, num_workers=workers, shuffle_window=150
     )
     try:
@@ -52,20 +52,20 @@ def test_sharding_two_ranks_two_workers(muon_files: list[str]) -> None:
 
 
 def test_shuffle_changes_with_epoch_and_seed(muon_files: list[str]) -> None:
-    stream = EventStream(muon_files, 100, seed=1, shuffle_window=150)
+    stream = event_stream(muon_files, 100, seed=1, shuffle_window=150)
     epoch0 = keys(take(stream, 12)[0].ids.numpy())
     epoch1 = keys(next(iter(stream)).ids.numpy())
     assert stream.state_dict()["epoch"] == 1
     assert not np.array_equal(epoch0, epoch1)
-    other = EventStream(muon_files, 100, seed=2, shuffle_window=150)
+    other = event_stream(muon_files, 100, seed=2, shuffle_window=150)
     assert not np.array_equal(epoch0, keys(next(iter(other)).ids.numpy()))
 
 
 @pytest.mark.parametrize("workers,world", [(2, 1), (0, 2)])
 def test_exact_resume(muon_files: list[str], workers: int, world: int) -> None:
-    ref = EventStream(muon_files, 16, seed=7, shuffle_window=100)
+    ref = event_stream(muon_files, 16, seed=7, shuffle_window=100)
     expected = np.concatenate([keys(b.ids.numpy()) for b in take(ref, 20)])
-    first = EventStream(muon_files, 16, seed=7, shuffle_window=100, num_workers=1, prefetch_batches=3)
+    first = event_stream(muon_files, 16, seed=7, shuffle_window=100, num_workers=1, prefetch_batches=3)
     head = np.concatenate([keys(b.ids.numpy()) for b in take(first, 8)])
     state = first.state_dict()
     first.close()
@@ -73,7 +73,7 @@ def test_exact_resume(muon_files: list[str], workers: int, world: int) -> None:
     # resume with another worker count (or as two ranks of half the batch): the very next events follow
     tail = []
     for rank in range(world):
-        again = EventStream(
+        again = event_stream(
             muon_files,
             16 // world,
             seed=7,
@@ -90,11 +90,11 @@ def test_exact_resume(muon_files: list[str], workers: int, world: int) -> None:
 
 
 def test_epoch_boundary_resume(muon_files: list[str]) -> None:
-    ref = EventStream(muon_files, 100, seed=1)
+    ref = event_stream(muon_files, 100, seed=1)
     seq = [keys(b.ids.numpy()) for b in take(ref, 15)]
-    stream = EventStream(muon_files, 100, seed=1)
+    stream = event_stream(muon_files, 100, seed=1)
     take(stream, 12)
-    again = EventStream(muon_files, 100, seed=1, num_workers=2)
+    again = event_stream(muon_files, 100, seed=1, num_workers=2)
     again.load_state_dict(stream.state_dict())
     assert np.array_equal(keys(take(again, 1)[0].ids.numpy()), seq[12])
 
@@ -102,7 +102,7 @@ def test_epoch_boundary_resume(muon_files: list[str]) -> None:
 def test_hdf5_and_layouts_stream(tmp_path: Path) -> None:
     for layout in layouts.LAYOUTS:
         files = write_set(tmp_path / layout, layout, files=2, events=100, row_group=30)
-        stream = EventStream(files, 50, seed=0, hdf5_unit_events=30)
+        stream = event_stream(files, 50, seed=0, hdf5_unit_events=30)
         batches = take(stream, 4)
         assert len(np.unique(np.concatenate([keys(b.ids.numpy()) for b in batches]))) == 200
         assert all(int(b.counts.sum()) == b.num_muons for b in batches)
@@ -110,7 +110,7 @@ def test_hdf5_and_layouts_stream(tmp_path: Path) -> None:
 
 def test_values_match_files(muon_files: list[str]) -> None:
     _, events = layouts.read_all(muon_files[1])
-    batch = take(EventStream(muon_files[1:2], 400, seed=0, shuffle=False), 1)[0]
+    batch = take(event_stream(muon_files[1:2], 400, seed=0, shuffle=False), 1)[0]
     assert np.array_equal(batch.primaries.numpy(), events.primaries)
     assert np.array_equal(batch.muons.numpy(), events.muons)
     assert np.array_equal(batch.counts.numpy(), events.counts)
@@ -124,9 +124,9 @@ def test_bad_files(tmp_path: Path) -> None:
     garbage.write_bytes(b"PAR1" + os.urandom(500))
     files.append(str(garbage))
     with pytest.raises(UserError, match=r"f1\.parquet: cannot be read.*on_bad_file=skip"):
-        EventStream(files, 10, seed=0)
+        event_stream(files, 10, seed=0)
     run = tmp_path / "run"
-    stream = EventStream(files, 10, seed=0, on_bad_file="skip", run_dir=run)
+    stream = event_stream(files, 10, seed=0, on_bad_file="skip", run_dir=run)
     assert stream.index.total == 200
     listed = [line.split("\t")[0] for line in (run / "bad_files.txt").read_text().splitlines()]
     assert listed == [files[1], str(garbage)]
@@ -146,8 +146,8 @@ def test_bad_events(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     _write_with_bad_events(path)
     with pytest.raises(UserError, match=r"bad\.parquet: event at row 5 .*on_bad_event=skip"):
-        take(EventStream([str(path)], 60, seed=0, shuffle=False), 1)
-    stream = EventStream([str(path)], 60, seed=0, shuffle=False, on_bad_event="skip")
+        take(event_stream([str(path)], 60, seed=0, shuffle=False), 1)
+    stream = event_stream([str(path)], 60, seed=0, shuffle=False, on_bad_event="skip")
     batch = take(stream, 1)[0]
     assert len(batch) == 57 and stream.stats["bad_events"] == 3
     assert np.isfinite(batch.normalize().muons.numpy()).all()
@@ -162,7 +162,7 @@ def test_outliers_and_empty_events(tmp_path: Path) -> None:
     out = tmp_path / "outliers"
     names = []
     for _ in range(2):  # a second run never overwrites the first one's files
-        stream = EventStream(
+        stream = event_stream(
             files,
             100,
             seed=0,
@@ -188,6 +188,6 @@ def test_outliers_and_empty_events(tmp_path: Path) -> None:
 def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:
     got = []
     for rank in range(2):
-        stream = EventStream(muon_files, 64, seed=0, rank=rank, world_size=2, shuffle=False, drop_last=False)
+        stream = event_stream(muon_files, 64, seed=0, rank=rank, world_size=2, split="val")
         got += [keys(b.ids.numpy()) for b, _ in stream.epoch_batches(0, 0)]
     assert len(np.unique(np.concatenate(got))) == 1200 == sum(len(g) for g in got)

@@ -178,11 +178,6 @@ class ShardFields(Dataset[Batch]):
         return state
 
 
-def as_batch(batch: Any) -> Any:
-    """collate_fn for data sets that return whole batches already."""
-    return batch
-
-
 def eval_batches(dataset: Dataset[Batch], batch_size: int, rank: int, world_size: int) -> list[Batch]:
     """One pass over a validation set as whole batches, split over ranks without duplicates."""
     mine = list(range(rank, len(dataset), world_size))  # type: ignore[arg-type]

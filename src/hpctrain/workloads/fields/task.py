@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from hpctrain.data.loader import IndexedStream
+from hpctrain.data.loader import IndexedStream, as_batch
 from hpctrain.errors import UserError
 from hpctrain.train.task import SupervisedTask, UpdateContext
-from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardFields, as_batch, eval_batches
+from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardFields, eval_batches
 from hpctrain.workloads.fields.generate import PARAMETERS
 from hpctrain.workloads.fields.model import FieldCNN
 

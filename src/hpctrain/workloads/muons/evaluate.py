@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.workloads.muons import layouts, truth
 
 ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
@@ -194,7 +195,7 @@ def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...
 def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
     """Fresh truth events (from their own seed stream) without those above `cap` muons (as the loader skips
     them); also returns how many were dropped."""
-    rng = np.random.default_rng([seed, 104729])
+    rng = numpy_rng(seed, TRUTH_EVENTS)
     primaries, muons, counts = truth.sample(n, rng)
     keep = counts <= cap if cap > 0 else np.ones(n, bool)
     mask = np.repeat(keep, counts)  # (sum counts,) muons of kept events

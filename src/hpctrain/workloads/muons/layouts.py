@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
+from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
 # layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
@@ -279,7 +280,7 @@ class ParquetReader:
 class HDF5Reader:
     """One HDF5 file; unit i is the slice of `unit_events` events starting at i * unit_events."""
 
-    def __init__(self, path: str, unit_events: int = 65536) -> None:
+    def __init__(self, path: str, unit_events: int = UNIT_EVENTS) -> None:
         import h5py
 
         self.path = path
@@ -349,7 +350,7 @@ class HDF5Reader:
 Reader = ParquetReader | HDF5Reader
 
 
-def open_reader(path: str, hdf5_unit_events: int = 65536) -> Reader:
+def open_reader(path: str, hdf5_unit_events: int = UNIT_EVENTS) -> Reader:
     """A reader of the right format; raises MissingFileError (missing), LayoutError (unknown layout) or
     UnreadableFileError (no permission, truncated, corrupt): all one-line UserErrors naming the file."""
     check_local(path)

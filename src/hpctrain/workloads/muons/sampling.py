@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hpctrain.errors import UserError
+from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
 from hpctrain.workloads.muons import layouts, physics
 from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
 
@@ -155,4 +156,4 @@ def generate_events(
 def truth_primaries(n: int, seed: int) -> np.ndarray:
     from hpctrain.workloads.muons import truth
 
-    return truth.sample_primaries(n, np.random.default_rng([seed, 7919]))
+    return truth.sample_primaries(n, numpy_rng(seed, TRUTH_PRIMARIES))

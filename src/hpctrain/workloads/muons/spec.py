@@ -9,6 +9,10 @@ from pydantic import Field, model_validator
 from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase, Section
 from hpctrain.workloads.registry import WorkloadSpec
 
+UNIT_EVENTS = (
+    65536  # events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says
+)
+
 
 class MuonData(DataConfigBase):
     """Muon-bundle events from Parquet/HDF5 files (layout detected per file; see docs/data.md)."""
@@ -67,7 +71,7 @@ class MuonData(DataConfigBase):
     )
     max_events: int = Field(0, ge=0, description="Use only the first N events of the files (0 = all).")
     hdf5_unit_events: int = Field(
-        65536,
+        UNIT_EVENTS,
         ge=1,
         description="Events read at once from an HDF5 file (its 'row group' for order and memory).",
     )

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.losses import (
@@ -114,7 +115,7 @@ class MuonWGANTask(MuonTaskBase):
         """The training generator on `device`, seeded from run.seed and the rank (or the checkpoint)."""
         if self._rng is None:
             self._rng = torch.Generator(device=device)
-            self._rng.manual_seed(self.cfg.run.seed * 1_000_003 + 17 * (getattr(self.env, "rank", 0) + 1))
+            self._rng.manual_seed(derive(self.cfg.run.seed, TASK_STREAM, getattr(self.env, "rank", 0)))
             if self._rng_state is not None:
                 self._rng.set_state(self._rng_state)
         return self._rng

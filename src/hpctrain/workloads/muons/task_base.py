@@ -12,67 +12,9 @@ from typing import Any
 
 import torch
 
-from hpctrain.errors import UserError
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
-from hpctrain.workloads.muons.staged import StagingSpec
-from hpctrain.workloads.muons.stream import EventStream
-
-
-def resolve_files(paths: list[str], data: Any) -> list[str]:
-    """Files named by `paths` (local paths, globs, folders, remote URIs and globs), sorted, de-duplicated.
-
-    Remote files are NOT downloaded here: the stream reads their metadata remotely and stages each file to
-    node-local scratch just ahead of its use (data.staging)."""
-    from hpctrain.remote.expand import expand_paths
-
-    if not paths:
-        raise UserError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
-    return expand_paths(list(paths), getattr(data, "pelican", None))
-
-
-def staging_spec(data: Any, env: Any) -> StagingSpec:
-    """This rank's access to remote inputs: data.staging, data.pelican and its place on the node."""
-    return StagingSpec(
-        staging=data.staging,
-        pelican=data.pelican,
-        local_rank=getattr(env, "local_rank", 0),
-        local_world_size=getattr(env, "local_world_size", 1),
-        job_id=getattr(env, "job_id", None),
-    )
-
-
-def open_stream(
-    data: Any, seed: int, env: Any, run_dir: str | Path | None, split: str = "train"
-) -> EventStream:
-    """This rank's EventStream of `data` (a MuonData): 'train' endless, shuffled; 'val' one ordered pass."""
-    train = split == "train"
-    files = resolve_files(data.paths if train else data.val_paths, data)
-    return EventStream(
-        files,
-        data.batch_size,
-        seed,
-        rank=env.rank,
-        world_size=env.world_size,
-        num_workers=data.num_workers,
-        prefetch_factor=data.prefetch_factor,
-        persistent_workers=data.persistent_workers and train,
-        pin_memory=data.pin_memory and torch.cuda.is_available(),
-        shuffle=data.shuffle and train,
-        shuffle_window=data.shuffle_window,
-        prefetch_batches=data.prefetch_batches if train else 0,
-        max_muons_per_event=data.event_muon_cap,
-        outliers_dir=data.outliers_dir if train else None,
-        drop_empty_events=data.drop_empty_events,
-        on_bad_file=data.on_bad_file,
-        on_bad_event=data.on_bad_event,
-        max_events=data.max_events if train else 0,
-        run_dir=run_dir,
-        hdf5_unit_events=data.hdf5_unit_events,
-        drop_last=train,
-        staging=staging_spec(data, env),
-        allow_changed_files=data.allow_changed_files,
-    )
+from hpctrain.workloads.muons.stream import EventStream, resolve_files
 
 
 class ValBatches:
@@ -82,7 +24,7 @@ class ValBatches:
         self.data, self.seed, self.env, self.run_dir = data, seed, env, run_dir
 
     def __iter__(self) -> Iterator[MuonBatch]:
-        stream = open_stream(self.data, self.seed, self.env, self.run_dir, "val")
+        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val")
         try:
             for batch, _ in stream.epoch_batches(0, 0):
                 if len(batch):
@@ -103,7 +45,7 @@ class MuonTaskBase(Task):
 
     def build_data(self, split: str, seed: int) -> Any:
         if split == "train":
-            self._train_stream = open_stream(self.cfg.data, seed, self.env, self.run_dir, "train")
+            self._train_stream = EventStream.from_config(self.cfg.data, seed, self.env, self.run_dir, "train")
             return self._train_stream
         if not self.cfg.data.val_paths:
             return None

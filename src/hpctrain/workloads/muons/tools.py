@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons import layouts, truth
 
 SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": ".parquet", "hdf5": ".h5"}
@@ -32,7 +33,7 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
 
 def synthetic_events(n: int, seed: int, file_index: int) -> layouts.Events:
     """n events of the truth for file `file_index`; ids are (file_index, event number)."""
-    rng = np.random.default_rng([seed, file_index])
+    rng = numpy_rng(seed, file_index)
     primaries, muons, counts = truth.sample(n, rng)
     ids = np.stack([np.full(n, file_index, np.int64), np.arange(n, dtype=np.int64)], axis=1)
     return layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from hpctrain.data.loader import IndexedStream, eval_batches
+from hpctrain.data.loader import IndexedStream, as_batch, eval_batches
 from hpctrain.train.task import SupervisedTask
 
 
@@ -29,11 +29,6 @@ class TensorSamples(TensorDataset):
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(indices)
         return tuple(t[index] for t in self.tensors)
-
-
-def as_batch(batch: Any) -> Any:
-    """collate_fn for data sets that return whole batches already."""
-    return batch
 
 
 class MLP(nn.Module):

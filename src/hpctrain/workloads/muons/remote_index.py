@@ -1,20 +1,12 @@
-"""Remote muon files: their index without downloading them, and staging them just ahead of use.
+"""Remote muon files: their index without downloading them (staging them is data/staged.py's).
 
-Index. The global order needs the events per unit (Parquet row group, HDF5 slice) of every file, before any
+The global order needs the events per unit (Parquet row group, HDF5 slice) of every file, before any
 file is read. For a remote file we read only its metadata through the fsspec/pelicanfs file object with Range
 requests: a Parquet footer (one HEAD and usually one 64 KiB GET) or the HDF5 dataset shapes. Arrow parses the
 footer from the file object (`pq.ParquetFile(fs.open(...))`); `pq.read_table(path, filesystem=pelicanfs)` is
 never used (pelicanfs' string mtime breaks it). The result is cached in `<run folder>/data_index/` so that a
 resumed or requeued run starts without a single remote request; a cached entry that no longer matches the
 staged file (another row count) is caught when the file is opened and handled as a bad file.
-
-Staging. `StagedFiles` runs in the stream's main side (the sampler, in the main process or the prefetch thread
-of the stream): for each epoch it opens a `Stager` over the files in the order their first row group is read,
-from the epoch's start position, plus the first `ahead` files of the next epoch (so an epoch boundary does
-not stall). Before a work item goes to a DataLoader worker, the files of its chunk are staged (`Stager.get`,
-which blocks only if the file is not there yet); when the item's result comes back and no later chunk of the
-epoch needs a file, it is released (deleted with delete_after_use, within max_bytes). Every local rank computes
-the same list, so local rank 0 downloads and the others wait for the files.
 """
 
 from __future__ import annotations
@@ -22,35 +14,25 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.config.remote import PelicanConfig, StagingConfig
-from hpctrain.data.remote import FolderError, RemoteFiles, classify_failure, is_folder, is_remote
-from hpctrain.data.staging import BadFileError, Stager, StagingError
+from hpctrain.config.remote import StagingConfig
+from hpctrain.data.staged import StagingSpec
+from hpctrain.data.staging import BadFileError, StagingError
+from hpctrain.fsutil import atomic_path
+from hpctrain.remote.failures import classify_failure, is_folder
+from hpctrain.remote.files import RemoteFiles
+from hpctrain.remote.uris import FolderError, is_remote
 from hpctrain.workloads.muons import layouts
 
 log = logging.getLogger("hpctrain.muons")
 INDEX_VERSION = 1
 _FOOTER_BLOCK = 1 << 16  # one Range GET covers a typical Parquet footer; pyarrow asks for more if needed
-
-
-@dataclass
-class StagingSpec:
-    """How this rank reaches remote inputs: data.staging, data.pelican and its place on the node."""
-
-    staging: StagingConfig = field(default_factory=StagingConfig)
-    pelican: PelicanConfig | None = None
-    local_rank: int = 0
-    local_world_size: int = 1
-    job_id: str | None = None
-    storage_options: dict[str, Any] | None = None
-    index_threads: int = 8
 
 
 @dataclass
@@ -163,9 +145,10 @@ def _load_cache(path: Path | None) -> dict[str, FileMeta]:
 def _save_cache(path: Path, metas: dict[str, FileMeta]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"version": INDEX_VERSION, "files": [vars(m) for m in metas.values()]}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)  # several ranks may write the same content: readers never see half a file
+    # several ranks may write the same content: readers never see half a file; a cache lost on a power cut is
+    # read again remotely, so no fsync
+    with atomic_path(path, fsync=False) as tmp:
+        tmp.write_text(json.dumps(body))
 
 
 def remote_index(
@@ -199,103 +182,3 @@ def remote_index(
         if write_cache and cache is not None and good:
             _save_cache(cache, good)
     return found
-
-
-# ---- staging along the epoch's order -----------------------------------------------------------------------
-
-
-class StagedFiles:
-    """Stages the files of each work item before it is handed to a worker; releases them after use.
-
-    Lives on the stream's main side (one thread). `wait_seconds` is the time spent blocked on staging.
-    """
-
-    def __init__(self, uris: Sequence[str], spec: StagingSpec) -> None:
-        self.uris = list(uris)
-        self.spec = spec
-        self.bad: dict[int, str] = {}  # file -> reason; not asked for again in later epochs
-        self.stats: dict[str, int] = {}
-        self._wait_closed = 0.0
-        self._stager: Stager | None = None
-        self._epoch: int | None = None
-        self._seq: dict[int, int] = {}
-        self._paths: dict[int, str] = {}
-        self._last_chunk: dict[int, int] = {}
-
-    @property
-    def wait_seconds(self) -> float:
-        return self._wait_closed + (self._stager.wait_seconds if self._stager is not None else 0.0)
-
-    def begin(
-        self, epoch: int, chunks: list[list[tuple[int, int, int]]], start_chunk: int, after: list[int]
-    ) -> None:
-        """Open the epoch's stager: files in first-use order from `start_chunk`, then `after` (the next
-        epoch's first files, prefetched within `ahead`). Identical on every local rank."""
-        self.close()
-        order: list[int] = []
-        seen: set[int] = set()
-        self._last_chunk = {}
-        for c in range(start_chunk, len(chunks)):
-            for f, _, _ in chunks[c]:
-                self._last_chunk[f] = c
-                if f not in seen:
-                    seen.add(f)
-                    order.append(f)
-        tail = [f for f in after if f not in self.bad][: self.spec.staging.ahead]
-        self._seq = {f: i for i, f in enumerate(order)}
-        self._epoch = epoch
-        s = self.spec
-        self._stager = Stager(
-            [self.uris[f] for f in order + tail],
-            s.staging,
-            local_rank=s.local_rank,
-            local_world_size=s.local_world_size,
-            job_id=s.job_id,
-            pelican=s.pelican,
-            storage_options=s.storage_options,
-        )
-
-    def paths(self, epoch: int, files: Sequence[int]) -> tuple[dict[int, str], list[tuple[int, str]]]:
-        """Local paths of `files` (staged now if needed) and the files newly found bad, (file, reason)."""
-        assert self._stager is not None and epoch == self._epoch, "begin() the epoch first"
-        out: dict[int, str] = {}
-        newly_bad: list[tuple[int, str]] = []
-        for f in files:
-            if f in self.bad:
-                continue
-            if f not in self._paths:
-                try:
-                    self._paths[f] = str(self._stager.get(self._seq[f]))
-                except BadFileError as err:
-                    self.bad[f] = err.reason
-                    newly_bad.append((f, err.reason))
-                    continue
-            out[f] = self._paths[f]
-        return out, newly_bad
-
-    def done(self, epoch: int, chunk: int) -> None:
-        """The result of `chunk` was consumed: release files no later chunk of this epoch reads."""
-        if self._stager is None or epoch != self._epoch:
-            return
-        for f in [f for f in self._paths if self._last_chunk.get(f, -1) <= chunk]:
-            self._stager.release(self._seq[f])
-            del self._paths[f]
-
-    def end_epoch(self) -> None:
-        """Release everything and close the epoch's stager (waits for the other local ranks to finish it)."""
-        if self._stager is not None:
-            for f in list(self._paths):
-                self._stager.release(self._seq[f])
-        self.close()
-
-    def close(self) -> None:
-        if self._stager is None:
-            return
-        stager, self._stager = self._stager, None
-        self._paths = {}
-        try:
-            stager.close()
-        finally:
-            self._wait_closed += stager.wait_seconds
-            for key, value in stager.stats.items():
-                self.stats[key] = self.stats.get(key, 0) + value

@@ -1,0 +1,221 @@
+"""The worker side of the muon stream: decode the units of one work item's chunk, keep the wanted events.
+
+`ChunkDataset` is a map-style data set whose 'index' is a WorkItem (data/epoch_plan.py). It runs in a
+DataLoader worker (or in the main process with 0 workers): it opens the chunk's files (a few kept open),
+decodes only the units the item's events lie in, applies the event rules (outliers.py) and gathers the events
+in batch order into one ItemResult.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
+from hpctrain.errors import UserError
+from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
+from hpctrain.workloads.muons.item_result import ItemError, ItemResult, Recycled, gather
+from hpctrain.workloads.muons.outliers import EventRules
+from hpctrain.workloads.muons.spec import UNIT_EVENTS
+
+_OPEN_FILES = 4  # readers kept open per worker
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How files are read: a bad one fails or is skipped (noted in run_dir/bad_files.txt)."""
+
+    on_bad_file: str = "fail"
+    run_dir: str | None = None
+    hdf5_unit_events: int = UNIT_EVENTS
+
+
+@dataclass
+class Located:
+    """Where one work item's events are in its chunk."""
+
+    plan: EpochPlan
+    units: list[Unit]  # the chunk's units in order
+    unit_starts: np.ndarray  # (units + 1,) chunk-local position of each unit's first event
+    lo: np.ndarray  # (pieces,) chunk-local start of each piece
+    hi: np.ndarray  # (pieces,) chunk-local end of each piece
+    wanted: np.ndarray  # (events,) chunk-local event (units concatenated) of each position, in batch order
+    where: np.ndarray  # (events,) chunk-local position of each
+    unit: np.ndarray  # (events,) index into `units` of each
+
+
+@dataclass
+class Decoded:
+    """The needed units of a chunk decoded and concatenated."""
+
+    events: layouts.Events
+    base: (
+        np.ndarray
+    )  # (units of the chunk,) first row of each unit in `events` (-1: not decoded or unreadable)
+    sources: list[tuple[int, int]]  # (file, unit) of each decoded unit, in order
+
+
+class ChunkDataset(Dataset[ItemResult | ItemError]):
+    """Map-style data set whose 'index' is a WorkItem; decodes the chunk's units it needs."""
+
+    def __init__(
+        self, index: EventIndex, seed: int, shuffle: bool, window: int, read: ReadOptions, rules: EventRules
+    ) -> None:
+        self.index, self.seed, self.shuffle, self.window = index, seed, shuffle, window
+        self.read, self.rules = read, rules
+        self._plan: EpochPlan | None = None
+        self._readers: OrderedDict[int, layouts.Reader] = OrderedDict()
+        self._paths: dict[int, str] | None = None  # the current item's staged paths
+        self._scratch = np.empty(0, dtype=np.int64)
+        self._recycled = Recycled()
+
+    def __len__(self) -> int:
+        return self.index.total
+
+    def plan(self, epoch: int) -> EpochPlan:
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = EpochPlan(self.index.unit_rows, self.seed, epoch, self.shuffle, self.window)
+        return self._plan
+
+    def close(self) -> None:
+        """Close the open files."""
+        while self._readers:
+            self._readers.popitem()[1].close()
+
+    def __getitem__(self, item: WorkItem) -> ItemResult | ItemError:  # type: ignore[override]
+        try:
+            return self._item(item)
+        except (
+            UserError
+        ) as err:  # raised again on the main side: a worker's exception would carry its traceback
+            return ItemError(str(err))
+
+    # ---- files ---------------------------------------------------------------------------------------------
+
+    def _reader(self, f: int) -> layouts.Reader:
+        if f in self._readers:
+            self._readers.move_to_end(f)
+            return self._readers[f]
+        path = self.index.files[f] if self._paths is None else self._paths[f]
+        reader = layouts.open_reader(path, self.read.hdf5_unit_events)
+        expected = self.index.expected_rows[f]
+        if list(reader.unit_rows) != expected:
+            reader.close()
+            cached = "; cached in <run folder>/data_index/: delete it" if self.index.remote[f] else ""
+            raise layouts.UnreadableFileError(
+                self.index.files[f],
+                f"changed since the run indexed it (units of {list(reader.unit_rows)} events, the index "
+                f"{expected}{cached})",
+            )
+        self._readers[f] = reader
+        while len(self._readers) > _OPEN_FILES:  # bounded: a few open files per worker
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def _read(self, f: int, u: int, rows: int, stats: dict[str, int]) -> layouts.Events | None:
+        """Unit u of file f (its first `rows` events), or None when the file is bad and skipped."""
+        if self._paths is not None and f not in self._paths:  # could not be staged: noted by the sampler
+            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            return None
+        try:
+            events = self._reader(f).read_unit(u)
+        except Exception as err:  # a corrupt row group, a file gone or changed: many types (see layouts)
+            path = self.index.files[f]  # the URI of a staged file, not its copy on scratch
+            local = path if self._paths is None else self._paths.get(f, path)
+            if isinstance(err, layouts.UnreadableFileError):
+                reason = err.reason
+            elif isinstance(err, layouts.LayoutError):
+                reason = str(err).removeprefix(f"{local}: ")
+            else:
+                reason = f"unit {u} cannot be read ({layouts.one_line(err)})"
+            if self.read.on_bad_file != "skip":
+                raise UserError(f"{path}: {reason}; set data.on_bad_file=skip to go on without it") from None
+            note_bad_file(self.read.run_dir, path, reason)
+            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            return None
+        if len(events) > rows:  # data.max_events cut this unit
+            off = events.offsets
+            events = layouts.Events(
+                events.primaries[:rows], events.muons[: off[rows]], events.counts[:rows], events.ids[:rows]
+            )
+        return events
+
+    # ---- one item ------------------------------------------------------------------------------------------
+
+    def _locate(self, item: WorkItem) -> Located:
+        """The chunk-local events the item wants in batch order, their positions, and the unit of each."""
+        plan = self.plan(item.epoch)
+        units = plan.chunks[item.chunk]
+        order = plan.chunk_order(item.chunk)
+        unit_starts = np.concatenate([[0], np.cumsum([u.rows for u in units])])
+        lo = np.array([p.lo for p in item.pieces], dtype=np.int64)
+        hi = np.array([p.hi for p in item.pieces], dtype=np.int64)
+        if np.array_equal(lo[1:], hi[:-1]):  # back to back (one rank): one slice of the order
+            wanted, where = order[lo[0] : hi[-1]], np.arange(lo[0], hi[-1], dtype=np.int64)
+        else:
+            wanted = np.concatenate([order[a:b] for a, b in zip(lo, hi)])
+            where = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi)])
+        wanted = wanted.astype(np.int64, copy=False)
+        unit = np.searchsorted(unit_starts, wanted, side="right") - 1
+        return Located(plan, units, unit_starts, lo, hi, wanted, where, unit)
+
+    def _decode(self, units: list[Unit], need: np.ndarray, stats: dict[str, int]) -> Decoded:
+        """The units `need` (indices into `units`) decoded and concatenated."""
+        parts, sources = [], []
+        base = np.full(len(units), -1, dtype=np.int64)
+        rows_so_far = 0
+        for j in need:
+            f, u, rows = units[j]
+            unit_events = self._read(f, u, rows, stats)
+            if unit_events is None:
+                continue
+            base[j] = rows_so_far
+            rows_so_far += len(unit_events)
+            parts.append(unit_events)
+            sources.append((f, u))
+        return Decoded(layouts.concat_events(parts), base, sources)
+
+    def _source(self, decoded: Decoded, row: int) -> tuple[str, int]:
+        """(file, row in file) of a row of the decoded concatenation."""
+        starts = [int(b) for b in decoded.base if b >= 0]
+        i = int(np.searchsorted(starts, row, side="right") - 1)
+        f, u = decoded.sources[i]
+        return self.index.files[f], self.index.row_in_file(f, u, row - starts[i], self.read.hdf5_unit_events)
+
+    def _use_staged(self, paths: dict[int, str]) -> None:
+        # staged files are deleted after use: hold only this item's files open (an open deleted file would keep
+        # its scratch space)
+        self._paths = paths
+        for f in [f for f in self._readers if f not in paths]:
+            self._readers.pop(f).close()
+
+    def _item(self, item: WorkItem) -> ItemResult:
+        if item.paths is not None:
+            self._use_staged(item.paths)
+        at = self._locate(item)
+        stats: dict[str, int] = {}
+        decoded = self._decode(at.units, np.unique(at.unit), stats)
+        data = decoded.events
+        offsets = data.offsets
+        keep_all = self.rules.keep(data, offsets, item.epoch, lambda r: self._source(decoded, r), stats)
+        # `row`: each wanted event's row in the decoded concatenation (dropped: unit unreadable or filtered)
+        row = decoded.base[at.unit] + (at.wanted - at.unit_starts[at.unit])
+        ok = decoded.base[at.unit] >= 0
+        ok[ok] &= keep_all[row[ok]]
+        kept = np.concatenate([[0], np.cumsum(ok)])
+        ends = np.cumsum(at.hi - at.lo)
+        n_kept = kept[ends] - kept[ends - (at.hi - at.lo)]
+        sizes = [PieceSize(p.batch, p.part, p.parts, int(n)) for p, n in zip(item.pieces, n_kept)]
+        where = at.where
+        if not ok.all():
+            row, where = row[ok], where[ok]
+        muons = int(data.counts[row].sum()) if len(row) else 0
+        if len(self._scratch) < muons:  # room for the muon indices of the gather, kept between items
+            self._scratch = np.empty(muons + muons // 4, dtype=np.int64)
+        start = int(at.plan.starts[item.chunk])
+        events, buffer = gather(data, offsets, row, where + start, self._scratch, self._recycled)
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer)

@@ -1,0 +1,152 @@
+"""What a worker sends back for one work item: its events as ONE batch, cut back into pieces on the main side.
+
+`gather` writes the wanted events into that batch with one copy of the muons: in a DataLoader worker straight
+into one shared-memory buffer (shipping it then costs no further copy), in the main process into a recycled
+buffer (or as views, when the rows are consecutive).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from hpctrain.data.epoch_plan import PieceSize
+from hpctrain.data.ragged import gather_ragged, take_rows
+from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
+
+
+@dataclass
+class ItemResult:
+    """All pieces of one work item as ONE batch of events (few tensors to ship from a worker) and the size of
+    each piece in order; `pieces()` cuts it back into views.
+
+    When `buffer` is set, every tensor of `events` is a view into it (see batch.packed): pickling (from a
+    DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy."""
+
+    events: MuonBatch
+    sizes: list[PieceSize]
+    stats: dict[str, int] = field(default_factory=dict)
+    epoch: int = -1
+    chunk: int = -1
+    buffer: torch.Tensor | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.buffer is None:
+            return (ItemResult, (self.events, self.sizes, self.stats, self.epoch, self.chunk))
+        shape = (len(self.events), self.events.num_muons)
+        return (_rebuild_item, (self.buffer, shape, self.sizes, self.stats, self.epoch, self.chunk))
+
+    def pin_memory(self) -> ItemResult:
+        if self.buffer is None:
+            return ItemResult(self.events.pin_memory(), self.sizes, self.stats, self.epoch, self.chunk)
+        shape = (len(self.events), self.events.num_muons)
+        return _rebuild_item(self.buffer.pin_memory(), shape, self.sizes, self.stats, self.epoch, self.chunk)
+
+    def pieces(self) -> Iterator[tuple[PieceSize, MuonBatch]]:
+        ev = self.events
+        offsets = ev.offsets.numpy()  # (events + 1,) read through NumPy: tensor indexing costs µs per call
+        start = 0
+        for size in self.sizes:
+            stop = start + size.samples
+            lo, hi = int(offsets[start]), int(offsets[stop])
+            piece = MuonBatch(
+                ev.primaries[start:stop],
+                ev.muons[lo:hi],
+                ev.counts[start:stop],
+                torch.from_numpy(offsets[start : stop + 1] - lo),
+                ev.ids[start:stop],
+                ev.positions[start:stop],
+                ev.normalized,
+            )
+            yield size, piece
+            start = stop
+
+
+@dataclass
+class ItemError:
+    """A UserError met while decoding a work item (maybe in a DataLoader worker), raised on the main side."""
+
+    message: str
+
+
+def _rebuild_item(
+    buffer: torch.Tensor,
+    shape: tuple[int, int],
+    sizes: list[PieceSize],
+    stats: dict[str, int],
+    epoch: int,
+    chunk: int,
+) -> ItemResult:
+    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer)
+
+
+class Recycled:
+    """Byte buffers for the items of the main process (0 workers), reused once no tensor refers to them.
+
+    Fresh pages cost a page fault each when first written: for a chunk's muons, as long as the gather itself.
+    Bounded: at most `keep` buffers are kept; beyond that (batches held elsewhere) new ones are not kept."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._arrays: list[np.ndarray] = []
+
+    def _unused(self, i: int) -> bool:
+        # only this list (and getrefcount's argument) refer to it: every view made from it is gone
+        return sys.getrefcount(self._arrays[i]) == 2
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        free = [i for i in range(len(self._arrays)) if self._unused(i)]
+        for i in free:
+            if len(self._arrays[i]) >= nbytes:
+                return torch.from_numpy(self._arrays[i][:nbytes])
+        array = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # room for a slightly bigger next chunk
+        if free:  # replace a free one that was too small
+            self._arrays[free[0]] = array
+        elif len(self._arrays) < self.keep:
+            self._arrays.append(array)
+        return torch.from_numpy(array[:nbytes])
+
+
+def gather(
+    data: layouts.Events,
+    offsets: np.ndarray,
+    row: np.ndarray,
+    where: np.ndarray,
+    scratch: np.ndarray,
+    recycled: Recycled,
+) -> tuple[MuonBatch, torch.Tensor | None]:
+    """The events `row` of `data` in that order as one batch (positions `where`), with one copy of the muons
+    (`scratch`: int64 room for the muon indices, see gather_ragged; `recycled`: the main process's buffers).
+
+    In a DataLoader worker the batch is written straight into one shared-memory buffer; in the main process
+    consecutive rows stay views of the decoded arrays."""
+    shared = get_worker_info() is not None
+    n = len(row)
+    contiguous = n > 0 and int(row[-1] - row[0]) == n - 1 and bool(np.all(row[1:] > row[:-1]))
+    if contiguous and not shared:  # no shuffling: views, no copy
+        a, b = int(row[0]), int(row[-1]) + 1
+        views = (data.primaries[a:b], data.muons[offsets[a] : offsets[b]], data.counts[a:b], data.ids[a:b])
+        return MuonBatch.from_numpy(*views, where), None
+    counts = data.counts[row]  # (n,)
+    m = int(counts.sum())
+    buffer, batch = (
+        packed(n, m, shared=True) if shared else packed(n, m, buffer=recycled.get(packed_size(n, m)))
+    )
+    batch.counts.numpy()[:] = counts
+    batch.offsets[0] = 0
+    np.cumsum(counts, out=batch.offsets.numpy()[1:])
+    take_rows(data.primaries, row, out=batch.primaries.numpy())
+    take_rows(data.ids, row, out=batch.ids.numpy())
+    batch.positions.numpy()[:] = where
+    if contiguous:
+        batch.muons.numpy()[:] = data.muons[offsets[row[0]] : offsets[row[-1] + 1]]
+    else:
+        take_rows(data.muons, gather_ragged(offsets, row, scratch)[0], out=batch.muons.numpy())
+    return batch, buffer

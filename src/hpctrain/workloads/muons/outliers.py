@@ -1,0 +1,108 @@
+"""The event rules applied while decoding: bad events, events with too many muons (outliers), empty events.
+
+Outliers can be kept for a look: written to data.outliers_dir as Parquet (the current layout, plus source_file
+and source_row), under names no earlier run used.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hpctrain.data.ragged import gather_ragged
+from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_path
+from hpctrain.workloads.muons import layouts, physics
+
+# row of the decoded events -> (file, row in that file), for messages and the outlier files
+Locate = Callable[[int], tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class EventRules:
+    """What happens to unusual events (data.on_bad_event, max_muons_per_event, drop_empty_events)."""
+
+    on_bad_event: str = "fail"
+    max_muons_per_event: int = 0
+    drop_empty_events: bool = False
+    outliers_dir: str | None = None  # write the outliers here (None: only count them)
+    rank: int = 0  # names this rank's outlier files
+
+    def keep(
+        self, data: layouts.Events, offsets: np.ndarray, epoch: int, locate: Locate, stats: dict[str, int]
+    ) -> np.ndarray:
+        """(events,) bool: events kept after the bad-event, outlier and empty-event rules; counts in `stats`."""
+        keep = np.ones(len(data), dtype=bool)
+        bad = _bad_events(data, offsets)
+        if bad.any():
+            if self.on_bad_event != "skip":
+                first = int(np.flatnonzero(bad)[0])
+                path, row = locate(first)
+                raise UserError(
+                    f"{path}: event at row {row} has a zero, negative or non-finite energy/mass or value "
+                    f"(primary {data.primaries[first].tolist()}); set data.on_bad_event=skip to skip such "
+                    f"events"
+                )
+            keep &= ~bad
+            stats["bad_events"] = int(bad.sum())
+        cap = self.max_muons_per_event
+        if cap:
+            big = keep & (data.counts > cap)
+            if big.any():
+                keep &= ~big
+                stats["outliers"] = int(big.sum())
+                if self.outliers_dir and epoch == 0:  # once: later epochs would only repeat them
+                    write_outliers(data, offsets, np.flatnonzero(big), locate, self.outliers_dir, self.rank)
+        if self.drop_empty_events:
+            empty = keep & (data.counts == 0)
+            keep &= ~empty
+            stats["empty_dropped"] = int(empty.sum())
+        return keep
+
+
+def _bad_events(data: layouts.Events, offsets: np.ndarray) -> np.ndarray:
+    """(events,) bool: events with a zero, negative or non-finite energy/mass or value."""
+    # Fast path: a float32 sum is finite only if every value is (an overflow just takes the exact path) and a
+    # positive minimum energy proves all positive; then only the primaries need checking.
+    muons = data.muons
+    if len(muons) and np.isfinite(muons.sum()) and muons[:, 0].min() > 0:
+        muons = muons[:0]
+    return physics.bad_events(data.primaries, muons, offsets)
+
+
+def write_outliers(
+    data: layouts.Events, offsets: np.ndarray, rows: np.ndarray, locate: Locate, folder: str, rank: int
+) -> Path:
+    """The events `rows` of `data` with their source file and row, to a new file in `folder`."""
+    muon_rows, counts = gather_ragged(offsets, rows)
+    events = layouts.Events(data.primaries[rows], data.muons[muon_rows], counts, data.ids[rows])
+    table = layouts.events_table(events, "parquet")
+    where = [locate(int(r)) for r in rows]  # few rows: outliers are rare
+    table = table.append_column("source_file", pa.array([w[0] for w in where], pa.string()))
+    table = table.append_column("source_row", pa.array([w[1] for w in where], pa.int64()))
+    return write_unique(Path(folder), f"outliers-r{rank}", table)
+
+
+def write_unique(folder: Path, prefix: str, table: pa.Table) -> Path:
+    """Write `table` to a new file in `folder` whose name no earlier run used (reserved with O_EXCL)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    host = socket.gethostname().split(".")[0]
+    for seq in range(100_000):
+        target = folder / f"{prefix}-{stamp}-{host}-p{os.getpid()}-{seq:05d}.parquet"
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        with atomic_path(target) as tmp:
+            pq.write_table(table, tmp)
+        return target
+    raise RuntimeError(f"{folder}: no free outlier file name")

@@ -1,0 +1,160 @@
+"""The generic loader (data/loader.py, data/epoch_plan.py, runtime/seeding.py): sharding over ranks, worker
+seeds, exact resume mid-epoch, one form of the position in a checkpoint, and the close of persistent workers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
+from hpctrain.data.loader import IndexedStream, LoaderOptions, SeededLoader, load_position
+from hpctrain.runtime.seeding import CHUNK_EVENTS, EPOCH_UNITS, LOADER_WORKERS, derive, numpy_rng
+from tests.workloads.muons.conftest import event_stream, write_set
+
+
+class Indices(Dataset[tuple[int, int, int, float]]):
+    """Sample i is (i, the worker's pid, its torch seed, a draw of its global NumPy RNG)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, int, int, float]:
+        worker = get_worker_info()  # its seed: the torch seed of the worker (-1: the main process)
+        return i, os.getpid(), worker.seed if worker is not None else -1, float(np.random.random())
+
+
+def take(stream: IndexedStream, batches: int) -> list[list[int]]:
+    it = iter(stream)
+    return [next(it)[0].tolist() for _ in range(batches)]
+
+
+def test_ranks_share_one_global_order_without_duplicates() -> None:
+    n, bs, world = 50, 4, 3
+    per_rank = [take(IndexedStream(Indices(n), bs, 7, r, world), n // (bs * world)) for r in range(world)]
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert len(seen) == len(set(seen)) == n // (bs * world) * bs * world  # the last partial batch dropped
+    # rank r holds the r-th slice of each global batch: the same order as one rank taking it whole
+    single = take(IndexedStream(Indices(n), bs * world, 7), n // (bs * world))
+    interleaved = [[i for r in range(world) for i in per_rank[r][k]] for k in range(len(single))]
+    assert interleaved == single
+    other_seed = take(IndexedStream(Indices(n), bs * world, 8), 1)
+    assert other_seed != single[:1]
+
+
+def test_resume_mid_epoch_continues_with_the_very_next_sample() -> None:
+    n, bs = 40, 4
+    reference = take(IndexedStream(Indices(n), bs, 3), 25)  # 2.5 epochs
+    first = IndexedStream(Indices(n), bs, 3)
+    head = take(first, 13)  # past the first epoch's end, mid second epoch
+    state = first.state_dict()
+    assert state == {"epoch": 1, "position": 3 * bs}  # one form: epoch and samples consumed by all ranks
+    first.close()
+    # as two ranks of half the batch, with workers: the same samples follow
+    tail = []
+    for rank in range(2):
+        again = IndexedStream(Indices(n), bs // 2, 3, rank, 2, options=LoaderOptions(num_workers=1))
+        again.load_state_dict(state)
+        tail.append(take(again, 12))
+        again.close()
+    resumed = [a + b for a, b in zip(*tail)]
+    assert head + resumed == reference
+
+
+def test_position_state_is_one_key_for_both_streams(tmp_path: Path) -> None:
+    files = write_set(tmp_path / "d", files=1, events=100, row_group=50)
+    muons = event_stream(files, 10, seed=0)
+    indexed = IndexedStream(Indices(30), 10, 0)
+    try:
+        for stream in (muons, indexed):
+            assert isinstance(stream._loader, SeededLoader)  # both built by make_loader
+            next(iter(stream))
+            state = stream.state_dict()
+            assert state["epoch"] == 0 and state["position"] == 10 and "offset" not in state
+    finally:
+        muons.close()
+        indexed.close()
+    # IndexedStream checkpoints written before the streams shared the key still resume at their place
+    assert load_position({"epoch": 2, "offset": 8}, None, False) == (2, 8)
+
+
+def _draws(stream: IndexedStream, batches: int) -> dict[int, tuple[int, float]]:
+    """pid -> (torch seed, first NumPy draw) of each worker that made one of the first batches."""
+    out: dict[int, tuple[int, float]] = {}
+    it = iter(stream)
+    for _ in range(batches):
+        _, pids, seeds, draws = next(it)
+        for pid, seed, draw in zip(pids.tolist(), seeds.tolist(), draws.tolist()):
+            out.setdefault(pid, (seed, draw))
+    stream.close()
+    return out
+
+
+def test_worker_seeds_distinct_per_worker_and_rank_and_repeatable() -> None:
+    def draws(rank: int) -> list[tuple[int, float]]:
+        options = LoaderOptions(num_workers=2, prefetch_factor=1)
+        return sorted(_draws(IndexedStream(Indices(16), 2, 5, rank, 2, options=options), 4).values())
+
+    before = torch.get_rng_state()
+    rank0, rank1 = draws(0), draws(1)
+    assert torch.equal(torch.get_rng_state(), before)  # worker seeds never come from the global torch RNG
+    assert len(rank0) == 2 and rank0[0] != rank0[1]  # two workers, two streams (NumPy's too)
+    assert rank0[0][1] != rank0[1][1]
+    assert not set(rank0) & set(rank1)  # ranks differ
+    assert draws(0) == rank0  # a function of (seed, epoch, rank): the same after a restart
+    # worker w's torch seed is the loader's base seed + w, drawn from a generator seeded by (seed, epoch, rank)
+    generator = torch.Generator().manual_seed(derive(5, LOADER_WORKERS, 0, 0))
+    base = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    assert [seed for seed, _ in rank0] == [base, base + 1]
+
+
+def test_close_ends_persistent_workers() -> None:
+    options = LoaderOptions(num_workers=1, persistent_workers=True)
+    stream = IndexedStream(Indices(8), 2, 0, options=options)
+    (pid,) = _draws(stream, 2)  # _draws closes the stream
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"worker {pid} still runs after close()")
+
+
+def test_work_items_cover_each_position_once_and_reassemble_in_order() -> None:
+    unit_rows = [[3, 5], [4], [7, 0, 1]]
+    plan = EpochPlan(unit_rows, seed=2, epoch=1, shuffle=True, window=4)
+    assert plan.total == 20 and all(sum(u.rows for u in c) >= 4 for c in plan.chunks[:-1])
+    for start in (0, 5):
+        covered = []
+        for rank in range(2):
+            batches: Reassembly[list[int]] = Reassembly()
+            for item in work_items(plan, start, 3, rank, 2, drop_last=False):
+                base = int(plan.starts[item.chunk])
+                for p in item.pieces:
+                    size = PieceSize(p.batch, p.part, p.parts, p.hi - p.lo)
+                    batches.add(size, list(range(base + p.lo, base + p.hi)))
+            for _, parts in batches.ready():
+                covered += [i for part in parts for i in part]
+            batches.check_done()
+        assert sorted(covered) == list(range(start, 20))
+
+
+def test_seed_derivation() -> None:
+    assert derive(1, 2, 3) == derive(1, 2, 3)
+    seeds = {derive(s, tag, k) for s in range(4) for tag in range(4) for k in range(4)}
+    assert len(seeds) == 64 and all(0 <= s < 2**63 for s in seeds)
+    assert derive(1, 0) != derive(0, 7919)  # no collisions of a linear formula like seed * 7919 + epoch
+    # the NumPy streams keep the numbers they had before they were named (the muon order did not move)
+    old = np.random.default_rng([3, 1, EPOCH_UNITS]).permutation(100)
+    assert np.array_equal(numpy_rng(3, 1, EPOCH_UNITS).permutation(100), old)
+    assert EPOCH_UNITS == 17 and CHUNK_EVENTS == 29
