@@ -53,16 +53,6 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The plain network under DDP and torch.compile wrappers."""
-    while True:
-        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
-        if isinstance(inner, torch.nn.Module):
-            module = inner
-        else:
-            return module
-
-
 class Unreadable(Exception):
     """A checkpoint file that cannot be used; the message says why (for one line naming every file)."""
 

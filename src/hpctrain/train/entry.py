@@ -107,11 +107,13 @@ def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int
             print(f"error: {result.message}", file=sys.stderr, flush=True)
     elif result.status == "stopped":
         say(
-            f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "
+            f"stopped ({result.reason}) at update {result.step}/{trainer.state.total_updates}; run the same "
             f"command again to continue. params_sha256={result.params_sha256}"
         )
     else:
-        say(f"finished at update {result.step}/{trainer.total_updates}. params_sha256={result.params_sha256}")
+        say(
+            f"finished at update {result.step}/{trainer.state.total_updates}. params_sha256={result.params_sha256}"
+        )
     return result.exit_code
 
 

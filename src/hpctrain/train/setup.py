@@ -58,14 +58,10 @@ class Setup:
             if dist.active() and trainable:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
-            if self.should_compile(name):
+            if self.task.compile_module(name):
                 out = torch.compile(out)  # type: ignore[assignment]
             wrapped[name] = out
         return wrapped
-
-    def should_compile(self, name: str) -> bool:
-        chooser = getattr(self.task, "compile_module", None)
-        return bool(chooser(name)) if chooser is not None else bool(self.cfg.train.compile)
 
     def optimizers(
         self, raw: dict[str, nn.Module]

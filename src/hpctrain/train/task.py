@@ -84,6 +84,10 @@ class Task(ABC):
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
 
+    def compile_module(self, name: str) -> bool:
+        """Whether to wrap network `name` in torch.compile (default: train.compile, for every network)."""
+        return bool(self.cfg.train.compile)
+
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         """Optimizer name -> the networks it updates. One optimizer over everything by default."""
         return {"main": list(names)}

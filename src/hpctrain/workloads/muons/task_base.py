@@ -111,16 +111,6 @@ class MuonTaskBase(Task):
         resolve_files(self.cfg.data.val_paths, self.cfg.data)
         return ValBatches(self.cfg.data, seed, self.env, self.run_dir)
 
-    def data_metrics(self) -> dict[str, torch.Tensor]:
-        """`stage_wait_s`: seconds the training stream has waited for remote files to reach scratch, so far.
-
-        A train_step may add these to StepOutput.metrics. The wait is already inside the trainer's data_share
-        (the stream stages files in the main process, the time blocked in next(batches))."""
-        stream = getattr(self, "_train_stream", None)
-        if stream is None:
-            return {}
-        return {"stage_wait_s": torch.tensor(stream.stage_wait_seconds)}
-
     def batch_samples(self, batch: MuonBatch) -> int:
         return len(batch)
 
