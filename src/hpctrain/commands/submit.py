@@ -98,7 +98,7 @@ def job_shape(cfg: Any, args: Any, sources: Provenance | None = None) -> sbatch.
 
 def check(cfg: Any, args: Any, sources: Provenance | None = None) -> tuple[Path, sbatch.JobShape]:
     """Raise UserError (exit 2) naming every mistake; return the run folder and the job's shape."""
-    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    run_dir = cfg.run.dir
     shape = job_shape(cfg, args, sources)
     errors = sbatch.validate_job(cfg, shape, run_dir) + check_config(cfg)
     if errors:
@@ -139,6 +139,7 @@ def main(argv: list[str]) -> int:
         print(shell_settings(cfg, run_dir, shape), end="")
         return EXIT_OK
     from hpctrain.launch.submitit_launcher import TrainJob, sbatch_text
+    from hpctrain.workloads import registry
 
     folder = sbatch.ensure_log_dir().resolve() / "submitit"
     if args.dry_run:
@@ -146,7 +147,7 @@ def main(argv: list[str]) -> int:
         print(f"# run folder: {run_dir.resolve()} (dry run: nothing submitted)")
         return EXIT_OK
     request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
-    job = _submit(cfg, folder, args.local, TrainJob(request))
+    job = _submit(cfg, folder, args.local, TrainJob(request, registry.resolve, registry.make_task))
     print(f"job {job.job_id}; run folder {run_dir.resolve()}", flush=True)
     if args.local:
         return _wait_local(job)

@@ -8,6 +8,7 @@ workload registry is visible, so this module stays below the workloads.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
@@ -75,6 +76,13 @@ class RunConfig(Section):
         description="Seed of the model initialisation, the data order and every RNG.",
         json_schema_extra=IDENTITY,
     )
+
+    @property
+    def dir(self) -> Path:
+        """The run folder, <out_dir>/<name>: the one place it is computed."""
+        if self.name is None:  # config loading names every run (config stem, preset): only a bare RunConfig()
+            raise ValueError("run.name is not set: the run folder is <run.out_dir>/<run.name>")
+        return Path(self.out_dir) / self.name
 
     @field_validator("name")
     @classmethod

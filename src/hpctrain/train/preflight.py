@@ -38,7 +38,7 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
                 errors.append(f"data.{name}: {problem}")
     errors += _token_problems(data.pelican, remote)
     if writable:
-        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+        run_dir = cfg.run.dir
         outputs = [("run.out_dir", run_dir)]
         if cfg.logging.tensorboard.dir:
             outputs.append(("logging.tensorboard.dir", Path(cfg.logging.tensorboard.dir)))

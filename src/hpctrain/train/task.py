@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -136,6 +136,10 @@ class Task(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+# What the workload registry hands the engine: (the validated config, this process's ClusterEnv) -> its Task.
+TaskFactory = Callable[[Any, Any], Task]
 
 
 def _move(batch: Any, device: torch.device) -> Any:

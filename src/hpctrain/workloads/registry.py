@@ -11,9 +11,12 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from hpctrain.config.loading import ConfigRequest, Provenance
 
 DEFAULT_WORKLOAD = "regression"
 
@@ -81,6 +84,19 @@ def task_factory(model_type: str) -> Callable[..., Any]:
         if model_type in spec.models:
             return _load(spec.models[model_type][1])  # type: ignore[no-any-return]
     raise ValueError(f"model.type={model_type!r} has no registered workload")
+
+
+def make_task(cfg: Any, env: Any) -> Any:
+    """The task of `cfg.model.type`'s workload: what `hpctrain.train.entry.run` is handed (a TaskFactory)."""
+    return task_factory(cfg.model.type)(cfg, env)
+
+
+def resolve(request: ConfigRequest) -> tuple[Any, Provenance]:
+    """The validated configuration a request names, and where each key came from (the full config type, with
+    every workload's model and data sections)."""
+    from hpctrain.config.loading import resolve_config
+
+    return resolve_config(request, config_model(), prepare=fill_default_types)  # type: ignore[no-any-return]
 
 
 def extra(workload: str, name: str) -> Callable[..., Any]:

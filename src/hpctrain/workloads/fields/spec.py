@@ -101,8 +101,8 @@ WORKLOAD = WorkloadSpec(
     models={"field_cnn": (FieldCNNConfig, "hpctrain.workloads.fields.task:FieldTask")},
     data=[FieldsData],
     extras={
-        "generate": "hpctrain.workloads.fields.generate:generate",
-        "generate_args": "hpctrain.workloads.fields.generate:generate_args",
-        "inspect": "hpctrain.workloads.fields.generate:inspect",
+        "generate": "hpctrain.workloads.fields.cli:generate",
+        "generate_args": "hpctrain.workloads.fields.cli:generate_args",
+        "inspect": "hpctrain.workloads.fields.cli:inspect",
     },
 )

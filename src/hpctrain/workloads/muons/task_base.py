@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.staged import StagingSpec
@@ -31,14 +32,14 @@ def resolve_files(paths: list[str], data: Any) -> list[str]:
     return expand_paths(list(paths), getattr(data, "pelican", None))
 
 
-def staging_spec(data: Any, env: Any) -> StagingSpec:
+def staging_spec(data: Any, env: ClusterEnv) -> StagingSpec:
     """This rank's access to remote inputs: data.staging, data.pelican and its place on the node."""
     return StagingSpec(
         staging=data.staging,
         pelican=data.pelican,
-        local_rank=getattr(env, "local_rank", 0),
-        local_world_size=getattr(env, "local_world_size", 1),
-        job_id=getattr(env, "job_id", None),
+        local_rank=env.local_rank,
+        local_world_size=env.local_world_size,
+        job_id=env.job_id,
     )
 
 
@@ -95,16 +96,12 @@ class MuonTaskBase(Task):
     """Data plumbing of the muon tasks; subclasses write networks, train_step and eval_step."""
 
     @property
-    def run_dir(self) -> Path | None:
-        run = getattr(self.cfg, "run", None)
-        if run is None or run.name is None:
-            return None
-        return Path(run.out_dir) / run.name
+    def run_dir(self) -> Path:
+        return self.cfg.run.dir  # type: ignore[no-any-return]
 
     def build_data(self, split: str, seed: int) -> Any:
         if split == "train":
-            self._train_stream = open_stream(self.cfg.data, seed, self.env, self.run_dir, "train")
-            return self._train_stream
+            return open_stream(self.cfg.data, seed, self.env, self.run_dir, "train")
         if not self.cfg.data.val_paths:
             return None
         # named files exist now: a mistake in val_paths is a line at the start, not an error at the first evaluation
