@@ -27,7 +27,9 @@ class WorkloadSpec:
     # model.type -> (its pydantic model config, "module:TaskClass")
     models: dict[str, tuple[type[BaseModel], str]]
     data: list[type[BaseModel]]
-    # Optional verbs' helpers as dotted paths (e.g. data generators), looked up by commands.
+    # Optional verbs' helpers as dotted paths, looked up by commands: "generate", "generate_args" and "inspect"
+    # (`hpctrain data`, given args), "sample"/"sample_args" and "evaluate"/"evaluate_args" (`hpctrain sample` and
+    # `evaluate`, given args and the checkpoint found: hpctrain.train.checkpoint.find_checkpoint's tuple).
     extras: dict[str, str] = field(default_factory=dict)
 
 
@@ -77,6 +79,16 @@ def fill_default_types(tree: dict[str, Any]) -> None:
 def _load(path: str) -> Any:
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def workload_of(model_type: str) -> WorkloadSpec | None:
+    """The workload that registers `model_type` (None: no workload does)."""
+    return next((spec for spec in workloads().values() if model_type in spec.models), None)
+
+
+def offering(name: str) -> list[str]:
+    """The workloads whose extras provide `name` (e.g. "sample"), sorted."""
+    return sorted(spec.name for spec in workloads().values() if name in spec.extras)
 
 
 def task_factory(model_type: str) -> Callable[..., Any]:

@@ -163,5 +163,9 @@ WORKLOAD = WorkloadSpec(
         "generate": "hpctrain.workloads.muons.tools:generate",
         "generate_args": "hpctrain.workloads.muons.tools:generate_args",
         "inspect": "hpctrain.workloads.muons.tools:inspect",
+        "sample": "hpctrain.workloads.muons.verbs:sample",
+        "sample_args": "hpctrain.workloads.muons.verbs:sample_args",
+        "evaluate": "hpctrain.workloads.muons.verbs:evaluate",
+        "evaluate_args": "hpctrain.workloads.muons.verbs:evaluate_args",
     },
 )
