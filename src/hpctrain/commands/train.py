@@ -6,9 +6,8 @@ Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failu
 
 from __future__ import annotations
 
-from typing import Any
-
 from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
+from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train import entry
 from hpctrain.workloads.registry import make_task
@@ -16,7 +15,7 @@ from hpctrain.workloads.registry import make_task
 __all__ = ["main", "run"]
 
 
-def run(cfg: Any, env: ClusterEnv) -> int:
+def run(cfg: ConfigBase, env: ClusterEnv) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
     return entry.run(cfg, env, make_task)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
 from pydantic.json_schema import JsonDict
@@ -100,6 +100,8 @@ class DataConfigBase(Section):
     # Names of the fields that hold input paths (a str or a list of local paths, globs, folders or URIs):
     # `hpctrain submit --check` and the start of a training check them before any work is done.
     input_paths: ClassVar[tuple[str, ...]] = ()
+    if TYPE_CHECKING:
+        type: str  # each workload's data config declares it as a Literal
 
     batch_size: int = Field(
         64,
@@ -155,6 +157,9 @@ class ModelConfigBase(Section):
     """Base of every workload's model section; subclasses add `type: Literal[...]`.
 
     Model fields are identity keys unless marked MAY_CHANGE (e.g. a memory format)."""
+
+    if TYPE_CHECKING:
+        type: str  # each workload's model config declares it as a Literal
 
 
 class OptimConfig(Section):
@@ -432,6 +437,10 @@ class ConfigBase(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, json_schema_extra=MAY_CHANGE)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=MAY_CHANGE)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, json_schema_extra=MAY_CHANGE)
+    if TYPE_CHECKING:
+        # Set by build_config_model: discriminated unions of the workloads' own sections, on `type`.
+        model: ModelConfigBase
+        data: DataConfigBase
 
     @model_validator(mode="after")
     def _accepted_keys_exist(self) -> ConfigBase:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.loading import ConfigRequest, Provenance
-from hpctrain.config.schema import SlurmConfig, parse_duration
+from hpctrain.config.schema import ConfigBase, SlurmConfig, parse_duration
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import decide, read_hops
 from hpctrain.launch.sbatch import tasks_per_node
@@ -71,7 +71,7 @@ class TrainJob:
             raise RuntimeError(f"training failed with exit code {code}; see the job's log")
         return code
 
-    def _requeue(self, cfg: Any, env: ClusterEnv) -> None:
+    def _requeue(self, cfg: ConfigBase, env: ClusterEnv) -> None:
         """After the trainer saved and stopped: submitit's requeue path, unless a chain cap says stop."""
         slurm = cfg.slurm
         verdict = decide(
@@ -121,7 +121,7 @@ def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
     return params
 
 
-def make_executor(cfg: Any, folder: Path, local: bool = False) -> Any:
+def make_executor(cfg: ConfigBase, folder: Path, local: bool = False) -> Any:
     import submitit
 
     slurm: SlurmConfig = cfg.slurm
@@ -140,7 +140,7 @@ def make_executor(cfg: Any, folder: Path, local: bool = False) -> Any:
     return slurm_executor
 
 
-def sbatch_text(cfg: Any, folder: Path) -> str:
+def sbatch_text(cfg: ConfigBase, folder: Path) -> str:
     """The sbatch script submitit would submit for this config (for --dry-run)."""
     from submitit.slurm.slurm import _make_sbatch_string
 

@@ -21,9 +21,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.config.loading import to_yaml
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.preflight import check_config
@@ -44,7 +45,7 @@ def _logging(env: ClusterEnv) -> None:
     )
 
 
-def run(cfg: Any, env: ClusterEnv, make_task: TaskFactory) -> int:
+def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable)."""
     from hpctrain.runtime.budget import StopSignals
 
@@ -73,7 +74,7 @@ def run(cfg: Any, env: ClusterEnv, make_task: TaskFactory) -> int:
 
 
 def _train(
-    cfg: Any, env: ClusterEnv, make_task: TaskFactory, signals: StopSignals, built: list[Trainer]
+    cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, signals: StopSignals, built: list[Trainer]
 ) -> int:
     from hpctrain.runtime.budget import TimeBudget
     from hpctrain.train.trainer import Trainer
@@ -126,7 +127,7 @@ def _say(env: ClusterEnv) -> Callable[..., None]:
     return say
 
 
-def _describe(cfg: Any, env: ClusterEnv, trainer: Trainer, budget: TimeBudget, run_dir: Path) -> None:
+def _describe(cfg: ConfigBase, env: ClusterEnv, trainer: Trainer, budget: TimeBudget, run_dir: Path) -> None:
     say = _say(env)
     say(f"{env.describe()}; device {trainer.device}; run folder {run_dir}")
     say(

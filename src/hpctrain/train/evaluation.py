@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.config.schema import CheckpointConfig, EarlyStoppingConfig
+from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget
 from hpctrain.train.task import Task, UpdateContext
@@ -32,7 +32,7 @@ class Evaluator:
 
     def __init__(
         self,
-        task: Task,
+        task: Task[ConfigBase],
         ctx: UpdateContext,
         budget: TimeBudget,
         max_batches: int,

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.train_state import TrainState
@@ -23,7 +24,7 @@ NOTE = "killed after its final save; closed by the next start"
 
 
 def complete_finished_run(
-    chain: ChainLog, store: CheckpointStore, run_dir: Path, state: TrainState, cfg: Any, digest: str
+    chain: ChainLog, store: CheckpointStore, run_dir: Path, state: TrainState, cfg: ConfigBase, digest: str
 ) -> list[str]:
     """On rank 0 of a run found finished: repair what a kill after the final save left; returns what was done
     (empty when nothing was missing)."""

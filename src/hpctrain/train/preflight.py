@@ -19,10 +19,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.schema import ConfigBase
+
 _PELICAN_SCHEMES = ("pelican", "osdf")
 
 
-def check_config(cfg: Any, writable: bool = True) -> list[str]:
+def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
     """Every mistake found, one line each (empty when none). `writable`: also probe the output folders."""
     from hpctrain.data.remote import is_remote
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
@@ -30,7 +30,7 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
 
 
 class Setup:
-    def __init__(self, cfg: Any, task: Task, env: ClusterEnv) -> None:
+    def __init__(self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv) -> None:
         self.cfg = cfg
         self.task = task
         self.env = env

@@ -14,6 +14,7 @@ from torch import nn
 
 from hpctrain.config.identity import judge, refusal, show
 from hpctrain.config.loading import config_hash, dump_config
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state, set_rng_state
@@ -71,7 +72,7 @@ class Owner(Protocol):
     (the counters) and into the parts themselves (networks, optimizers, stream, task, budget)."""
 
     @property
-    def cfg(self) -> Any: ...
+    def cfg(self) -> ConfigBase: ...
     @property
     def env(self) -> ClusterEnv: ...
     @property
@@ -89,7 +90,7 @@ class Owner(Protocol):
     @property
     def train_stream(self) -> BatchStream: ...
     @property
-    def task(self) -> Task: ...
+    def task(self) -> Task[ConfigBase]: ...
     @property
     def budget(self) -> TimeBudget: ...
     @property

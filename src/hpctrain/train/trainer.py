@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
@@ -48,7 +49,9 @@ class Trainer:
     has_val: bool
     evaluator: Evaluator
 
-    def __init__(self, cfg: Any, task: Task, env: ClusterEnv, run_dir: Path, budget: TimeBudget) -> None:
+    def __init__(
+        self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv, run_dir: Path, budget: TimeBudget
+    ) -> None:
         self.cfg = cfg
         self.task = task
         self.env = env
@@ -102,7 +105,7 @@ class Trainer:
                 "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
             )
             self.guard.skip = False
-        self.train_stream = self.task.build_data("train", self.cfg.run.seed)
+        self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.state.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(self.cfg.schedule, self.state.total_updates)

@@ -17,6 +17,9 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from hpctrain.config.loading import ConfigRequest, Provenance
+    from hpctrain.config.schema import ConfigBase
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.task import Task
 
 DEFAULT_WORKLOAD = "regression"
 
@@ -98,9 +101,9 @@ def task_factory(model_type: str) -> Callable[..., Any]:
     raise ValueError(f"model.type={model_type!r} has no registered workload")
 
 
-def make_task(cfg: Any, env: Any) -> Any:
+def make_task(cfg: ConfigBase, env: ClusterEnv) -> Task[ConfigBase]:
     """The task of `cfg.model.type`'s workload: what `hpctrain.train.entry.run` is handed (a TaskFactory)."""
-    return task_factory(cfg.model.type)(cfg, env)
+    return task_factory(cfg.model.type)(cfg, env)  # type: ignore[no-any-return]
 
 
 def resolve(request: ConfigRequest) -> tuple[Any, Provenance]:

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase
+from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase
 from hpctrain.workloads.registry import WorkloadSpec
 
 PARAMETERS = ("omega_m", "sigma_8")
@@ -94,6 +94,13 @@ class FieldCNNConfig(ModelConfigBase):
         if not self.targets or len(set(self.targets)) != len(self.targets):
             raise ValueError(f"targets must be a non-empty list without repeats, got {self.targets}")
         return self
+
+
+class FieldsRun(ConfigBase):
+    """The full configuration as the fields task sees it (its type; the registry builds the full union)."""
+
+    model: FieldCNNConfig
+    data: FieldsData
 
 
 WORKLOAD = WorkloadSpec(

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase, Section
+from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase, Section
 from hpctrain.workloads.registry import WorkloadSpec
 
 
@@ -149,6 +149,20 @@ class MuonMultiplicityConfig(ModelConfigBase):
 
     type: Literal["muon_multiplicity"] = "muon_multiplicity"
     multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
+
+
+class MuonRun(ConfigBase):
+    """The full configuration as a muon task sees it (its type; the registry builds the full union)."""
+
+    data: MuonData
+
+
+class MuonWGANRun(MuonRun):
+    model: MuonWGANConfig
+
+
+class MuonMultiplicityRun(MuonRun):
+    model: MuonMultiplicityConfig
 
 
 WORKLOAD = WorkloadSpec(

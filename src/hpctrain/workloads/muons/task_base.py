@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -18,6 +18,11 @@ from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.staged import StagingSpec
 from hpctrain.workloads.muons.stream import EventStream
+
+if TYPE_CHECKING:
+    from hpctrain.workloads.muons.spec import MuonRun
+
+M = TypeVar("M", bound="MuonRun", covariant=True)
 
 
 def resolve_files(paths: list[str], data: Any) -> list[str]:
@@ -92,7 +97,7 @@ class ValBatches:
             stream.close()
 
 
-class MuonTaskBase(Task):
+class MuonTaskBase(Task[M]):
     """Data plumbing of the muon tasks; subclasses write networks, train_step and eval_step."""
 
     @property
