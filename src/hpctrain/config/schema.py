@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
-from pydantic.json_schema import JsonDict
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 
@@ -23,6 +22,8 @@ class Section(BaseModel):
     # allow_inf_nan=False: `optim.lr=inf` is a typo to refuse now, not a NaN loss at update 2.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+
+JsonDict = dict[str, Any]  # what `json_schema_extra=` takes (pydantic exports no name for it)
 
 # What a key means for a run that continues from its checkpoint, as `json_schema_extra=` of its field (a field
 # without one takes the mark of the field holding its section; config/identity.py reads them; a test asserts
@@ -465,7 +466,7 @@ def build_config_model(
             return types[0]
         return Annotated[Union[tuple(types)], Field(discriminator="type")]  # noqa: UP007
 
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         "HpctrainConfig",
         __base__=ConfigBase,
         model=(

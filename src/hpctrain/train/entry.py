@@ -92,7 +92,7 @@ def _train(
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
     if env.is_main:
-        from hpctrain.train.checkpoint import atomic_write_text
+        from hpctrain.fsutil import atomic_write_text
 
         # Only now: the run really starts with this config (a failed resume above left config.yaml alone).
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))

@@ -177,7 +177,7 @@ def evaluate_model(model: Any, n_events: int, seed: int, batch_size: int = 4096)
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
     """evaluate.json (atomically) and one `eval_*` record appended to metrics.jsonl at the model's step."""
-    from hpctrain.train.checkpoint import atomic_write_text
+    from hpctrain.fsutil import atomic_write_text
 
     path = run_dir / "evaluate.json"
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
