@@ -13,6 +13,8 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.context import Context
+from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
 
@@ -74,6 +76,39 @@ class Setup:
             optimizers[name] = build_optimizer(params, optim_cfg, lr)
             base_lrs[name] = lr
         return optimizers, base_lrs
+
+    def context(
+        self,
+        modules: dict[str, nn.Module],
+        raw: dict[str, nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        guard: NonFiniteGuard,
+    ) -> Context:
+        """What the task's train_step works through (precision, DDP syncs, clipping, the optimizers)."""
+        train = self.cfg.train
+        ctx = Context(
+            self.device,
+            modules,
+            raw,
+            optimizers,
+            train.precision,
+            self.cfg.optim.grad_clip_norm,
+            skip_nonfinite=guard.skip,
+        )
+        if guard.skip and not ctx.skip_nonfinite:
+            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
+            log.warning(
+                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
+            )
+            guard.skip = False
+        return ctx
+
+    @staticmethod
+    def save_guess(raw: dict[str, nn.Module]) -> float:
+        """Seconds a save may take until one is measured, from the state's size (weights + optimizer moments at
+        a modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models."""
+        state_bytes = sum(p.numel() * p.element_size() for m in raw.values() for p in m.parameters())
+        return 0.5 + 3 * state_bytes / 200e6
 
     def total_updates(self, stream: BatchStream) -> int:
         """train.total_updates, or train.epochs converted with the data set's size."""

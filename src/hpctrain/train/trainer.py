@@ -25,11 +25,19 @@ from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
-from hpctrain.train.outcome import RunResult, Timers, data_failure, nonfinite_message
+from hpctrain.train.outcome import (
+    RunResult,
+    Timers,
+    data_failure,
+    nonfinite_message,
+    rates,
+    summary_record,
+    update_scalars,
+)
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
 from hpctrain.train.state import StateKeeper, params_sha256
-from hpctrain.train.task import BatchStream, MicroBatch, Task
+from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
 from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -90,21 +98,7 @@ class Trainer:
             module.to(self.device)
         self.modules = self.setup.wrap(self.raw_modules)
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
-        self.ctx = Context(
-            self.device,
-            self.modules,
-            self.raw_modules,
-            self.optimizers,
-            self.cfg.train.precision,
-            self.cfg.optim.grad_clip_norm,
-            skip_nonfinite=self.guard.skip,
-        )
-        if self.guard.skip and not self.ctx.skip_nonfinite:
-            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
-            log.warning(
-                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
-            )
-            self.guard.skip = False
+        self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.state.total_updates = self.setup.total_updates(self.train_stream)
@@ -119,12 +113,7 @@ class Trainer:
             )
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(self.cfg.run.seed + 100_003 * (self.env.rank + 1))
-        # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
-        # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
-        state_bytes = sum(
-            p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters()
-        )
-        self.budget.save.initial = 0.5 + 3 * state_bytes / 200e6
+        self.budget.save.initial = self.setup.save_guess(self.raw_modules)
 
     def _lock_run_folder(self) -> None:
         """Rank 0 locks the run folder before anything writes into it; every rank learns the outcome."""
@@ -370,22 +359,15 @@ class Trainer:
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
-    def _log(self, out: Any, mean_loss: torch.Tensor) -> None:
+    def _log(self, out: StepOutput, mean_loss: torch.Tensor) -> None:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
         updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
         self.last_log_step = self.state.step
-        scalars = {"loss": float(out.loss), "loss_mean": float(mean_loss)}
-        scalars.update({k: float(v) for k, v in out.metrics.items()})
-        for name, norm in self.ctx.grad_norms.items():
-            scalars[f"grad_norm_{name}" if len(self.ctx.grad_norms) > 1 else "grad_norm"] = float(norm)
-        scalars["lr"] = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
-        scalars["updates_per_s"] = updates / elapsed
-        per_update = out.samples * self.env.world_size
-        scalars["samples_per_s"] = per_update * updates / elapsed
-        for key, count in out.extra_counts.items():
-            scalars[f"{key}_per_s"] = count * self.env.world_size * updates / elapsed
+        lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
+        scalars = update_scalars(out, float(mean_loss), self.ctx.grad_norms, lr)
+        scalars.update(rates(out, updates, elapsed, self.env.world_size))
         scalars.update(shares)
         if self.guard.skip:
             scalars["nonfinite_skips"] = self.guard.skipped
@@ -453,25 +435,9 @@ class Trainer:
                 saved = self.keeper.last_saved_step
                 last = saved if saved is not None else (self.state.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
-            totals = self.chain.totals()
-            wall = hop.get("end", time.time()) - hop.get("start", time.time())
-            summary = {
-                "status": status,
-                "reason": reason,
-                "step": last,
-                "total_updates": self.state.total_updates,
-                "samples": self.state.samples,
-                "params_sha256": digest,
-                "wall_seconds": wall,
-                "seconds": dict(self.timers.total),
-                "goodput": hop.get("goodput"),
-                "best": self.state.best,
-                "job_id": self.env.job_id,
-                "nonfinite_skips": self.guard.skipped,
-                **extra,
-                **totals,
-            }
-            write_summary(self.run_dir, summary)
+            summary = summary_record(status, reason, last, self.state, digest, self.timers, hop)
+            summary.update(job_id=self.env.job_id, nonfinite_skips=self.guard.skipped, **extra)
+            write_summary(self.run_dir, {**summary, **self.chain.totals()})
         return RunResult(status, reason, self.state.step, digest, code, message)
 
     def close(self) -> None:
