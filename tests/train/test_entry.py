@@ -14,7 +14,7 @@ from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train import entry
 from hpctrain.train.trainer import Trainer
-from hpctrain.workloads.registry import config_model, fill_default_types, task_factory
+from hpctrain.workloads.registry import config_model, fill_default_types, make_task, resolve, task_factory
 from tests.conftest import hpctrain
 
 
@@ -100,10 +100,10 @@ def test_closing_errors_never_hide_the_root_cause(
 
     monkeypatch.setattr(Trainer, "build", broken_build)
     with pytest.raises(RuntimeError, match="the root cause"):
-        entry.run(cfg_for(tmp_path), ClusterEnv())
+        entry.run(cfg_for(tmp_path), ClusterEnv(), make_task)
     monkeypatch.setattr(Trainer, "close", broken_close)
     with caplog.at_level(logging.ERROR), pytest.raises(RuntimeError, match="the root cause"):
-        entry.run(cfg_for(tmp_path), ClusterEnv())
+        entry.run(cfg_for(tmp_path), ClusterEnv(), make_task)
     assert "closing the trainer failed as well: OSError: closing failed too" in caplog.text
     assert not (tmp_path / "t" / "config.yaml").exists()
 
@@ -117,7 +117,7 @@ def test_a_closing_error_after_a_clean_run_is_raised(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(Trainer, "close", broken_close)
     with pytest.raises(OSError, match="disk gone at close"):
-        entry.run(cfg_for(tmp_path), ClusterEnv())
+        entry.run(cfg_for(tmp_path), ClusterEnv(), make_task)
     assert (tmp_path / "t" / "summary.json").exists()
 
 
@@ -136,29 +136,32 @@ def test_the_submitit_job_runs_the_same_life_cycle(tmp_path: Path, monkeypatch: 
 
     seen = []
 
-    def fake_run(cfg, env) -> int:
-        seen.append(cfg.run.name)
+    def fake_run(cfg, env, factory) -> int:
+        seen.append((cfg.run.name, factory))
         return 0
 
     monkeypatch.setattr(entry, "run", fake_run)
     request = ConfigRequest(None, None, [f"run.out_dir={tmp_path}", "run.name=sj"], None)
-    assert submitit_launcher.TrainJob(request)() == 0
-    assert seen == ["sj"]
+    assert submitit_launcher.TrainJob(request, resolve, make_task)() == 0
+    assert seen == [("sj", make_task)]  # the registry's task factory, handed over by `hpctrain submit`
 
-    def mistake(cfg, env) -> int:
+    def mistake(cfg, env, factory) -> int:
         raise UserError("data.paths: /x: no such file or folder")
 
     monkeypatch.setattr(entry, "run", mistake)
     with pytest.raises(submitit_launcher.JobInputError, match=r"^error: data.paths: /x: no such file"):
-        submitit_launcher.TrainJob(request)()
+        submitit_launcher.TrainJob(request, resolve, make_task)()
 
 
-def test_the_launcher_does_not_import_the_train_command() -> None:
+def test_the_launcher_imports_no_command_and_no_workload() -> None:
     import subprocess
 
     code = (
         "import sys, hpctrain.launch.submitit_launcher as l, inspect; "
-        "assert 'hpctrain.commands' not in inspect.getsource(l); print('ok')"
+        "src = inspect.getsource(l); "
+        "assert 'hpctrain.commands' not in src and 'hpctrain.workloads' not in src; "
+        "assert not [m for m in sys.modules if m.startswith(('hpctrain.commands', 'hpctrain.workloads'))]; "
+        "print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from hpctrain.config.loading import ConfigRequest, Provenance, announce, resolve_config
+from hpctrain.config.loading import ConfigRequest, Provenance, announce
 from hpctrain.errors import UserError
 
 
@@ -41,10 +41,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_from_args(args: argparse.Namespace) -> tuple[Any, Provenance]:
-    from hpctrain.workloads.registry import config_model, fill_default_types
+    from hpctrain.workloads.registry import resolve
 
-    request = ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file)
-    return resolve_config(request, config_model(), prepare=fill_default_types)  # type: ignore[no-any-return]
+    return resolve(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
 
 
 def config_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:

@@ -7,11 +7,11 @@ valid YAML). `--doc [SECTION]` prints every key instead, with its type, default 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
 from hpctrain.config import keys
 from hpctrain.config.loading import Provenance, to_yaml
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 
 _LINE = re.compile(r"^(?P<indent> *)(?P<key>[^\s:#'\"-][^:]*):(?P<rest>.*)$")
@@ -33,7 +33,7 @@ def with_sources(text: str, sources: Provenance) -> str:
     return "\n".join(out) + "\n"
 
 
-def _doc(cfg: Any, section: str, all_types: bool) -> str:
+def _doc(cfg: ConfigBase, section: str, all_types: bool) -> str:
     cls = type(cfg)
     if section and section not in keys.all_keys(cls):
         near = keys.suggest(cls, section)

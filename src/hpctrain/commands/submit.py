@@ -24,6 +24,7 @@ from typing import Any
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
 from hpctrain.config.loading import ConfigRequest, Provenance
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
 from hpctrain.launch import sbatch
 from hpctrain.train.preflight import check_config
@@ -50,7 +51,7 @@ def _parser() -> ArgParser:
     return parser
 
 
-def job_signal_lead(cfg: Any, args: Any, sources: Provenance) -> float | None:
+def job_signal_lead(cfg: ConfigBase, args: Any, sources: Provenance) -> float | None:
     """The running job's signal lead. SLURM shows it nowhere (no field in `scontrol show job` on 22.05, no
     variable), and sbatch's own --signal beats the script's #SBATCH line: use slurm.signal_lead_seconds when the
     user gave it (not a default, not a preset), else the script's line; say in ONE line that it is unconfirmed."""
@@ -83,7 +84,7 @@ def _allocation_fields(job_id: str, environ: Any) -> dict[str, str]:
     return fields
 
 
-def job_shape(cfg: Any, args: Any, sources: Provenance | None = None) -> sbatch.JobShape:
+def job_shape(cfg: ConfigBase, args: Any, sources: Provenance | None = None) -> sbatch.JobShape:
     """Inside a batch shell: the running allocation (its real time limit, GPUs, tasks; sbatch's own options
     win over the script's lines). Elsewhere: what the slurm section asks for."""
     if args.check and sbatch.in_batch_shell():
@@ -96,9 +97,9 @@ def job_shape(cfg: Any, args: Any, sources: Provenance | None = None) -> sbatch.
     return shape if args.signal_lead is None else replace(shape, signal_lead_seconds=args.signal_lead)
 
 
-def check(cfg: Any, args: Any, sources: Provenance | None = None) -> tuple[Path, sbatch.JobShape]:
+def check(cfg: ConfigBase, args: Any, sources: Provenance | None = None) -> tuple[Path, sbatch.JobShape]:
     """Raise UserError (exit 2) naming every mistake; return the run folder and the job's shape."""
-    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    run_dir = cfg.run.dir
     shape = job_shape(cfg, args, sources)
     errors = sbatch.validate_job(cfg, shape, run_dir) + check_config(cfg)
     if errors:
@@ -106,7 +107,7 @@ def check(cfg: Any, args: Any, sources: Provenance | None = None) -> tuple[Path,
     return run_dir, shape
 
 
-def shell_settings(cfg: Any, run_dir: Path, shape: sbatch.JobShape | None = None) -> str:
+def shell_settings(cfg: ConfigBase, run_dir: Path, shape: sbatch.JobShape | None = None) -> str:
     slurm = cfg.slurm
     lead = shape.signal_lead_seconds if shape is not None else None
     values = {
@@ -139,6 +140,7 @@ def main(argv: list[str]) -> int:
         print(shell_settings(cfg, run_dir, shape), end="")
         return EXIT_OK
     from hpctrain.launch.submitit_launcher import TrainJob, sbatch_text
+    from hpctrain.workloads import registry
 
     folder = sbatch.ensure_log_dir().resolve() / "submitit"
     if args.dry_run:
@@ -146,7 +148,7 @@ def main(argv: list[str]) -> int:
         print(f"# run folder: {run_dir.resolve()} (dry run: nothing submitted)")
         return EXIT_OK
     request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
-    job = _submit(cfg, folder, args.local, TrainJob(request))
+    job = _submit(cfg, folder, args.local, TrainJob(request, registry.resolve, registry.make_task))
     print(f"job {job.job_id}; run folder {run_dir.resolve()}", flush=True)
     if args.local:
         return _wait_local(job)
@@ -157,7 +159,7 @@ def _one_line(text: str) -> str:
     return " | ".join(line.strip() for line in str(text).splitlines() if line.strip()) or "(no message)"
 
 
-def _submit(cfg: Any, folder: Path, local: bool, job: Any) -> Any:
+def _submit(cfg: ConfigBase, folder: Path, local: bool, job: Any) -> Any:
     """executor.submit, with sbatch's and submitit's failures as one UserError naming the command."""
     from submitit.core.utils import FailedJobError
 

@@ -1,4 +1,5 @@
-"""`hpctrain train`: resolve the config, then hand the run's whole life cycle to `hpctrain.train.entry.run`.
+"""`hpctrain train`: resolve the config, then hand the run's whole life cycle to `hpctrain.train.entry.run`,
+with the workload registry's task factory.
 
 Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failure.
 """
@@ -6,10 +7,17 @@ Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failu
 from __future__ import annotations
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
+from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.entry import run
+from hpctrain.train import entry
+from hpctrain.workloads.registry import make_task
 
 __all__ = ["main", "run"]
+
+
+def run(cfg: ConfigBase, env: ClusterEnv) -> int:
+    """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
+    return entry.run(cfg, env, make_task)
 
 
 def main(argv: list[str]) -> int:

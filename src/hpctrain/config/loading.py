@@ -131,7 +131,7 @@ class ConfigRequest:
     env_file: str | None = ".env"
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no type hints)
     """YAML 1.1 without base-60 numbers: `time: 1:00:00` stays the text SLURM means, not the integer 3600."""
 
 
@@ -489,7 +489,7 @@ def config_hash(cfg: BaseModel) -> str:
 
 
 def to_yaml(cfg: BaseModel) -> str:
-    return yaml.safe_dump(dump_config(cfg), sort_keys=False)
+    return str(yaml.safe_dump(dump_config(cfg), sort_keys=False))
 
 
 def is_rank_zero(environ: dict[str, str] | None = None) -> bool:

@@ -8,10 +8,10 @@ workload registry is visible, so this module stays below the workloads.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
-from pydantic.json_schema import JsonDict
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 
@@ -22,6 +22,8 @@ class Section(BaseModel):
     # allow_inf_nan=False: `optim.lr=inf` is a typo to refuse now, not a NaN loss at update 2.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+
+JsonDict = dict[str, Any]  # what `json_schema_extra=` takes (pydantic exports no name for it)
 
 # What a key means for a run that continues from its checkpoint, as `json_schema_extra=` of its field (a field
 # without one takes the mark of the field holding its section; config/identity.py reads them; a test asserts
@@ -76,6 +78,13 @@ class RunConfig(Section):
         json_schema_extra=IDENTITY,
     )
 
+    @property
+    def dir(self) -> Path:
+        """The run folder, <out_dir>/<name>: the one place it is computed."""
+        if self.name is None:  # config loading names every run (config stem, preset): only a bare RunConfig()
+            raise ValueError("run.name is not set: the run folder is <run.out_dir>/<run.name>")
+        return Path(self.out_dir) / self.name
+
     @field_validator("name")
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
@@ -92,6 +101,8 @@ class DataConfigBase(Section):
     # Names of the fields that hold input paths (a str or a list of local paths, globs, folders or URIs):
     # `hpctrain submit --check` and the start of a training check them before any work is done.
     input_paths: ClassVar[tuple[str, ...]] = ()
+    if TYPE_CHECKING:
+        type: str  # each workload's data config declares it as a Literal
 
     batch_size: int = Field(
         64,
@@ -147,6 +158,9 @@ class ModelConfigBase(Section):
     """Base of every workload's model section; subclasses add `type: Literal[...]`.
 
     Model fields are identity keys unless marked MAY_CHANGE (e.g. a memory format)."""
+
+    if TYPE_CHECKING:
+        type: str  # each workload's model config declares it as a Literal
 
 
 class OptimConfig(Section):
@@ -467,6 +481,10 @@ class ConfigBase(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, json_schema_extra=MAY_CHANGE)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=MAY_CHANGE)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, json_schema_extra=MAY_CHANGE)
+    if TYPE_CHECKING:
+        # Set by build_config_model: discriminated unions of the workloads' own sections, on `type`.
+        model: ModelConfigBase
+        data: DataConfigBase
 
     @model_validator(mode="after")
     def _accepted_keys_exist(self) -> ConfigBase:
@@ -491,7 +509,7 @@ def build_config_model(
             return types[0]
         return Annotated[Union[tuple(types)], Field(discriminator="type")]  # noqa: UP007
 
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         "HpctrainConfig",
         __base__=ConfigBase,
         model=(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.config.schema import SlurmConfig, parse_duration
+from hpctrain.config.schema import ConfigBase, SlurmConfig, parse_duration
 from hpctrain.launch.chain import read_hops
 
 # The signal must leave time for one more step, one save and this much slack (process exit, srun, requeue).
@@ -124,7 +124,7 @@ def earlier_timings(run_dir: Path, checkpoint_every: int = 0) -> Timings | None:
     return Timings(step, save, f"earlier hops in {run_dir}")
 
 
-def validate_job(cfg: Any, shape: JobShape, run_dir: Path | None = None) -> list[str]:
+def validate_job(cfg: ConfigBase, shape: JobShape, run_dir: Path | None = None) -> list[str]:
     """Mistakes in the job settings, each one line naming the setting. Empty when the job may be queued."""
     errors: list[str] = []
     slurm: SlurmConfig = cfg.slurm

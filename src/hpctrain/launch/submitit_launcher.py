@@ -11,6 +11,9 @@ How a stop works under submitit (never a save inside a signal handler):
    slurm.max_resubmits) and runs `scontrol requeue`. The no-progress cap (chain.json) is checked first.
 If the signal comes while no trainer runs (start-up, teardown), submitit's handler calls `checkpoint()` itself
 and requeues: there is nothing to save then either.
+
+The job is handed what it needs from the workloads by `hpctrain submit`: the config resolution and the task
+factory of the workload registry (pickled by reference). This module imports no command and no workload.
 """
 
 from __future__ import annotations
@@ -19,27 +22,22 @@ import logging
 import math
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.config.loading import ConfigRequest
-from hpctrain.config.schema import SlurmConfig, parse_duration
+from hpctrain.config.loading import ConfigRequest, Provenance
+from hpctrain.config.schema import ConfigBase, SlurmConfig, parse_duration
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import decide, read_hops
 from hpctrain.launch.sbatch import tasks_per_node
 
+if TYPE_CHECKING:
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.task import TaskFactory
+
 log = logging.getLogger(__name__)
-
-
-def load_request(request: ConfigRequest) -> Any:
-    """The validated configuration (the same resolution as `hpctrain train`)."""
-    from hpctrain.config.loading import announce, resolve_config
-    from hpctrain.workloads.registry import config_model, fill_default_types
-
-    cfg, sources = resolve_config(request, config_model(), prepare=fill_default_types)
-    announce(sources)  # the job's log names what came from the environment, as `hpctrain train` does
-    return cfg
 
 
 class JobInputError(RuntimeError):
@@ -51,15 +49,19 @@ class TrainJob:
     """The training of one run folder, resumable any number of times. Pickled by submitit."""
 
     request: ConfigRequest  # paths made absolute at submission; the job inherits the submitter's environment
+    resolve: Callable[[ConfigRequest], tuple[Any, Provenance]]  # the same resolution as `hpctrain train`
+    make_task: TaskFactory  # the workload's task for a config
 
     def __call__(self) -> int:
+        from hpctrain.config.loading import announce
         from hpctrain.runtime.env import ClusterEnv
-        from hpctrain.train.entry import run
+        from hpctrain.train import entry
 
         try:
-            cfg = load_request(self.request)
+            cfg, sources = self.resolve(self.request)
+            announce(sources)  # the job's log names what came from the environment, as `hpctrain train` does
             env = ClusterEnv.from_environ()
-            code = run(cfg, env)
+            code = entry.run(cfg, env, self.make_task)
         except UserError as exc:
             # The job fails (submitit and SLURM see it), its log ends with the one line that says why.
             raise JobInputError(f"error: {exc} (exit code {EXIT_BAD_INPUT})") from None
@@ -69,11 +71,12 @@ class TrainJob:
             raise RuntimeError(f"training failed with exit code {code}; see the job's log")
         return code
 
-    def _requeue(self, cfg: Any, env: Any) -> None:
+    def _requeue(self, cfg: ConfigBase, env: ClusterEnv) -> None:
         """After the trainer saved and stopped: submitit's requeue path, unless a chain cap says stop."""
-        run_dir = Path(cfg.run.out_dir) / cfg.run.name
         slurm = cfg.slurm
-        verdict = decide(read_hops(run_dir), "start", 0, slurm.max_resubmits, slurm.max_hops_without_progress)
+        verdict = decide(
+            read_hops(cfg.run.dir), "start", 0, slurm.max_resubmits, slurm.max_hops_without_progress
+        )
         if not verdict.go:
             raise RuntimeError(f"not requeued: {verdict.reason}")
         if slurm.resubmit == "none" or not env.job_id or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
@@ -90,7 +93,7 @@ class TrainJob:
         """submitit's hook: the trainer has saved already (or never started); continue with the same job."""
         from submitit.core.utils import DelayedSubmission
 
-        return DelayedSubmission(TrainJob(self.request))
+        return DelayedSubmission(TrainJob(self.request, self.resolve, self.make_task))
 
 
 def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
@@ -118,7 +121,7 @@ def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
     return params
 
 
-def make_executor(cfg: Any, folder: Path, local: bool = False) -> Any:
+def make_executor(cfg: ConfigBase, folder: Path, local: bool = False) -> Any:
     import submitit
 
     slurm: SlurmConfig = cfg.slurm
@@ -137,7 +140,7 @@ def make_executor(cfg: Any, folder: Path, local: bool = False) -> Any:
     return slurm_executor
 
 
-def sbatch_text(cfg: Any, folder: Path) -> str:
+def sbatch_text(cfg: ConfigBase, folder: Path) -> str:
     """The sbatch script submitit would submit for this config (for --dry-run)."""
     from submitit.slurm.slurm import _make_sbatch_string
 

@@ -98,13 +98,9 @@ class DurationEstimate:
     def __init__(self, initial: float, window: int = 20) -> None:
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
         self.initial = initial
-        self.count = 0
-        self.total = 0.0
 
     def observe(self, seconds: float) -> None:
         self.recent.append(seconds)
-        self.count += 1
-        self.total += seconds
 
     @property
     def value(self) -> float:

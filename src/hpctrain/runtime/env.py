@@ -85,10 +85,6 @@ class ClusterEnv:
         return self.rank == 0
 
     @property
-    def is_local_main(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
 

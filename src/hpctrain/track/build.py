@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.track.base import Trackers
 from hpctrain.track.metrics_file import MetricsFile
 
 
 def build_trackers(
-    cfg: Any,
+    cfg: ConfigBase,
     run_dir: Path,
     env: ClusterEnv,
     resume_step: int | None,

@@ -153,6 +153,31 @@ class ChainLog:
         }
 
 
+class NoChain(ChainLog):
+    """The stand-in on ranks other than 0: records no hop and writes nothing, so callers need no `if`."""
+
+    def __init__(self) -> None:
+        self.hops = []
+        self.current = None
+
+    def open_hop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def progress(self, last_update: int, train_seconds: float) -> None:
+        pass
+
+    def close_hop(self, last_update: int, train_seconds: float, reason: str) -> dict[str, Any]:
+        return {}
+
+    def close_killed(
+        self, last_update: int, seen: float | None, reason: str, note: str
+    ) -> dict[str, Any] | None:
+        return None
+
+    def totals(self) -> dict[str, float]:
+        return {}
+
+
 def changes_text(hop: dict[str, Any], previous: dict[str, Any] | None = None) -> str:
     """What changed at the start of this hop, in one line ("" when nothing did): the identity keys accepted with
     checkpoint.accept_changes, then the keys that may change between hops (world size included)."""

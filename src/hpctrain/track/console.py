@@ -124,3 +124,24 @@ class Console:
             self._sync(self._step)  # the last state, even if its redraw was not due yet
             self._bar.close()
             self._bar = None
+
+
+class NullConsole(Console):
+    """The stand-in on ranks other than 0 (and before tracking starts): prints nothing, needs no `if`."""
+
+    def __init__(self) -> None:
+        self.stream = sys.stdout
+        self.total = 0
+        self._bar = None
+
+    def update(self, step: int, scalars: dict[str, float]) -> None:
+        pass
+
+    def tick(self, step: int) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.track.tensorboard import MAX_HIST_VALUES, cap_values
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,9 @@ def _effective_mode(configured: str) -> str:
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, cfg: Any, run_dir: Path, resume_step: int | None, state: dict[str, Any] | None = None):
+    def __init__(
+        self, cfg: ConfigBase, run_dir: Path, resume_step: int | None, state: dict[str, Any] | None = None
+    ):
         wcfg = cfg.logging.wandb
         state = state or {}
         self.run_dir = Path(run_dir)
@@ -93,7 +96,7 @@ class WandbTracker:
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
-    def _init(self, cfg: Any) -> Any:
+    def _init(self, cfg: ConfigBase) -> Any:
         import wandb
 
         from hpctrain.config.loading import dump_config, scrub_argv

@@ -53,16 +53,6 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The plain network under DDP and torch.compile wrappers."""
-    while True:
-        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
-        if isinstance(inner, torch.nn.Module):
-            module = inner
-        else:
-            return module
-
-
 class Unreadable(Exception):
     """A checkpoint file that cannot be used; the message says why (for one line naming every file)."""
 
@@ -298,3 +288,23 @@ def load_verified(path: Path) -> dict[str, Any] | None:
     except Unreadable as exc:
         log.warning("skipping checkpoint %s: %s", path.name, exc)
         return None
+
+
+def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None]:
+    """(state, checkpoint file, run folder or None) for a run folder (its latest checkpoint) or a checkpoint
+    file: what `hpctrain sample` and `hpctrain evaluate` are given."""
+    target = Path(path)
+    if target.is_dir():
+        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+        loaded = CheckpointStore(folder, keep_last=1).load_latest()
+        if loaded is None:
+            raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
+        state, file = loaded
+        return state, file, folder.parent if folder.name == "checkpoints" else None
+    if not target.is_file():
+        raise UserError(f"{path}: no such run folder or checkpoint file")
+    verified = load_verified(target)
+    if verified is None:
+        raise UserError(f"{path}: not a readable hpctrain checkpoint")
+    run_dir = target.parent.parent if target.parent.name == "checkpoints" else None
+    return verified, target, run_dir

@@ -59,9 +59,9 @@ class Context:
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # (torch's backward is untyped)
         else:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
 
     def zero_grad(self, name: str) -> None:
         self.optimizers[name].zero_grad(set_to_none=True)

@@ -1,6 +1,7 @@
 """One training process from start to end: the life cycle of a run in one place.
 
-`run(cfg, env)` is what `hpctrain train` and the submitit job both call:
+`run(cfg, env, make_task)` is what `hpctrain train` and the submitit job both call; `make_task` comes from the
+workload registry (hpctrain.workloads.registry.make_task), handed down by the caller: the engine names no workload.
 1. stop handlers first (this module imports no torch): a USR1 during the slow torch import must not kill us;
 2. the pre-flight checks (inputs, token file, output folders, resume path): a mistake is one line, exit 2;
 3. build the task and the trainer, then decide how to resume. Only once that succeeded is `config.yaml`
@@ -20,15 +21,17 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.config.loading import to_yaml
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.preflight import check_config
 
 if TYPE_CHECKING:
-    from hpctrain.runtime.budget import TimeBudget
+    from hpctrain.runtime.budget import StopSignals, TimeBudget
+    from hpctrain.train.task import TaskFactory
     from hpctrain.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ def _logging(env: ClusterEnv) -> None:
     )
 
 
-def run(cfg: Any, env: ClusterEnv) -> int:
+def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable)."""
     from hpctrain.runtime.budget import StopSignals
 
@@ -55,7 +58,7 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         problems = check_config(cfg, writable=env.is_main)
         if problems:
             raise UserError("; ".join(problems))
-        return _train(cfg, env, signals, built)
+        return _train(cfg, env, make_task, signals, built)
     except BaseException as exc:
         error = exc
         raise
@@ -70,19 +73,18 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         )
 
 
-def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int:
+def _train(
+    cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, signals: StopSignals, built: list[Trainer]
+) -> int:
     from hpctrain.runtime.budget import TimeBudget
     from hpctrain.train.trainer import Trainer
 
-    # The registry hands the workload over; the engine itself names none.
-    from hpctrain.workloads.registry import task_factory
-
     say = _say(env)
-    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    run_dir = cfg.run.dir
     say(to_yaml(cfg), end="")
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
-        task = task_factory(cfg.model.type)(cfg, env)
+        task = make_task(cfg, env)
         built.append(Trainer(cfg, task, env, run_dir, budget))
         trainer = built[0]
         trainer.build()
@@ -107,11 +109,13 @@ def _train(cfg: Any, env: ClusterEnv, signals: Any, built: list[Trainer]) -> int
             print(f"error: {result.message}", file=sys.stderr, flush=True)
     elif result.status == "stopped":
         say(
-            f"stopped ({result.reason}) at update {result.step}/{trainer.total_updates}; run the same "
+            f"stopped ({result.reason}) at update {result.step}/{trainer.state.total_updates}; run the same "
             f"command again to continue. params_sha256={result.params_sha256}"
         )
     else:
-        say(f"finished at update {result.step}/{trainer.total_updates}. params_sha256={result.params_sha256}")
+        say(
+            f"finished at update {result.step}/{trainer.state.total_updates}. params_sha256={result.params_sha256}"
+        )
     return result.exit_code
 
 
@@ -123,7 +127,7 @@ def _say(env: ClusterEnv) -> Callable[..., None]:
     return say
 
 
-def _describe(cfg: Any, env: ClusterEnv, trainer: Trainer, budget: TimeBudget, run_dir: Path) -> None:
+def _describe(cfg: ConfigBase, env: ClusterEnv, trainer: Trainer, budget: TimeBudget, run_dir: Path) -> None:
     say = _say(env)
     say(f"{env.describe()}; device {trainer.device}; run folder {run_dir}")
     say(

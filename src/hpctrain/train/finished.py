@@ -11,38 +11,37 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hpctrain.track.chain import read_json, write_summary
-
-if TYPE_CHECKING:
-    from hpctrain.train.trainer import Trainer
+from hpctrain.config.schema import ConfigBase
+from hpctrain.track.chain import ChainLog, read_json, write_summary
+from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
 NOTE = "killed after its final save; closed by the next start"
 
 
-def complete_finished_run(t: Trainer, digest: str) -> list[str]:
+def complete_finished_run(
+    chain: ChainLog, store: CheckpointStore, run_dir: Path, state: TrainState, cfg: ConfigBase, digest: str
+) -> list[str]:
     """On rank 0 of a run found finished: repair what a kill after the final save left; returns what was done
     (empty when nothing was missing)."""
-    if t.chain is None:
-        return []
-    reason = "finished" if t.step >= t.total_updates else "early_stop"
-    committed = _mtime(t.store.path_for(t.step))
+    step = state.step
+    reason = "finished" if step >= state.total_updates else "early_stop"
+    committed = _mtime(store.path_for(step))
     done = []
-    if t.chain.close_killed(t.step, committed, reason, NOTE) is not None:
+    if chain.close_killed(step, committed, reason, NOTE) is not None:
         done.append("closed its last hop in chain.json")
-    path = t.run_dir / "summary.json"
-    if done or _stale(path, t.step, committed, len(t.chain.hops)):
-        write_summary(t.run_dir, _summary(t, reason, digest))
+    path = run_dir / "summary.json"
+    if done or _stale(path, step, committed, len(chain.hops)):
+        write_summary(run_dir, _summary(chain, state, reason, digest))
         done.append("wrote summary.json")
     if done:
-        t.store.prune()
-        _mirror(t)
-        log.warning(
-            "run %s was killed after its final save (update %d): %s", t.run_dir, t.step, "; ".join(done)
-        )
+        store.prune()
+        _mirror(store, cfg.checkpoint.mirror_to)
+        log.warning("run %s was killed after its final save (update %d): %s", run_dir, step, "; ".join(done))
     return done
 
 
@@ -68,10 +67,9 @@ def _stale(path: Path, step: int, committed: float | None, hops: int) -> bool:
     return committed is not None and written is not None and written < committed
 
 
-def _summary(t: Trainer, reason: str, digest: str) -> dict[str, Any]:
+def _summary(chain: ChainLog, t: TrainState, reason: str, digest: str) -> dict[str, Any]:
     """summary.json as the killed hop would have written it; what that hop measured and lost is None."""
-    assert t.chain is not None
-    last = t.chain.hops[-1] if t.chain.hops else {}
+    last = chain.hops[-1] if chain.hops else {}
     end, start = last.get("end"), last.get("start")
     return {
         "status": "finished",
@@ -86,18 +84,17 @@ def _summary(t: Trainer, reason: str, digest: str) -> dict[str, Any]:
         "best": t.best,
         "job_id": last.get("job_id"),
         "note": "written by a later start: the run was killed after its final save",
-        **t.chain.totals(),
+        **chain.totals(),
     }
 
 
-def _mirror(t: Trainer) -> None:
+def _mirror(store: CheckpointStore, dest: str | None) -> None:
     """The mirror copy after the final save may have been cut short too."""
-    dest = t.cfg.checkpoint.mirror_to
     if not dest:
         return
     from hpctrain.remote.mirror import FolderMirror
 
     try:
-        FolderMirror(dest).sync(t.store.folder, last=("latest",))
+        FolderMirror(dest).sync(store.folder, last=("latest",))
     except Exception as exc:  # a failed mirror loses nothing local: warn, as after any save
         log.warning("mirroring checkpoints to %s failed: %s", dest, exc)

@@ -14,10 +14,11 @@ same on all ranks after DDP's all-reduce); this guard counts the skipped updates
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 from torch import nn
+
+from hpctrain.config.schema import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class NonFinite(Exception):
 
 
 class NonFiniteGuard:
-    def __init__(self, train_cfg: Any) -> None:
+    def __init__(self, train_cfg: TrainConfig) -> None:
         self.skip = train_cfg.on_nonfinite == "skip_batch"
         self.max_skips = int(train_cfg.max_nonfinite_skips)
         self.first_bad: int | None = None  # this rank's first non-finite update, once found

@@ -18,10 +18,11 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.fsutil import nearest_existing_folder
 
 
-def check_config(cfg: Any, writable: bool = True) -> list[str]:
+def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
     """Every mistake found, one line each (empty when none). `writable`: also probe the output folders."""
     from hpctrain.remote.uris import is_remote
 
@@ -37,7 +38,7 @@ def check_config(cfg: Any, writable: bool = True) -> list[str]:
                 errors.append(f"data.{name}: {problem}")
     errors += _token_problems(data.pelican, remote)
     if writable:
-        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+        run_dir = cfg.run.dir
         outputs = [("run.out_dir", run_dir)]
         if cfg.logging.tensorboard.dir:
             outputs.append(("logging.tensorboard.dir", Path(cfg.logging.tensorboard.dir)))

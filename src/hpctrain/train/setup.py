@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.context import Context
+from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
 
@@ -30,7 +32,7 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
 
 
 class Setup:
-    def __init__(self, cfg: Any, task: Task, env: ClusterEnv) -> None:
+    def __init__(self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv) -> None:
         self.cfg = cfg
         self.task = task
         self.env = env
@@ -58,14 +60,10 @@ class Setup:
             if dist.active() and trainable:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
-            if self.should_compile(name):
+            if self.task.compile_module(name):
                 out = torch.compile(out)  # type: ignore[assignment]
             wrapped[name] = out
         return wrapped
-
-    def should_compile(self, name: str) -> bool:
-        chooser = getattr(self.task, "compile_module", None)
-        return bool(chooser(name)) if chooser is not None else bool(self.cfg.train.compile)
 
     def optimizers(
         self, raw: dict[str, nn.Module]
@@ -78,6 +76,39 @@ class Setup:
             optimizers[name] = build_optimizer(params, optim_cfg, lr)
             base_lrs[name] = lr
         return optimizers, base_lrs
+
+    def context(
+        self,
+        modules: dict[str, nn.Module],
+        raw: dict[str, nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        guard: NonFiniteGuard,
+    ) -> Context:
+        """What the task's train_step works through (precision, DDP syncs, clipping, the optimizers)."""
+        train = self.cfg.train
+        ctx = Context(
+            self.device,
+            modules,
+            raw,
+            optimizers,
+            train.precision,
+            self.cfg.optim.grad_clip_norm,
+            skip_nonfinite=guard.skip,
+        )
+        if guard.skip and not ctx.skip_nonfinite:
+            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
+            log.warning(
+                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
+            )
+            guard.skip = False
+        return ctx
+
+    @staticmethod
+    def save_guess(raw: dict[str, nn.Module]) -> float:
+        """Seconds a save may take until one is measured, from the state's size (weights + optimizer moments at
+        a modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models."""
+        state_bytes = sum(p.numel() * p.element_size() for m in raw.values() for p in m.parameters())
+        return 0.5 + 3 * state_bytes / 200e6
 
     def total_updates(self, stream: BatchStream) -> int:
         """train.total_updates, or train.epochs converted with the data set's size."""

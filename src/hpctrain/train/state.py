@@ -6,7 +6,7 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as torch_dist
@@ -14,10 +14,11 @@ from torch import nn
 
 from hpctrain.config.identity import judge, refusal, show
 from hpctrain.config.loading import config_hash, dump_config
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state, set_rng_state
-from hpctrain.track.chain import ChainLog, read_json
+from hpctrain.track.chain import read_json
 from hpctrain.train.checkpoint import (
     FORMAT_VERSION,
     FULL_STATE_KEYS,
@@ -28,10 +29,15 @@ from hpctrain.train.checkpoint import (
     strip_prefixes,
 )
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
+from hpctrain.train.train_state import TrainState
 
 if TYPE_CHECKING:
     from hpctrain.remote.mirror import FolderMirror
-    from hpctrain.train.trainer import Trainer
+    from hpctrain.runtime.budget import TimeBudget
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.track.base import Trackers
+    from hpctrain.train.context import Context
+    from hpctrain.train.task import BatchStream, Task
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +67,39 @@ def _gather_rng() -> list[dict[str, Any]]:
     return gathered
 
 
+class Owner(Protocol):
+    """What the keeper reads from the trainer whose state it saves and puts back. It writes only into `state`
+    (the counters) and into the parts themselves (networks, optimizers, stream, task, budget)."""
+
+    @property
+    def cfg(self) -> ConfigBase: ...
+    @property
+    def env(self) -> ClusterEnv: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def store(self) -> CheckpointStore: ...
+    @property
+    def state(self) -> TrainState: ...
+    @property
+    def raw_modules(self) -> dict[str, nn.Module]: ...
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]: ...
+    @property
+    def ctx(self) -> Context: ...
+    @property
+    def train_stream(self) -> BatchStream: ...
+    @property
+    def task(self) -> Task[ConfigBase]: ...
+    @property
+    def budget(self) -> TimeBudget: ...
+    @property
+    def trackers(self) -> Trackers: ...
+
+
 class StateKeeper:
-    def __init__(self, trainer: Trainer) -> None:
-        self.t = trainer
+    def __init__(self, owner: Owner) -> None:
+        self.t = owner
         self.last_saved_step: int | None = None
         self._mirror: threading.Thread | None = None
         # What changed since the checkpoint this hop resumed from ({"accepted": {key: [old, new]}, "allowed": ...}),
@@ -80,16 +116,8 @@ class StateKeeper:
             "optimizers": {name: o.state_dict() for name, o in t.optimizers.items()},
             "optimizer_types": {name: type(o).__name__ for name, o in t.optimizers.items()},
             "scaler": t.ctx.scaler.state_dict() if t.ctx.scaler is not None else None,
-            "counters": {
-                "step": t.step,
-                "samples": t.samples,
-                "total_updates": t.total_updates,
-                "finished": t.finished,
-                "best": t.best,
-                "evals_without_improvement": t.evals_without_improvement,
-                "world_size": t.env.world_size,
-            },
-            "rng": _gather_rng(),
+            "counters": t.state.state_dict(),
+            "rng": _gather_rng(),  # one entry per rank: its length is the world size that wrote it
             "data": t.train_stream.state_dict(),
             "task": t.task.state_dict(),
             "budget": t.budget.state_dict(),
@@ -116,19 +144,19 @@ class StateKeeper:
             # resumed from it logs only the updates after it).
             self.t.trackers.flush()
             try:
-                path = self.t.store.save(state, self.t.step, best=best)
+                path = self.t.store.save(state, self.t.state.step, best=best)
             except (
                 OSError
             ) as exc:  # a full disk, a quota, a read-only folder: nothing of the last commit is lost
                 kept = f"update {self.last_saved_step}" if self.last_saved_step is not None else "nothing yet"
                 raise RunError(
-                    f"cannot write the checkpoint of update {self.t.step} into {self.t.store.folder}: "
+                    f"cannot write the checkpoint of update {self.t.state.step} into {self.t.store.folder}: "
                     f"{exc.strerror or exc}; the last complete checkpoint ({kept}) is kept: free space (or fix "
                     "the folder's permissions, or set run.out_dir elsewhere) and run the same command again"
                 ) from None
             if self.t.cfg.checkpoint.mirror_to:
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
-        self.last_saved_step = self.t.step
+        self.last_saved_step = self.t.state.step
         dist.barrier()
 
     def _mirror_in_background(self, folder: Path, dest: str) -> None:
@@ -161,7 +189,7 @@ class StateKeeper:
         checkpoints (a flaky read on one node) would disagree on the step and deadlock later. A mistake found
         on rank 0 is raised on every rank."""
         t = self.t
-        t.resumed_step = None
+        t.state.resumed_step = None
         decision: tuple[str, str | None, str] = ("fresh", None, "")
         state: dict[str, Any] | None = None
         if t.env.is_main:
@@ -188,11 +216,11 @@ class StateKeeper:
                 ) from None
         if kind == "resume":
             self._restore_full(state, path, f"checkpoint {path}", _FRESH_HINT)
-            return f"resumed from {path} at update {t.step}"
+            return f"resumed from {path} at update {t.state.step}"
         given = f"checkpoint.resume={note}"
         if kind == "restart":
             self._restore_full(state, path, given, _OTHER_HINT)
-            return f"restored everything from {note} at update {t.step}"
+            return f"restored everything from {note} at update {t.state.step}"
         self._restore_modules(state, given, _OTHER_HINT)
         return f"fine-tuning from the weights of {note} (fresh optimizer and schedule)"
 
@@ -205,9 +233,8 @@ class StateKeeper:
             if not previous_run_files(t.run_dir):
                 return ("fresh", None, ""), None
             if not self._requeued_same_job():
-                aside = set_aside_previous_run(t.run_dir)
+                aside = set_aside_previous_run(t.run_dir)  # the trainer reads chain.json again after this
                 t.store.folder.mkdir(parents=True, exist_ok=True)
-                t.chain = ChainLog(t.run_dir)  # the moved chain.json is the old run's history, not ours
                 return (
                     "fresh",
                     None,
@@ -296,20 +323,13 @@ class StateKeeper:
             self._restore_optimizer(name, optimizer, state, path, source)
         if t.ctx.scaler is not None and state.get("scaler"):
             t.ctx.scaler.load_state_dict(state["scaler"])
-        counters = state["counters"]
-        t.step = int(counters["step"])
-        t.resumed_step = t.step
-        t.samples = int(counters["samples"])
-        t.finished = bool(counters.get("finished"))
-        t.finished_total = int(counters.get("total_updates", 0)) if t.finished else 0
-        t.best = counters.get("best")
-        t.evals_without_improvement = int(counters.get("evals_without_improvement", 0))
+        t.state.load_state_dict(state["counters"])
         t.train_stream.load_state_dict(state["data"])
         t.task.load_state_dict(state.get("task", {}))
         t.budget.load_state_dict(state.get("budget", {}))
-        t.tracker_state = state.get("trackers", {})
+        t.state.tracker_state = state.get("trackers", {})
         rngs = state["rng"]
-        self.last_saved_step = t.step
+        self.last_saved_step = t.state.step
         if len(rngs) == t.env.world_size:
             set_rng_state(rngs[t.env.rank])
         elif t.env.is_main:
@@ -333,19 +353,19 @@ class StateKeeper:
                 log.info("this checkpoint holds no configuration (an older version): nothing to compare")
             return
         step = int(counters["step"])
-        old_world = int(counters.get("world_size") or len(state.get("rng") or [None]))
+        old_world = len(state.get("rng") or [None])  # one random state per rank that wrote it
         verdict = judge(
             old,
             t.cfg,
             old_total=counters.get("total_updates"),
-            new_total=t.total_updates,
+            new_total=t.state.total_updates,
             old_world=old_world,
             new_world=t.env.world_size,
         )
         where, remedy = self._ways_forward()
-        if t.total_updates < step:
+        if t.state.total_updates < step:
             raise UserError(
-                f"train.total_updates={t.total_updates} is below update {step}, which {where} has reached: a run "
+                f"train.total_updates={t.state.total_updates} is below update {step}, which {where} has reached: a run "
                 f"cannot be shortened; {remedy}"
             )
         if verdict.refused:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import nn
 
+from hpctrain.config.schema import ConfigBase
+from hpctrain.runtime.env import ClusterEnv
 
+
+@runtime_checkable
 class BatchStream(Protocol):
     """An endless, resumable stream of this rank's batches (epochs follow one another).
 
@@ -73,16 +77,25 @@ class UpdateContext(Protocol):
     def zero_grad(self, name: str) -> None: ...
 
 
-class Task(ABC):
+# The configuration as a workload sees it: ConfigBase with the workload's own `model` and `data` sections (a
+# typing-only subclass in its spec.py, e.g. RegressionRun).
+C = TypeVar("C", bound=ConfigBase, covariant=True)
+
+
+class Task(ABC, Generic[C]):
     """Base of every workload's task. Subclasses receive the validated config and the ClusterEnv."""
 
-    def __init__(self, cfg: Any, env: Any) -> None:
+    def __init__(self, cfg: C, env: ClusterEnv) -> None:
         self.cfg = cfg
         self.env = env
 
     @abstractmethod
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
+
+    def compile_module(self, name: str) -> bool:
+        """Whether to wrap network `name` in torch.compile (default: train.compile, for every network)."""
+        return bool(self.cfg.train.compile)
 
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         """Optimizer name -> the networks it updates. One optimizer over everything by default."""
@@ -93,8 +106,18 @@ class Task(ABC):
         return {}
 
     @abstractmethod
-    def build_data(self, split: str, seed: int) -> BatchStream:
-        """A stream of batches for split 'train' or 'val' (val streams are finite per epoch)."""
+    def build_data(self, split: str, seed: int) -> BatchStream | Iterable[Any] | None:
+        """The batches of `split`: for 'train' a BatchStream (endless, resumable); for 'val' (or a workload's own
+        split) a finite iterable of batches (this rank's share), or None when there is no such set."""
+
+    def train_stream(self, seed: int) -> BatchStream:
+        """build_data('train'), which must be a BatchStream."""
+        stream = self.build_data("train", seed)
+        if not isinstance(stream, BatchStream):
+            raise TypeError(
+                f"{type(self).__name__}.build_data('train') returned {type(stream).__name__}, not a BatchStream"
+            )
+        return stream
 
     def split(self, batch: Any) -> list[MicroBatch]:
         """Cut a batch into micro-batches (e.g. under a memory cap). One piece by default."""
@@ -134,6 +157,10 @@ class Task(ABC):
         pass
 
 
+# What the workload registry hands the engine: (the validated config, this process's ClusterEnv) -> its Task.
+TaskFactory = Callable[[ConfigBase, ClusterEnv], "Task[ConfigBase]"]
+
+
 def _move(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch if batch.device == device else batch.to(device, non_blocking=True)
@@ -144,7 +171,7 @@ def _move(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class SupervisedTask(Task):
+class SupervisedTask(Task[C]):
     """One network `model`, one optimizer, a loss per micro-batch; accumulation done here."""
 
     @abstractmethod

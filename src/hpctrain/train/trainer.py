@@ -4,86 +4,62 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
-from hpctrain.track.chain import ChainLog, write_summary
-from hpctrain.track.console import Console
+from hpctrain.track.chain import ChainLog, NoChain, write_summary
+from hpctrain.track.console import Console, NullConsole
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
+from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
+from hpctrain.train.outcome import (
+    RunResult,
+    Timers,
+    data_failure,
+    nonfinite_message,
+    rates,
+    summary_record,
+    update_scalars,
+)
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
 from hpctrain.train.state import StateKeeper, params_sha256
-from hpctrain.train.task import MicroBatch, Task
+from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
-# Under DDP, ranks agree whether to abandon an evaluation every this many batches (see _eval_sums).
-EVAL_AGREE_EVERY = 4
-
-
-@dataclass
-class RunResult:
-    status: str  # finished | stopped | already_finished | failed
-    reason: str
-    step: int
-    params_sha256: str
-    exit_code: int
-    message: str = ""  # failed: the one line to print
-
-
-@dataclass
-class EvalResult:
-    improved: bool = False
-    stop_early: bool = False
-    abandoned: str | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
-
-
-class Timers:
-    """Seconds spent per activity, since the last log line and in total."""
-
-    KINDS = ("data", "step", "eval", "checkpoint")
-
-    def __init__(self) -> None:
-        self.window = dict.fromkeys(self.KINDS, 0.0)
-        self.total = dict.fromkeys(self.KINDS, 0.0)
-        self.window_start = time.perf_counter()
-
-    def add(self, kind: str, seconds: float) -> None:
-        self.window[kind] += seconds
-        self.total[kind] += seconds
-
-    def shares(self) -> tuple[dict[str, float], float]:
-        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
-        shares = {f"{k}_share": v / elapsed for k, v in self.window.items()}
-        return shares, elapsed
-
-    @property
-    def training_seconds(self) -> float:
-        """Time inside training updates: fetching their batches and computing them (what goodput counts;
-        start-up, evaluation, checkpointing and anything lost to a stop are not)."""
-        return self.total["data"] + self.total["step"]
-
-    def reset_window(self) -> None:
-        self.window = dict.fromkeys(self.KINDS, 0.0)
-        self.window_start = time.perf_counter()
+__all__ = ["RunResult", "Trainer"]
 
 
 class Trainer:
-    def __init__(self, cfg: Any, task: Task, env: ClusterEnv, run_dir: Path, budget: TimeBudget) -> None:
+    # Made by build() (the task's networks and data exist only then):
+    raw_modules: dict[str, torch.nn.Module]
+    modules: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    base_lrs: dict[str, float]
+    ctx: Context
+    train_stream: BatchStream
+    schedule: LRSchedule
+    has_val: bool
+    evaluator: Evaluator
+
+    def __init__(
+        self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv, run_dir: Path, budget: TimeBudget
+    ) -> None:
         self.cfg = cfg
         self.task = task
         self.env = env
@@ -92,19 +68,13 @@ class Trainer:
         self.setup = Setup(cfg, task, env)
         self.device = self.setup.device
         self.store = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep_last)
+        # Stand-ins until start_tracking (and for good on ranks other than 0): "off" needs no `if`.
         self.trackers = Trackers()
-        self.console: Console | None = None
-        self.chain = ChainLog(run_dir) if env.is_main else None
+        self.console: Console = NullConsole()
+        self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.timers = Timers()
-        self.step = 0
-        self.samples = 0
-        self.best: float | None = None
-        self.evals_without_improvement = 0
-        self.finished = False
-        self.finished_total = 0
+        self.state = TrainState()
         self.last_log_step = 0
-        self.resumed_step: int | None = None
-        self.tracker_state: dict[str, Any] = {}
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
         self.keeper = StateKeeper(self)
@@ -128,38 +98,22 @@ class Trainer:
             module.to(self.device)
         self.modules = self.setup.wrap(self.raw_modules)
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
-        self.ctx = Context(
-            self.device,
-            self.modules,
-            self.raw_modules,
-            self.optimizers,
-            self.cfg.train.precision,
-            self.cfg.optim.grad_clip_norm,
-            skip_nonfinite=self.guard.skip,
-        )
-        if self.guard.skip and not self.ctx.skip_nonfinite:
-            # fp16: skipping before the GradScaler's update would keep its scale too high forever.
-            log.warning(
-                "train.on_nonfinite=skip_batch: under fp16 the GradScaler skips overflowing steps itself"
-            )
-            self.guard.skip = False
-        self.train_stream = self.task.build_data("train", self.cfg.run.seed)
+        self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
+        self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
-        self.total_updates = self.setup.total_updates(self.train_stream)
-        self.schedule = LRSchedule(self.cfg.schedule, self.total_updates)
+        self.state.total_updates = self.setup.total_updates(self.train_stream)
+        self.schedule = LRSchedule(self.cfg.schedule, self.state.total_updates)
         self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
+        self.evaluator = Evaluator(
+            self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
+        )
         if self.cfg.train.eval_every and not self.has_val and self.env.is_main:
             log.warning(
                 "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
             )
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(derive(self.cfg.run.seed, RANK_STREAM, self.env.rank))
-        # Until a save is measured, guess its duration from the state's size (weights + optimizer moments at a
-        # modest 200 MB/s): a fixed guess is either too long for small runs or too short for large models.
-        state_bytes = sum(
-            p.numel() * p.element_size() for m in self.raw_modules.values() for p in m.parameters()
-        )
-        self.budget.save.initial = 0.5 + 3 * state_bytes / 200e6
+        self.budget.save.initial = self.setup.save_guess(self.raw_modules)
 
     def _lock_run_folder(self) -> None:
         """Rank 0 locks the run folder before anything writes into it; every rank learns the outcome."""
@@ -180,52 +134,57 @@ class Trainer:
         """Load state according to checkpoint.resume/restart; returns what happened, for the log."""
         self.store.clean_temporaries() if self.env.is_main else None
         dist.barrier()
-        return self.keeper.resume()
+        said = self.keeper.resume()
+        if self.env.is_main:
+            self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
+        return said
 
     def start_tracking(self) -> None:
         if not self.env.is_main:
             return
         from hpctrain.track.build import build_trackers
 
-        hop = {"hop": len(self.chain.hops) if self.chain else 0, "world_size": self.env.world_size}
+        hop = {"hop": len(self.chain.hops), "world_size": self.env.world_size}
         self.trackers = build_trackers(
             self.cfg,
             self.run_dir,
             self.env,
-            resume_step=self.resumed_step,
-            state=self.tracker_state,
+            resume_step=self.state.resumed_step,
+            state=self.state.tracker_state,
             hop={**hop, **self.keeper.hop_identity()},
         )
-        self.console = Console(self.total_updates, self.step, self.cfg.logging.progress)
+        self.console = Console(self.state.total_updates, self.state.step, self.cfg.logging.progress)
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
     def fit(self) -> RunResult:
-        if self.finished and self.total_updates <= self.finished_total:
+        if self.state.finished and self.state.total_updates <= self.state.finished_total:
             # Finished (or stopped early) with this many updates asked for: nothing to train, no new hop; only
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
             result = self._result("already_finished", "finished", EXIT_OK)
             if self.env.is_main:
-                complete_finished_run(self, result.params_sha256)
+                complete_finished_run(
+                    self.chain, self.store, self.run_dir, self.state, self.cfg, result.params_sha256
+                )
             return result
-        if self.chain is not None:
-            self.chain.open_hop(
-                self.env.job_id,
-                self.env.node_list,
-                self.step,
-                self.env.world_size,
-                self.budget.deadline,
-                identity=self.keeper.hop_identity(),
-            )
+        self.chain.open_hop(
+            self.env.job_id,
+            self.env.node_list,
+            self.state.step,
+            self.env.world_size,
+            self.budget.deadline,
+            identity=self.keeper.hop_identity(),
+        )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         try:
             reason = self._train()
             if reason is None or reason == "early_stop":
                 return self._finish(reason or "finished")
-            if self.keeper.last_saved_step != self.step:
+            if self.keeper.last_saved_step != self.state.step:
                 self._save()
             if reason == "data_error":
-                raise self._data_failure()
+                self._result("stopped", "data_error", EXIT_BAD_INPUT)
+                raise data_failure(self._data_error, self.state.step)
             return self._result("stopped", reason, EXIT_RESUMABLE)
         except NonFinite as bad:
             return self._failed(bad)
@@ -235,15 +194,15 @@ class Trainer:
     def _train(self) -> str | None:
         """Updates until the last one (None) or an agreed stop (its reason)."""
         self._last_save_clock = time.monotonic()
-        self._window_first = self.step + 1
-        if self.budget.eval_owed == self.step and self.step < self.total_updates:
+        self._window_first = self.state.step + 1
+        if self.budget.eval_owed == self.state.step and self.state.step < self.state.total_updates:
             # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
             reason = self._after_update(owed_eval=True)
             if reason is not None:
                 return reason
         batches = iter(self.train_stream)
         window = self._window
-        while self.step < self.total_updates:
+        while self.state.step < self.state.total_updates:
             step_start = time.perf_counter()
             before = self.train_stream.state_dict()
             try:
@@ -264,22 +223,25 @@ class Trainer:
             self.timers.add("data", time.perf_counter() - step_start)
             compute_start = time.perf_counter()
             out = self.task.train_step(micro, self.ctx)
-            self.step += 1
+            self.state.step += 1
             local_samples = sum(m.samples for m in micro)
-            self.samples += local_samples * self.env.world_size
+            self.state.samples += local_samples * self.env.world_size
             window.append(out.loss.detach())
             if self.guard.skip:
-                self.guard.note_update(self.ctx.skipped_steps, self.step)
+                self.guard.note_update(self.ctx.skipped_steps, self.state.step)
             self.timers.add("step", time.perf_counter() - compute_start)
             self.budget.step.observe(time.perf_counter() - step_start)
-            if self.step % self.cfg.logging.log_every == 0 or self.step == self.total_updates:
+            if (
+                self.state.step % self.cfg.logging.log_every == 0
+                or self.state.step == self.state.total_updates
+            ):
                 losses = torch.stack(window)  # stacked only when logging: no per-update tensor arithmetic
                 self.guard.check_losses(losses, self._window_first)
                 self._log(out, losses.float().mean())
                 window.clear()
-                self._window_first = self.step + 1
-            elif self.console is not None:
-                self.console.tick(self.step)
+                self._window_first = self.state.step + 1
+            else:
+                self.console.tick(self.state.step)
             self._histograms(micro)
             reason = self._after_update()
             if reason is not None:
@@ -308,18 +270,18 @@ class Trainer:
         ]
 
     def _set_lr(self) -> None:
-        factor = self.schedule.factor(self.step)
+        factor = self.schedule.factor(self.state.step)
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
     def _periodic_save_due(self) -> bool:
         every = self.cfg.checkpoint.every
         # The last update is saved by _finish (with the finished flag): never twice.
-        return bool(every) and self.step % every == 0 and self.step < self.total_updates
+        return bool(every) and self.state.step % every == 0 and self.state.step < self.state.total_updates
 
     def _eval_due(self, step: int) -> bool:
         every = self.cfg.train.eval_every
-        return bool(every) and self.has_val and step % every == 0 and step < self.total_updates
+        return bool(every) and self.has_val and step % every == 0 and step < self.state.total_updates
 
     def _time_save_due(self) -> bool:
         """Rank 0's view (its clock decides for all): checkpoint.every_minutes since the last save."""
@@ -341,7 +303,7 @@ class Trainer:
     def _after_update(self, owed_eval: bool = False) -> str | None:
         """Evaluate, save and decide (all ranks together) whether to stop."""
         local = 0
-        if owed_eval or self._eval_due(self.step):
+        if owed_eval or self._eval_due(self.state.step):
             result = self._evaluate()
             if result.abandoned:
                 return result.abandoned  # every rank abandoned it together: stop (fit saves)
@@ -352,10 +314,12 @@ class Trainer:
             local = CODES["early_stop"] if result.stop_early else 0
         elif self._periodic_save_due():
             self._save()
-        if self.step >= self.total_updates:
+        if self.state.step >= self.state.total_updates:
             return None
         # The final evaluation (in _finish) needs room too.
-        eval_next = self._eval_due(self.step + 1) or (self.has_val and self.step + 1 == self.total_updates)
+        eval_next = self._eval_due(self.state.step + 1) or (
+            self.has_val and self.state.step + 1 == self.state.total_updates
+        )
         budget_reason = self.budget.local_stop_reason(eval_next=eval_next)
         if budget_reason:
             local = max(local, CODES[budget_reason])
@@ -374,132 +338,51 @@ class Trainer:
     def _evaluate(self) -> EvalResult:
         start = time.perf_counter()
         rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
-        sums, stop = self.evaluate()
+        sums, stop = self.evaluator.sums(self.raw_modules)
         seconds = time.perf_counter() - start
         self.timers.add("eval", seconds)
         if sums is None:
             set_rng_state(rng)
-            self.budget.eval_owed = self.step  # carried in the checkpoint: the next hop runs it first
-            if self.console is not None:
-                self.console.message(
-                    f"evaluation at step {self.step} cut short ({stop}): it runs after the resume"
-                )
+            self.budget.eval_owed = self.state.step  # carried in the checkpoint: the next hop runs it first
+            self.console.message(
+                f"evaluation at step {self.state.step} cut short ({stop}): it runs after the resume"
+            )
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
         metrics = self.task.finish_eval(sums)
         if self.env.is_main:
-            self.trackers.log_scalars(self.step, metrics)
-            if self.console is not None:
-                shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-                self.console.message(f"eval at step {self.step} | {shown}")
-        key = self.cfg.checkpoint.best_metric
-        if key not in metrics:
-            return EvalResult()
-        value = metrics[key]
-        sign = 1.0 if self.cfg.checkpoint.best_mode == "min" else -1.0
-        delta = self.cfg.train.early_stopping.min_delta
-        improved = self.best is None or sign * (value - self.best) < -delta
-        if improved:
-            self.best = value
-            self.evals_without_improvement = 0
-        else:
-            self.evals_without_improvement += 1
-        patience = self.cfg.train.early_stopping.patience
-        return EvalResult(improved, bool(patience) and self.evals_without_improvement >= patience)
-
-    @torch.no_grad()
-    def evaluate(self) -> tuple[dict[str, float] | None, str | None]:
-        """Sums of the task's eval figures over the validation set and all ranks; (None, reason) when a stop
-        cut the pass short (on every rank alike)."""
-        for module in self.raw_modules.values():
-            module.eval()
-        try:
-            sums, stop = self._eval_sums()
-        finally:
-            for module in self.raw_modules.values():
-                module.train()
-        if stop:
-            return None, REASONS[stop]
-        # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
-        keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
-        reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
-        return {k: float(v) for k, v in reduced.items()}, None
-
-    def _eval_sums(self) -> tuple[dict[str, torch.Tensor], int]:
-        """This rank's sums over its validation batches, or a stop code when a stop (a signal, the deadline)
-        came first: asked before each batch, so a long evaluation cannot run past the walltime.
-
-        Under DDP the ranks agree every EVAL_AGREE_EVERY batches (one small max-reduction) whether any rank must
-        stop and whether any still has batches. Every rank makes the same calls, also one that ran out of
-        batches or stopped early, so nobody is left waiting in a collective and all abandon together."""
-        sums: dict[str, torch.Tensor] = {}
-        limit = self.cfg.train.eval_batches
-        batches: Iterator[Any] = iter(self.task.build_data("val", self.cfg.run.seed) or ())
-        per_round = EVAL_AGREE_EVERY if dist.active() else 1
-        done, more = 0, True
-        while True:
-            stop = 0
-            for _ in range(per_round):
-                reason = self.budget.urgent_stop_reason()
-                if reason or not more:
-                    stop = CODES[reason] if reason else 0
-                    break
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    more = False
-                    break
-                except StopRequested as requested:  # a staged validation set waiting for a file
-                    stop = CODES[requested.reason]
-                    break
-                out = self.task.eval_step(self.task.to_device(batch, self.device), self.ctx)
-                for key, value in out.items():
-                    sums[key] = (
-                        sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
-                    )
-                done += 1
-                more = not (limit and done >= limit)
-            agreed = dist.agree_max([float(stop), float(more)])
-            if agreed[0]:
-                return sums, int(agreed[0])
-            if not agreed[1]:
-                return sums, 0
+            self.trackers.log_scalars(self.state.step, metrics)
+            shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            self.console.message(f"eval at step {self.state.step} | {shown}")
+        return judge(metrics, self.state, self.cfg.checkpoint, self.cfg.train.early_stopping)
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
-    def _log(self, out: Any, mean_loss: torch.Tensor) -> None:
+    def _log(self, out: StepOutput, mean_loss: torch.Tensor) -> None:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
-        updates = max(self.step - max(self.last_log_step, self.resumed_step or 0), 1)
-        self.last_log_step = self.step
-        scalars = {"loss": float(out.loss), "loss_mean": float(mean_loss)}
-        scalars.update({k: float(v) for k, v in out.metrics.items()})
-        for name, norm in self.ctx.grad_norms.items():
-            scalars[f"grad_norm_{name}" if len(self.ctx.grad_norms) > 1 else "grad_norm"] = float(norm)
-        scalars["lr"] = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
-        scalars["updates_per_s"] = updates / elapsed
-        per_update = out.samples * self.env.world_size
-        scalars["samples_per_s"] = per_update * updates / elapsed
-        for key, count in out.extra_counts.items():
-            scalars[f"{key}_per_s"] = count * self.env.world_size * updates / elapsed
+        updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
+        self.last_log_step = self.state.step
+        lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
+        scalars = update_scalars(out, float(mean_loss), self.ctx.grad_norms, lr)
+        scalars.update(rates(out, updates, elapsed, self.env.world_size))
         scalars.update(shares)
         if self.guard.skip:
             scalars["nonfinite_skips"] = self.guard.skipped
         if self.device.type == "cuda":
             scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.trackers.log_scalars(self.step, scalars)
-        if self.console is not None:
-            self.console.update(self.step, scalars)
+        self.trackers.log_scalars(self.state.step, scalars)
+        self.console.update(self.state.step, scalars)
         self.timers.reset_window()
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
         hist_every = self.cfg.logging.tensorboard.hist_every
-        if self.env.is_main and hist_every and self.step % hist_every == 0:
+        if self.env.is_main and hist_every and self.state.step % hist_every == 0:
             values = self.task.histograms(micro[0].data)
             self.trackers.log_histograms(
-                self.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
+                self.state.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
             )
 
     def _save(self, best: bool = False) -> None:
@@ -510,15 +393,14 @@ class Trainer:
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
         self._last_save_clock = time.monotonic()
-        if self.chain is not None:
-            self.chain.progress(self.step, self.timers.training_seconds)
+        self.chain.progress(self.state.step, self.timers.training_seconds)
 
     def _check_finite(self) -> None:
         """Before every save: the losses since the last check and the weights must be finite on every rank,
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
         if self._window:
             self.guard.check_losses(torch.stack(self._window), self._window_first)
-        self.guard.check_weights(self.raw_modules, self.step)
+        self.guard.check_weights(self.raw_modules, self.state.step)
         self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
 
     def _finish(self, reason: str) -> RunResult:
@@ -526,76 +408,37 @@ class Trainer:
         if reason == "finished" and self.has_val:
             result = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
             if result.abandoned:  # cut short by a stop: the next start runs it (the run is not finished)
-                if self.keeper.last_saved_step != self.step:
+                if self.keeper.last_saved_step != self.state.step:
                     self._save()
                 return self._result("stopped", result.abandoned, EXIT_RESUMABLE)
             improved = result.improved
-        self.finished = True
+        self.state.finished = True
         self._save(best=improved)
         return self._result("finished", reason, EXIT_OK)
 
-    def _data_failure(self) -> UserError:
-        """The error to end with after a bad file met mid-run, once the updates before it are saved (every rank
-        saved; the stream's position was put back before the failed fetch, so nothing is skipped)."""
-        self._result("stopped", "data_error", EXIT_BAD_INPUT)
-        cause = (
-            str(self._data_error)
-            if self._data_error is not None
-            else "another rank met bad data (see its log)"
-        )
-        return UserError(
-            f"{cause} (the {self.step} updates done so far are saved: once the data is fixed, the same command "
-            "continues from there)"
-        )
-
     def _failed(self, bad: NonFinite) -> RunResult:
         saved = self.keeper.last_saved_step
-        kept = (
-            f"checkpoints/latest stays at update {saved}" if saved is not None else "no checkpoint was saved"
-        )
-        skip = "" if self.guard.skip else " (train.on_nonfinite=skip_batch skips such updates)"
-        again = "to continue from that checkpoint" if saved is not None else "(it starts afresh)"
-        message = (
-            f"{bad}; stopped at update {self.step} without saving: {kept}. Lower optim.lr, set "
-            f"optim.grad_clip_norm or check the data{skip}, then run again {again}"
-        )
         return self._result(
             "failed",
             "nonfinite",
             EXIT_FAILURE,
-            message,
+            nonfinite_message(bad, self.state.step, saved, self.guard.skip),
             nonfinite_update=bad.update,
-            stopped_at_update=self.step,
+            stopped_at_update=self.state.step,
         )
 
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
-            last = self.step
+            last = self.state.step
             if status == "failed":  # it got only as far as its last save: where a next start continues
                 saved = self.keeper.last_saved_step
-                last = saved if saved is not None else (self.resumed_step or 0)
-            hop = self.chain.close_hop(last, self.timers.training_seconds, reason) if self.chain else {}
-            totals = self.chain.totals() if self.chain else {}
-            wall = hop.get("end", time.time()) - hop.get("start", time.time())
-            summary = {
-                "status": status,
-                "reason": reason,
-                "step": last,
-                "total_updates": self.total_updates,
-                "samples": self.samples,
-                "params_sha256": digest,
-                "wall_seconds": wall,
-                "seconds": dict(self.timers.total),
-                "goodput": hop.get("goodput"),
-                "best": self.best,
-                "job_id": self.env.job_id,
-                "nonfinite_skips": self.guard.skipped,
-                **extra,
-                **totals,
-            }
-            write_summary(self.run_dir, summary)
-        return RunResult(status, reason, self.step, digest, code, message)
+                last = saved if saved is not None else (self.state.resumed_step or 0)
+            hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
+            summary = summary_record(status, reason, last, self.state, digest, self.timers, hop)
+            summary.update(job_id=self.env.job_id, nonfinite_skips=self.guard.skipped, **extra)
+            write_summary(self.run_dir, {**summary, **self.chain.totals()})
+        return RunResult(status, reason, self.state.step, digest, code, message)
 
     def close(self) -> None:
         try:
@@ -603,8 +446,7 @@ class Trainer:
             for close in reversed(self._closers):
                 close()
             self.trackers.close()
-            if self.console is not None:
-                self.console.close()
+            self.console.close()
         finally:
             if self.lock is not None:
                 self.lock.release()  # last: everything above may still write into the run folder

@@ -11,9 +11,15 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from hpctrain.config.loading import ConfigRequest, Provenance
+    from hpctrain.config.schema import ConfigBase
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.task import Task
 
 DEFAULT_WORKLOAD = "regression"
 
@@ -24,7 +30,9 @@ class WorkloadSpec:
     # model.type -> (its pydantic model config, "module:TaskClass")
     models: dict[str, tuple[type[BaseModel], str]]
     data: list[type[BaseModel]]
-    # Optional verbs' helpers as dotted paths (e.g. data generators), looked up by commands.
+    # Optional verbs' helpers as dotted paths, looked up by commands: "generate", "generate_args" and "inspect"
+    # (`hpctrain data`, given args), "sample"/"sample_args" and "evaluate"/"evaluate_args" (`hpctrain sample` and
+    # `evaluate`, given args and the checkpoint found: hpctrain.train.checkpoint.find_checkpoint's tuple).
     extras: dict[str, str] = field(default_factory=dict)
 
 
@@ -76,11 +84,34 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def workload_of(model_type: str) -> WorkloadSpec | None:
+    """The workload that registers `model_type` (None: no workload does)."""
+    return next((spec for spec in workloads().values() if model_type in spec.models), None)
+
+
+def offering(name: str) -> list[str]:
+    """The workloads whose extras provide `name` (e.g. "sample"), sorted."""
+    return sorted(spec.name for spec in workloads().values() if name in spec.extras)
+
+
 def task_factory(model_type: str) -> Callable[..., Any]:
     for spec in workloads().values():
         if model_type in spec.models:
             return _load(spec.models[model_type][1])  # type: ignore[no-any-return]
     raise ValueError(f"model.type={model_type!r} has no registered workload")
+
+
+def make_task(cfg: ConfigBase, env: ClusterEnv) -> Task[ConfigBase]:
+    """The task of `cfg.model.type`'s workload: what `hpctrain.train.entry.run` is handed (a TaskFactory)."""
+    return task_factory(cfg.model.type)(cfg, env)  # type: ignore[no-any-return]
+
+
+def resolve(request: ConfigRequest) -> tuple[Any, Provenance]:
+    """The validated configuration a request names, and where each key came from (the full config type, with
+    every workload's model and data sections)."""
+    from hpctrain.config.loading import resolve_config
+
+    return resolve_config(request, config_model(), prepare=fill_default_types)  # type: ignore[no-any-return]
 
 
 def extra(workload: str, name: str) -> Callable[..., Any]:

@@ -8,13 +8,12 @@ import hashlib
 import numpy as np
 import pytest
 
+from hpctrain.workloads.fields.cli import generate, generate_args
 from hpctrain.workloads.fields.dataset import GeneratedFields, ShardFields
 from hpctrain.workloads.fields.generate import (
     R8,
     draw,
     fields_from_noise,
-    generate,
-    generate_args,
     generate_maps,
     measured_power_spectrum,
     power_spectrum,

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.batch import MuonBatch, cut_points, split_by_muon_cap
 from hpctrain.workloads.muons.task_base import MuonTaskBase
 from hpctrain.workloads.muons.tools import synthetic_events
@@ -67,8 +68,8 @@ class _Net(nn.Module):
 
 def test_micro_batch_gradients_equal_whole_batch() -> None:
     torch.manual_seed(0)
-    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=400), run=SimpleNamespace(name=None))
-    task = _Task(cfg, SimpleNamespace(rank=0, world_size=1))
+    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=400))
+    task = _Task(cfg, ClusterEnv())
     batch = task.to_device(_batch(), torch.device("cpu"))
     net = _Net().double()
     batch = MuonBatch(
@@ -90,8 +91,8 @@ def test_micro_batch_gradients_equal_whole_batch() -> None:
 
 
 def test_empty_batch_is_one_zero_sample_piece() -> None:
-    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=10), run=SimpleNamespace(name=None))
-    task = _Task(cfg, SimpleNamespace(rank=0, world_size=1))
+    cfg = SimpleNamespace(data=SimpleNamespace(max_muons_per_batch=10))
+    task = _Task(cfg, ClusterEnv())
     micro = task.split(MuonBatch.empty())
     assert len(micro) == 1 and micro[0].samples == 0
     assert task.histograms(task.to_device(_batch(), torch.device("cpu")))["multiplicity_log10"].shape == (40,)

@@ -6,7 +6,7 @@
      "predictions": {"<param>": {"true": [...], "predicted": [...], "sigma": [...] (gaussian_nll only)}},
      "info": {"checkpoint", "step", "maps", "split"}}
 
-Registered as the fields workload's "evaluate" extra (spec.py); `write_outputs` writes it into the run folder.
+`hpctrain evaluate RUN` (fields/verbs.py) calls it and `write_outputs` writes it into the run folder.
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ import numpy as np
 from hpctrain.errors import UserError
 
 
-def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path]:
-    """(cfg, task, model in eval mode, step, checkpoint file, run folder) of a run folder's latest checkpoint."""
+def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
+    """(cfg, task, model in eval mode, step, checkpoint file, run folder) of a run folder's latest checkpoint
+    or of a checkpoint file."""
     from hpctrain.config.loading import validate
     from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.train.checkpoint import CheckpointStore, strip_prefixes
+    from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
     from hpctrain.workloads.registry import config_model, task_factory
 
-    run_dir = Path(path)
-    loaded = CheckpointStore(run_dir / "checkpoints", keep_last=1).load_latest()
-    if loaded is None:
-        raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
-    state, file = loaded
+    state, file, run_dir = find_checkpoint(path)
     cfg = validate(config_model(), state["config"])
     if cfg.model.type != "field_cnn":
         raise UserError(f"{file}: model.type={cfg.model.type!r} is not a fields model")

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase
+from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase
 from hpctrain.workloads.registry import WorkloadSpec
 
 PARAMETERS = ("omega_m", "sigma_8")
@@ -96,15 +96,23 @@ class FieldCNNConfig(ModelConfigBase):
         return self
 
 
+class FieldsRun(ConfigBase):
+    """The full configuration as the fields task sees it (its type; the registry builds the full union)."""
+
+    model: FieldCNNConfig
+    data: FieldsData
+
+
 WORKLOAD = WorkloadSpec(
     name="fields",
     models={"field_cnn": (FieldCNNConfig, "hpctrain.workloads.fields.task:FieldTask")},
     data=[FieldsData],
     extras={
-        "generate": "hpctrain.workloads.fields.generate:generate",
-        "generate_args": "hpctrain.workloads.fields.generate:generate_args",
-        "inspect": "hpctrain.workloads.fields.generate:inspect",
-        "evaluate": "hpctrain.workloads.fields.evaluate:evaluate_run",
+        "generate": "hpctrain.workloads.fields.cli:generate",
+        "generate_args": "hpctrain.workloads.fields.cli:generate_args",
+        "inspect": "hpctrain.workloads.fields.cli:inspect",
+        "evaluate": "hpctrain.workloads.fields.verbs:evaluate",
+        "evaluate_args": "hpctrain.workloads.fields.verbs:evaluate_args",
         "report": "hpctrain.workloads.fields.report:REPORT",
     },
 )

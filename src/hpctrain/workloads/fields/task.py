@@ -17,17 +17,19 @@ from torch.utils.data import Dataset
 
 from hpctrain.data.loader import IndexedStream, as_batch
 from hpctrain.errors import UserError
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.task import SupervisedTask, UpdateContext
 from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardFields, eval_batches
 from hpctrain.workloads.fields.generate import PARAMETERS
 from hpctrain.workloads.fields.model import FieldCNN
+from hpctrain.workloads.fields.spec import FieldsRun
 
 log = logging.getLogger(__name__)
 LOGVAR_RANGE = (-14.0, 6.0)  # keeps exp(-logvar) finite at the start of training
 
 
-class FieldTask(SupervisedTask):
-    def __init__(self, cfg: Any, env: Any) -> None:
+class FieldTask(SupervisedTask[FieldsRun]):
+    def __init__(self, cfg: FieldsRun, env: ClusterEnv) -> None:
         super().__init__(cfg, env)
         self.targets = list(cfg.model.targets)
         self.columns = [PARAMETERS.index(t) for t in self.targets]
@@ -43,7 +45,7 @@ class FieldTask(SupervisedTask):
     def _prior(self) -> list[tuple[float, float]]:
         d = self.cfg.data
         if d.path is None:
-            return [tuple(d.omega_m), tuple(d.sigma_8)]
+            return [d.omega_m, d.sigma_8]  # tuples already (pydantic)
         train = self.dataset("train")
         assert isinstance(train, ShardFields)
         for key in ("kind", "size", "box_size"):

@@ -405,9 +405,7 @@ def _full_rows(events: Events) -> tuple[np.ndarray, np.ndarray]:
     return prim, muons
 
 
-def _with_placeholders(
-    prim: np.ndarray, muons: np.ndarray, counts: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def _with_placeholders(muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The HDF5 writer's convention: an empty event gets ONE all-zero muon and count 1."""
     empty = counts == 0
     if not empty.any():
@@ -442,7 +440,7 @@ def events_table(events: Events, layout: str) -> pa.Table:
     if layout == "parquet-legacy":
         prim, muons = prim[:, [0, 1, 2, 3, 4, 6]], muons[:, :5]
     elif layout == "parquet-hdf5":
-        muons, counts = _with_placeholders(prim, muons, counts)
+        muons, counts = _with_placeholders(muons, counts)
     else:
         raise LayoutError(f"unknown Parquet layout {layout!r}; choose from {', '.join(LAYOUTS[:3])}")
     return pa.table({"primary": fixed_list(prim), "muons": list_of_lists(muons, counts)})
@@ -463,7 +461,7 @@ def _write_hdf5(path: str, events: Events) -> None:
     import h5py
 
     prim, muons = _full_rows(events)
-    muons, counts = _with_placeholders(prim, muons, events.counts)
+    muons, counts = _with_placeholders(muons, events.counts)
     with h5py.File(path, "w") as fh:
         fh.create_dataset("primaries", data=prim)
         # (a file without events has no muons: an empty dataset cannot be chunked)

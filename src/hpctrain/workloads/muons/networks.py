@@ -226,7 +226,3 @@ class Critic(nn.Module):
         mult = multiplicity_feature(counts if multiplicity is None else multiplicity).to(pooled.dtype)
         head = torch.cat([pooled, primaries, mult, empty], 1)
         return self.decision(head).squeeze(1)
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -19,6 +19,9 @@ from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
 from hpctrain.workloads.muons import layouts, physics
 from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
 
+# (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
+Found = tuple[dict[str, Any], Path, Path | None]
+
 
 @dataclass
 class LoadedModel:
@@ -34,36 +37,17 @@ class LoadedModel:
         return str(self.cfg.model.type)
 
 
-def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None]:
-    """(state, checkpoint file, run folder or None) for a run folder or a checkpoint file."""
-    from hpctrain.train.checkpoint import CheckpointStore, load_verified
-
-    target = Path(path)
-    if target.is_dir():
-        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-        loaded = CheckpointStore(folder, keep_last=1).load_latest()
-        if loaded is None:
-            raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
-        state, file = loaded
-        return state, file, folder.parent if folder.name == "checkpoints" else None
-    if not target.is_file():
-        raise UserError(f"{path}: no such run folder or checkpoint file")
-    verified = load_verified(target)
-    if verified is None:
-        raise UserError(f"{path}: not a readable hpctrain checkpoint")
-    run_dir = target.parent.parent if target.parent.name == "checkpoints" else None
-    return verified, target, run_dir
-
-
-def load_model(path: str | Path, device: str | torch.device | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path, device: str | torch.device | None = None, found: Found | None = None
+) -> LoadedModel:
     """The networks of a muon_wgan or muon_multiplicity checkpoint, in eval mode on `device` (default: CUDA
-    when there is one)."""
+    when there is one). `found`: the checkpoint `path` names, when the caller has read it already."""
     from hpctrain.config.loading import validate
     from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.train.checkpoint import strip_prefixes
+    from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
     from hpctrain.workloads.registry import config_model, task_factory
 
-    state, file, run_dir = find_checkpoint(path)
+    state, file, run_dir = found if found is not None else find_checkpoint(path)
     cfg = validate(config_model(), state["config"])
     if cfg.model.type not in ("muon_wgan", "muon_multiplicity"):
         raise UserError(f"{file}: model.type={cfg.model.type!r} is not a muon model")

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, DataConfigBase, ModelConfigBase, Section
+from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase, Section
 from hpctrain.workloads.registry import WorkloadSpec
 
 UNIT_EVENTS = (
@@ -155,6 +155,20 @@ class MuonMultiplicityConfig(ModelConfigBase):
     multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
 
 
+class MuonRun(ConfigBase):
+    """The full configuration as a muon task sees it (its type; the registry builds the full union)."""
+
+    data: MuonData
+
+
+class MuonWGANRun(MuonRun):
+    model: MuonWGANConfig
+
+
+class MuonMultiplicityRun(MuonRun):
+    model: MuonMultiplicityConfig
+
+
 WORKLOAD = WorkloadSpec(
     name="muons",
     # model.type -> (config, "module:TaskClass")
@@ -167,6 +181,10 @@ WORKLOAD = WorkloadSpec(
         "generate": "hpctrain.workloads.muons.tools:generate",
         "generate_args": "hpctrain.workloads.muons.tools:generate_args",
         "inspect": "hpctrain.workloads.muons.tools:inspect",
+        "sample": "hpctrain.workloads.muons.verbs:sample",
+        "sample_args": "hpctrain.workloads.muons.verbs:sample_args",
+        "evaluate": "hpctrain.workloads.muons.verbs:evaluate",
+        "evaluate_args": "hpctrain.workloads.muons.verbs:evaluate_args",
         "report": "hpctrain.workloads.muons.report:REPORT",
     },
 )

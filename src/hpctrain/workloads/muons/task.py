@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
@@ -33,13 +34,14 @@ from hpctrain.workloads.muons.networks import (
     MuonScaler,
     event_index,
 )
+from hpctrain.workloads.muons.spec import MuonMultiplicityRun, MuonWGANRun
 from hpctrain.workloads.muons.task_base import MuonTaskBase
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
 
 
-def muon_cap(cfg: Any) -> int:
+def muon_cap(cfg: MuonWGANRun | MuonMultiplicityRun) -> int:
     """Cap on sampled multiplicities: the model's, else the data's per-event cap, else DEFAULT_MUON_CAP."""
     return int(cfg.model.multiplicity.max_muons_per_event or cfg.data.event_muon_cap or DEFAULT_MUON_CAP)
 
@@ -57,8 +59,8 @@ class _Prepared:
     real: torch.Tensor  # (M, 3) the real muons in the networks' scale (MuonScaler)
 
 
-class MuonWGANTask(MuonTaskBase):
-    def __init__(self, cfg: Any, env: Any) -> None:
+class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
+    def __init__(self, cfg: MuonWGANRun, env: ClusterEnv) -> None:
         super().__init__(cfg, env)
         self.critic_updates = 0  # counts critic updates over the whole run (gp_every); checkpointed
         self.scaler_ready = False  # the generator's MuonScaler statistics were set (checkpointed)
@@ -115,7 +117,7 @@ class MuonWGANTask(MuonTaskBase):
         """The training generator on `device`, seeded from run.seed and the rank (or the checkpoint)."""
         if self._rng is None:
             self._rng = torch.Generator(device=device)
-            self._rng.manual_seed(derive(self.cfg.run.seed, TASK_STREAM, getattr(self.env, "rank", 0)))
+            self._rng.manual_seed(derive(self.cfg.run.seed, TASK_STREAM, self.env.rank))
             if self._rng_state is not None:
                 self._rng.set_state(self._rng_state)
         return self._rng
@@ -257,7 +259,7 @@ class MuonWGANTask(MuonTaskBase):
         return out
 
 
-class MuonMultiplicityTask(MuonTaskBase):
+class MuonMultiplicityTask(MuonTaskBase[MuonMultiplicityRun]):
     """NB(mu, r) of the muon count given the primary, trained by likelihood (one optimizer, 'main')."""
 
     def build_modules(self) -> dict[str, nn.Module]:

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.stream import EventStream, resolve_files
+
+if TYPE_CHECKING:
+    from hpctrain.workloads.muons.spec import MuonRun
+
+M = TypeVar("M", bound="MuonRun", covariant=True)
 
 
 class ValBatches:
@@ -33,15 +38,12 @@ class ValBatches:
             stream.close()
 
 
-class MuonTaskBase(Task):
+class MuonTaskBase(Task[M]):
     """Data plumbing of the muon tasks; subclasses write networks, train_step and eval_step."""
 
     @property
-    def run_dir(self) -> Path | None:
-        run = getattr(self.cfg, "run", None)
-        if run is None or run.name is None:
-            return None
-        return Path(run.out_dir) / run.name
+    def run_dir(self) -> Path:
+        return self.cfg.run.dir  # type: ignore[no-any-return]
 
     def build_data(self, split: str, seed: int) -> Any:
         if split == "train":
@@ -52,16 +54,6 @@ class MuonTaskBase(Task):
         # named files exist now: a mistake in val_paths is a line at the start, not an error at the first evaluation
         resolve_files(self.cfg.data.val_paths, self.cfg.data)
         return ValBatches(self.cfg.data, seed, self.env, self.run_dir)
-
-    def data_metrics(self) -> dict[str, torch.Tensor]:
-        """`stage_wait_s`: seconds the training stream has waited for remote files to reach scratch, so far.
-
-        A train_step may add these to StepOutput.metrics. The wait is already inside the trainer's data_share
-        (the stream stages files in the main process, the time blocked in next(batches))."""
-        stream = getattr(self, "_train_stream", None)
-        if stream is None:
-            return {}
-        return {"stage_wait_s": torch.tensor(stream.stage_wait_seconds)}
 
     def batch_samples(self, batch: MuonBatch) -> int:
         return len(batch)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpctrain.config.schema import DataConfigBase, ModelConfigBase
+from hpctrain.config.schema import ConfigBase, DataConfigBase, ModelConfigBase
 from hpctrain.workloads.registry import WorkloadSpec
 
 
@@ -25,6 +25,13 @@ class RegressionModel(ModelConfigBase):
     activation: Literal["gelu", "relu", "tanh"] = Field("gelu", description="Hidden activation.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.")
     loss: Literal["mse", "mae", "rmse"] = Field("mse", description="Training loss.")
+
+
+class RegressionRun(ConfigBase):
+    """The full configuration as the regression task sees it (its type; the registry builds the full union)."""
+
+    model: RegressionModel
+    data: RegressionData
 
 
 WORKLOAD = WorkloadSpec(

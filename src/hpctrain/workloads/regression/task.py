@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 from hpctrain.data.loader import IndexedStream, as_batch, eval_batches
 from hpctrain.train.task import SupervisedTask
+from hpctrain.workloads.regression.spec import RegressionRun
 
 
 def make_dataset(n: int, in_features: int, noise: float, seed: int, split: int = 0) -> TensorSamples:
@@ -49,7 +50,7 @@ class MLP(nn.Module):
         return self.net(x)  # (B, 1)
 
 
-class RegressionTask(SupervisedTask):
+class RegressionTask(SupervisedTask[RegressionRun]):
     def build_modules(self) -> dict[str, nn.Module]:
         m, d = self.cfg.model, self.cfg.data
         return {"model": MLP(d.in_features, m.hidden, m.activation, m.dropout)}

@@ -1,0 +1,74 @@
+"""What `hpctrain sample` and `hpctrain evaluate` share: find the checkpoint the user names, and hand it to the
+verb of the workload its `model.type` belongs to (registry extras "<verb>" and "<verb>_args"); a workload that
+has no such verb is one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hpctrain.commands.common import ArgParser
+from hpctrain.errors import UserError
+
+MODEL_HELP = "run folder (its latest checkpoint) or a checkpoint file"
+
+
+def run_model_verb(verb: str, description: str, argv: list[str]) -> int:
+    from hpctrain.workloads import registry
+
+    top = ArgParser(prog=f"hpctrain {verb}", add_help=False)
+    top.add_argument("model", nargs="?")
+    top.add_argument("-h", "--help", action="store_true")
+    known, _ = top.parse_known_args(argv)
+    if known.model is None:
+        if known.help:
+            print(_overview(verb, description))
+            return 0
+        raise UserError(f"hpctrain {verb}: name a run folder or a checkpoint file (`hpctrain {verb} --help`)")
+
+    from hpctrain.train.checkpoint import find_checkpoint
+
+    found = find_checkpoint(known.model)
+    model_type = _model_type(found[0])
+    spec = registry.workload_of(model_type) if model_type is not None else None
+    able = ", ".join(registry.offering(verb)) or "none"
+    if model_type is None:
+        raise UserError(f"{found[1]}: holds no configuration, so no workload to {verb} it with")
+    if spec is None or verb not in spec.extras:
+        owner = f"workload {spec.name!r}" if spec is not None else "no registered workload"
+        raise UserError(
+            f"{found[1]}: model.type={model_type!r} ({owner}) has no `hpctrain {verb}`; it is offered for "
+            f"models of: {able}"
+        )
+    parser = _parser(verb, description, spec.name)
+    args = parser.parse_args(argv)
+    return int(registry.extra(spec.name, verb)(args, found))
+
+
+def _model_type(state: dict[str, Any]) -> str | None:
+    config = state.get("config")
+    model = config.get("model") if isinstance(config, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    return str(kind) if kind is not None else None
+
+
+def _parser(verb: str, description: str, workload: str) -> argparse.ArgumentParser:
+    from hpctrain.workloads import registry
+
+    parser = ArgParser(prog=f"hpctrain {verb}", description=description)
+    parser.add_argument("model", help=MODEL_HELP)
+    registry.extra(workload, f"{verb}_args")(parser)
+    return parser
+
+
+def _overview(verb: str, description: str) -> str:
+    """`hpctrain VERB --help` without a model: the options of every workload that offers the verb."""
+    from hpctrain.workloads import registry
+
+    lines = [f"usage: hpctrain {verb} MODEL [options]", "", description, "", f"MODEL: {MODEL_HELP}."]
+    lines.append("The options depend on the workload of the model's model.type:")
+    for name in registry.offering(verb):
+        parser = argparse.ArgumentParser(prog=f"hpctrain {verb}", add_help=False)
+        registry.extra(name, f"{verb}_args")(parser)
+        lines += ["", f"workload {name}:", parser.format_help().rstrip()]
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""One evaluation pass over the validation set, on every rank together, and whether it improved the run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
+from hpctrain.runtime import dist
+from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget
+from hpctrain.train.task import Task, UpdateContext
+from hpctrain.train.train_state import TrainState
+
+# Under DDP, ranks agree whether to abandon an evaluation every this many batches (see Evaluator._sums).
+EVAL_AGREE_EVERY = 4
+
+
+@dataclass
+class EvalResult:
+    improved: bool = False
+    stop_early: bool = False
+    abandoned: str | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
+
+
+class Evaluator:
+    """Sums the task's evaluation figures over this rank's validation batches and all ranks; a stop (a signal,
+    the deadline) cuts the pass short on every rank alike."""
+
+    def __init__(
+        self,
+        task: Task[ConfigBase],
+        ctx: UpdateContext,
+        budget: TimeBudget,
+        max_batches: int,
+        seed: int,
+    ) -> None:
+        self.task = task
+        self.ctx = ctx
+        self.budget = budget
+        self.max_batches = max_batches  # train.eval_batches (0: all)
+        self.seed = seed
+
+    @torch.no_grad()
+    def sums(self, raw_modules: dict[str, nn.Module]) -> tuple[dict[str, float] | None, str | None]:
+        """Sums over the validation set and all ranks; (None, reason) when a stop cut the pass short."""
+        for module in raw_modules.values():
+            module.eval()
+        try:
+            sums, stop = self._local_sums()
+        finally:
+            for module in raw_modules.values():
+                module.train()
+        if stop:
+            return None, REASONS[stop]
+        # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
+        keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
+        reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
+        return {k: float(v) for k, v in reduced.items()}, None
+
+    def _local_sums(self) -> tuple[dict[str, torch.Tensor], int]:
+        """This rank's sums over its validation batches, or a stop code when a stop came first: asked before
+        each batch, so a long evaluation cannot run past the walltime.
+
+        Under DDP the ranks agree every EVAL_AGREE_EVERY batches (one small max-reduction) whether any rank must
+        stop and whether any still has batches. Every rank makes the same calls, also one that ran out of
+        batches or stopped early, so nobody is left waiting in a collective and all abandon together."""
+        sums: dict[str, torch.Tensor] = {}
+        batches: Iterator[Any] = iter(self.task.build_data("val", self.seed) or ())
+        per_round = EVAL_AGREE_EVERY if dist.active() else 1
+        done, more = 0, True
+        while True:
+            stop = 0
+            for _ in range(per_round):
+                reason = self.budget.urgent_stop_reason()
+                if reason or not more:
+                    stop = CODES[reason] if reason else 0
+                    break
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    more = False
+                    break
+                except StopRequested as requested:  # a staged validation set waiting for a file
+                    stop = CODES[requested.reason]
+                    break
+                out = self.task.eval_step(self.task.to_device(batch, self.ctx.device), self.ctx)
+                for key, value in out.items():
+                    sums[key] = (
+                        sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
+                    )
+                done += 1
+                more = not (self.max_batches and done >= self.max_batches)
+            agreed = dist.agree_max([float(stop), float(more)])
+            if agreed[0]:
+                return sums, int(agreed[0])
+            if not agreed[1]:
+                return sums, 0
+
+
+def judge(
+    metrics: dict[str, float],
+    state: TrainState,
+    checkpoint: CheckpointConfig,
+    early_stopping: EarlyStoppingConfig,
+) -> EvalResult:
+    """Whether `metrics` improve on `state.best` (checkpoint.best_metric, best_mode) beyond
+    early_stopping.min_delta, and whether patience ran out; updates `state`."""
+    key = checkpoint.best_metric
+    if key not in metrics:
+        return EvalResult()
+    value = metrics[key]
+    sign = 1.0 if checkpoint.best_mode == "min" else -1.0
+    improved = state.best is None or sign * (value - state.best) < -early_stopping.min_delta
+    if improved:
+        state.best = value
+        state.evals_without_improvement = 0
+    else:
+        state.evals_without_improvement += 1
+    patience = early_stopping.patience
+    return EvalResult(improved, bool(patience) and state.evals_without_improvement >= patience)

@@ -1,0 +1,102 @@
+"""`hpctrain data generate --kind fields` and `hpctrain data inspect --kind fields`: the command-line side of
+the field generators (generate.py) and the shard reader (dataset.py), which import neither this nor each other's
+command line."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.workloads.fields.dataset import ShardFields
+from hpctrain.workloads.fields.generate import KINDS, write_split
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO,HI") from None
+    if not 0 < lo < hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < LO < HI")
+    return lo, hi
+
+
+def generate_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `hpctrain data generate --kind fields`."""
+    g = parser.add_argument_group("fields")
+    g.add_argument("--out", required=True, help="output folder (gets train/, val/, test/ with meta.json)")
+    g.add_argument("--kind-of-field", choices=KINDS, default="gaussian", help="generator (default gaussian)")
+    g.add_argument("--n", type=int, default=4096, help="training maps (default 4096)")
+    g.add_argument("--n-val", type=int, default=512, help="validation maps (default 512)")
+    g.add_argument("--n-test", type=int, default=512, help="test maps (default 512)")
+    g.add_argument("--size", type=int, default=64, help="map side in pixels, even (default 64)")
+    g.add_argument("--box-size", type=float, default=1000.0, help="map side in Mpc/h (default 1000)")
+    g.add_argument("--seed", type=int, default=2024, help="data seed (default 2024, as data.data_seed)")
+    g.add_argument("--omega-m", type=_pair, default=(0.1, 0.5), help="prior box LO,HI (default 0.1,0.5)")
+    g.add_argument("--sigma-8", type=_pair, default=(0.6, 1.0), help="prior box LO,HI (default 0.6,1.0)")
+    g.add_argument("--format", choices=("hdf5", "npy"), default="hdf5", help="shard format (default hdf5)")
+    g.add_argument("--shard-size", type=int, default=1024, help="maps per shard (default 1024)")
+
+
+def generate(args: argparse.Namespace) -> int:
+    """Write the shards of every split; prints one line per split."""
+    for name in ("n", "n_val", "n_test", "shard_size", "size", "seed"):
+        if getattr(args, name) < (1 if name in ("n", "shard_size", "size") else 0):
+            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    if args.size % 2 or args.size < 8:
+        raise UserError(f"--size={args.size} must be even and at least 8")
+    if args.box_size <= 0:
+        raise UserError(f"--box-size={args.box_size} must be positive")
+    out = Path(args.out)
+    prior = (tuple(args.omega_m), tuple(args.sigma_8))
+    for split, n in (("train", args.n), ("val", args.n_val), ("test", args.n_test)):
+        if n == 0:
+            continue
+        start = time.perf_counter()
+        meta = write_split(
+            out,
+            split,
+            n,
+            kind=args.kind_of_field,
+            seed=args.seed,
+            size=args.size,
+            box_size=args.box_size,
+            prior=prior,
+            fmt=args.format,
+            shard_size=args.shard_size,
+        )
+        seconds = time.perf_counter() - start
+        print(
+            f"{split}: {n} {args.kind_of_field} maps {args.size}x{args.size} in {len(meta['shards'])} "
+            f"{args.format} shards -> {out / split} ({n / seconds:.0f} maps/s)",
+            flush=True,
+        )
+    return 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """`hpctrain data inspect --kind fields PATH`: what a split folder (or a folder of splits) holds."""
+    root = Path(args.path)
+    folders = [root] if (root / "meta.json").is_file() else sorted(p.parent for p in root.glob("*/meta.json"))
+    if not folders:
+        raise UserError(f"{root} holds no meta.json (write one with `hpctrain data generate --kind fields`)")
+    for folder in folders:
+        data = ShardFields(folder)
+        m = data.meta
+        print(
+            f"{folder}: {len(data)} {m['kind']} maps {m['size']}x{m['size']}, box {m['box_size']} Mpc/h, "
+            f"split {m['split']}, seed {m['seed']}, {len(data.shards)} {m['format']} shards, "
+            f"prior {m['prior']}"
+        )
+        count = min(args.events, len(data))
+        if count:
+            maps, params = data.__getitems__(list(range(count)))
+            for i in range(count):
+                x = maps[i].numpy()
+                print(
+                    f"  map {i}: omega_m {params[i, 0]:.4f} sigma_8 {params[i, 1]:.4f} | "
+                    f"mean {x.mean():+.3f} std {x.std():.3f} min {x.min():+.3f} max {x.max():+.3f}"
+                )
+    return 0

@@ -1,0 +1,48 @@
+"""`hpctrain evaluate` for the fields models: predicted vs true (Omega_m, sigma_8) on held-out maps, written to
+<run folder>/evaluate.json, which `hpctrain report` draws (scatter per parameter with R^2 and residual spread)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.train.checkpoint import find_checkpoint
+
+Found = tuple[dict, Path, Path | None]
+
+
+def evaluate_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("fields models")
+    g.add_argument("--split", choices=("test", "val"), default="test", help="maps to predict (default test)")
+    g.add_argument(
+        "--max-maps", type=int, default=0, help="at most this many maps (default: all of the split)"
+    )
+    g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
+
+
+def evaluate(args: argparse.Namespace, found: Found) -> int:
+    if args.max_maps < 0:
+        raise UserError(f"--max-maps must be 0 (all) or positive, not {args.max_maps}")
+    from hpctrain.workloads.fields.evaluate import evaluate_run, write_outputs
+
+    result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split)
+    run_dir = find_checkpoint(args.model)[2] if not args.out else None
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+    elif run_dir is not None:
+        out = write_outputs(run_dir, result)
+    else:
+        raise UserError(f"{args.model}: not inside a run folder; pass --out FILE for the JSON")
+    info, m = result["info"], result["metrics"]
+    print(f"evaluated {info['checkpoint']} (update {info['step']}) on {info['maps']} {info['split']} maps")
+    for name in result["predictions"]:
+        print(
+            f"  {name:<8} R2 {m[f'r2_{name}']:.4f}  RMSE {m[f'rmse_{name}']:.4g}  bias {m[f'bias_{name}']:+.3g}"
+        )
+    print(f"wrote {out}")
+    return 0
