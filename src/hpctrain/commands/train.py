@@ -15,9 +15,9 @@ from hpctrain.workloads.registry import make_task
 __all__ = ["main", "run"]
 
 
-def run(cfg: ConfigBase, env: ClusterEnv) -> int:
+def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
-    return entry.run(cfg, env, make_task)
+    return entry.run(cfg, env, make_task, verbose=verbose)
 
 
 def main(argv: list[str]) -> int:
@@ -25,6 +25,9 @@ def main(argv: list[str]) -> int:
         prog="hpctrain train", description="Train a model (default: the debug regression job)."
     )
     add_config_arguments(parser)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="print the whole resolved config on a terminal too"
+    )
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    return run(cfg, ClusterEnv.from_environ())
+    return run(cfg, ClusterEnv.from_environ(), verbose=args.verbose)

@@ -488,6 +488,19 @@ def config_hash(cfg: BaseModel) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def differences(cfg: BaseModel) -> dict[str, Any]:
+    """The dotted keys whose value differs from the default of the same model/data type (secrets masked):
+    what a terminal shows at start instead of the whole config."""
+    values = {k.lstrip("."): v for k, v in _leaves("", dump_config(cfg))}
+    kinds = {s: {"type": getattr(getattr(cfg, s, None), "type", None)} for s in ("model", "data")}
+    try:
+        default = type(cfg).model_validate({k: v for k, v in kinds.items() if v["type"] is not None})
+    except ValueError:  # a config type without defaults for everything: no short form
+        return values
+    base = {k.lstrip("."): v for k, v in _leaves("", dump_config(default))}
+    return {k: v for k, v in values.items() if base.get(k, object()) != v}
+
+
 def to_yaml(cfg: BaseModel) -> str:
     return str(yaml.safe_dump(dump_config(cfg), sort_keys=False))
 

@@ -49,8 +49,10 @@ class Console:
         mode: str = "auto",
         stream: TextIO | None = None,
         time_left: Callable[[], float | None] | None = None,
+        log_file: TextIO | None = None,
     ) -> None:
         self.stream = stream or sys.stdout
+        self.log_file = log_file  # plain lines also go here (training.log), bar or not
         self.total = total
         self.start = start
         self._time_left = time_left or (lambda: None)
@@ -73,9 +75,11 @@ class Console:
 
     def update(self, step: int, scalars: dict[str, float]) -> None:
         self._rate = scalars.get("updates_per_s", self._rate)
+        shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
+        line = f"step {step}/{self.total} | " + " | ".join(shown)
+        self._to_log(line)
         if self._bar is None:
-            shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
-            print(f"step {step}/{self.total} | " + " | ".join(shown), file=self.stream, flush=True)
+            print(line, file=self.stream, flush=True)
             return
         self._postfix = " | ".join(
             _fmt(k.replace("_per_s", "/s"), scalars[k]) for k in ON_BAR if k in scalars
@@ -112,7 +116,13 @@ class Console:
             parts.append(f"budget {_clock(budget)}")
         return parts
 
+    def _to_log(self, line: str) -> None:
+        if self.log_file is not None and not self.log_file.closed:
+            self.log_file.write(line + "\n")
+            self.log_file.flush()
+
     def message(self, text: str) -> None:
+        self._to_log(text)
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
         else:
@@ -133,6 +143,7 @@ class NullConsole(Console):
         self.stream = sys.stdout
         self.total = 0
         self._bar = None
+        self.log_file = None
 
     def update(self, step: int, scalars: dict[str, float]) -> None:
         pass

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from hpctrain.config.loading import to_yaml
 from hpctrain.config.schema import ConfigBase
@@ -45,20 +45,22 @@ def _logging(env: ClusterEnv) -> None:
     )
 
 
-def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory) -> int:
-    """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable)."""
+def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, verbose: bool = False) -> int:
+    """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
+    `verbose`: print the whole config on a terminal too (a log file always gets it)."""
     from hpctrain.runtime.budget import StopSignals
 
     signals = StopSignals().install()
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
     error: BaseException | None = None
+    _logging(env)  # first: a handler added before it would stop basicConfig from adding stderr's
+    out = RunOutput(env)
     try:
-        _logging(env)
         problems = check_config(cfg, writable=env.is_main)
         if problems:
             raise UserError("; ".join(problems))
-        return _train(cfg, env, make_task, signals, built)
+        return _train(cfg, env, make_task, signals, built, out, verbose)
     except BaseException as exc:
         error = exc
         raise
@@ -68,27 +70,38 @@ def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory) -> int:
                 ("the trainer", built[0].close if built else None),
                 ("the stop signal handlers", signals.close),
                 ("the process group", lambda: _teardown(clean=error is None)),
+                ("training.log", out.close),
             ],
             error,
         )
 
 
 def _train(
-    cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, signals: StopSignals, built: list[Trainer]
+    cfg: ConfigBase,
+    env: ClusterEnv,
+    make_task: TaskFactory,
+    signals: StopSignals,
+    built: list[Trainer],
+    out: RunOutput,
+    verbose: bool,
 ) -> int:
     from hpctrain.runtime.budget import TimeBudget
     from hpctrain.train.trainer import Trainer
 
-    say = _say(env)
+    say = out.say
     run_dir = cfg.run.dir
-    say(to_yaml(cfg), end="")
+    if verbose or not sys.stdout.isatty():
+        say(to_yaml(cfg), end="")  # a job's log keeps the whole config
+    else:
+        say(_config_summary(cfg, run_dir))
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
         task = make_task(cfg, env)
         built.append(Trainer(cfg, task, env, run_dir, budget))
         trainer = built[0]
         trainer.build()
-    _describe(cfg, env, trainer, budget, run_dir)
+    out.open(run_dir)  # the run folder is ours now (locked): every hop's lines go to its training.log too
+    _describe(cfg, env, trainer, budget, run_dir, say)
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
     if env.is_main:
@@ -97,7 +110,7 @@ def _train(
         # Only now: the run really starts with this config (a failed resume above left config.yaml alone).
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
     say(resumed)
-    trainer.start_tracking()
+    trainer.start_tracking(out.file)
     result = trainer.fit()
     if result.status == "already_finished":
         say(
@@ -107,6 +120,7 @@ def _train(
     elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
         if env.is_main:
             print(f"error: {result.message}", file=sys.stderr, flush=True)
+            out.note(f"error: {result.message}")
     elif result.status == "stopped":
         say(
             f"stopped ({result.reason}) at update {result.step}/{trainer.state.total_updates}; run the same "
@@ -119,16 +133,91 @@ def _train(
     return result.exit_code
 
 
-def _say(env: ClusterEnv) -> Callable[..., None]:
-    def say(text: str, end: str = "\n") -> None:
+class RunOutput:
+    """Rank 0's console lines, also appended to `<run folder>/training.log` (every hop, each under a header
+    line, with the warnings of the `logging` module) once the run folder is locked: users `tail -f` it on a
+    cluster whatever the scheduler does with stdout. What is said before the lock is written when it opens."""
+
+    def __init__(self, env: ClusterEnv) -> None:
+        self.env = env
+        self.file: TextIO | None = None
+        self._pending: list[str] = []
+        self._handler = _LogLines(self._write)
         if env.is_main:
+            logging.getLogger().addHandler(self._handler)
+
+    def _write(self, text: str) -> None:
+        if self.file is not None:
+            self.file.write(text)
+            self.file.flush()
+        else:
+            self._pending.append(text)
+
+    def say(self, text: str, end: str = "\n") -> None:
+        if self.env.is_main:
             print(text, end=end, flush=True)
+            self._write(text + end)
 
-    return say
+    def note(self, text: str) -> None:
+        """A line for training.log only (already shown elsewhere, e.g. on stderr)."""
+        self._write(text + "\n")
+
+    def open(self, run_dir: Path) -> None:
+        if not self.env.is_main:
+            return
+        import datetime
+        import socket
+
+        self.file = open(run_dir / "training.log", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        when = datetime.datetime.now().isoformat(timespec="seconds")
+        self.file.write(f"==== {when} on {socket.gethostname()} ({self.env.job_id or 'no job'}) ====\n")
+        self._write("".join(self._pending))
+        self._pending.clear()
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self._handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
-def _describe(cfg: ConfigBase, env: ClusterEnv, trainer: Trainer, budget: TimeBudget, run_dir: Path) -> None:
-    say = _say(env)
+class _LogLines(logging.Handler):
+    """Warnings and errors of the `logging` module, as lines for training.log."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._write(self.format(record) + "\n")
+        except Exception:  # never let the log file break the run (a full disk is handled where it matters)
+            self.handleError(record)
+
+
+def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
+    """A terminal's view of the config: where the whole of it is written, and the keys set away from their
+    defaults (`--verbose` prints it all; so does a job's log, which is not a terminal)."""
+    from hpctrain.config.loading import differences
+
+    changed = differences(cfg)
+    shown = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:12])
+    more = f", ... ({len(changed) - 12} more)" if len(changed) > 12 else ""
+    return (
+        f"config: {run_dir / 'config.yaml'} (the whole of it; --verbose prints it); "
+        f"{len(changed)} keys differ from the defaults: {shown or 'none'}{more}"
+    )
+
+
+def _describe(
+    cfg: ConfigBase,
+    env: ClusterEnv,
+    trainer: Trainer,
+    budget: TimeBudget,
+    run_dir: Path,
+    say: Callable[..., None],
+) -> None:
     say(f"{env.describe()}; device {trainer.device}; run folder {run_dir}")
     say(
         f"batch {cfg.data.batch_size} per process x {env.world_size} processes x "

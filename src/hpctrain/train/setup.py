@@ -110,6 +110,11 @@ class Setup:
         state_bytes = sum(p.numel() * p.element_size() for m in raw.values() for p in m.parameters())
         return 0.5 + 3 * state_bytes / 200e6
 
+    def updates_per_epoch(self, stream: BatchStream) -> int | None:
+        """Updates in one pass over the data (None for a data set of unknown size)."""
+        per_epoch = stream.samples_per_epoch
+        return max(1, math.ceil(per_epoch / self.global_batch)) if per_epoch else None
+
     def total_updates(self, stream: BatchStream) -> int:
         """train.total_updates, or train.epochs converted with the data set's size."""
         epochs = self.cfg.train.epochs

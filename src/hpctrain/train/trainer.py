@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -19,6 +19,7 @@ from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everyt
 from hpctrain.track.base import Trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
+from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
@@ -34,6 +35,7 @@ from hpctrain.train.outcome import (
     summary_record,
     update_scalars,
 )
+from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
 from hpctrain.train.state import StateKeeper, params_sha256
@@ -73,6 +75,8 @@ class Trainer:
         self.console: Console = NullConsole()
         self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.timers = Timers()
+        self.monitor: Monitor | NoMonitor = NoMonitor()
+        self.profiler: WindowProfiler | NoProfiler = NoProfiler()
         self.state = TrainState()
         self.last_log_step = 0
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
@@ -102,7 +106,17 @@ class Trainer:
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.state.total_updates = self.setup.total_updates(self.train_stream)
-        self.schedule = LRSchedule(self.cfg.schedule, self.state.total_updates)
+        self.schedule = LRSchedule(
+            self.cfg.schedule, self.state.total_updates, self.setup.updates_per_epoch(self.train_stream)
+        )
+        self.profiler = build_profiler(
+            self.cfg.train.profile,
+            self.run_dir,
+            self.cfg.run.name or "run",
+            self.env.rank,
+            self.device.type == "cuda",
+        )
+        self._closers.append(self.profiler.close)
         self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
@@ -139,7 +153,9 @@ class Trainer:
             self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
         return said
 
-    def start_tracking(self) -> None:
+    def start_tracking(self, log_file: TextIO | None = None) -> None:
+        """Rank 0: trackers, the console (its plain lines also into `log_file`, the run's training.log) and the
+        hardware monitor."""
         if not self.env.is_main:
             return
         from hpctrain.track.build import build_trackers
@@ -153,7 +169,15 @@ class Trainer:
             state=self.state.tracker_state,
             hop={**hop, **self.keeper.hop_identity()},
         )
-        self.console = Console(self.state.total_updates, self.state.step, self.cfg.logging.progress)
+        self.console = Console(
+            self.state.total_updates,
+            self.state.step,
+            self.cfg.logging.progress,
+            time_left=self.budget.remaining,
+            log_file=log_file,
+        )
+        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds)
+        self._closers.append(self.monitor.close)
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
@@ -231,6 +255,7 @@ class Trainer:
                 self.guard.note_update(self.ctx.skipped_steps, self.state.step)
             self.timers.add("step", time.perf_counter() - compute_start)
             self.budget.step.observe(time.perf_counter() - step_start)
+            self.profiler.step(self.state.step)
             if (
                 self.state.step % self.cfg.logging.log_every == 0
                 or self.state.step == self.state.total_updates
@@ -369,6 +394,7 @@ class Trainer:
         scalars = update_scalars(out, float(mean_loss), self.ctx.grad_norms, lr)
         scalars.update(rates(out, updates, elapsed, self.env.world_size))
         scalars.update(shares)
+        scalars.update(self.monitor.latest())
         if self.guard.skip:
             scalars["nonfinite_skips"] = self.guard.skipped
         if self.device.type == "cuda":
@@ -428,6 +454,7 @@ class Trainer:
         )
 
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
+        self.console.close()  # the bar ends before the run's last line
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
             last = self.state.step

@@ -1,0 +1,100 @@
+"""What a run shows and keeps: on a terminal a short config line and one bar (few redraws, our rate, closed
+before the last line); in a log file the whole config and plain lines; every hop's lines in training.log;
+profiling and hardware figures when asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import clean_env, hpctrain, read_jsonl
+
+
+def on_terminal(*args: str, cwd: Path, timeout: float = 180) -> tuple[int, str, float]:
+    """Run `hpctrain ARGS` with stdout and stderr on a pseudo-terminal, as a user at a shell would."""
+    master, slave = pty.openpty()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=clean_env(), stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+        assert time.monotonic() - started < timeout
+    proc.wait(timeout=30)
+    os.close(master)
+    return proc.returncode, b"".join(chunks).decode(errors="replace"), time.monotonic() - started
+
+
+def test_terminal_gets_a_short_config_and_one_calm_bar(tmp_path: Path) -> None:
+    code, text, seconds = on_terminal("train", "train.total_updates=300", "model.hidden=[8]", cwd=tmp_path)
+    assert code == 0, text[-3000:]
+    assert "config: logs/debug/config.yaml" in text and "keys differ from the defaults" in text
+    assert "model.hidden=[8]" in text and "\nrun:\n" not in text.replace("\r", "")  # not the 130-line dump
+    redraws = text.count("\r") - text.count("\r\n")
+    assert redraws <= 12 + 4 * seconds, (redraws, seconds)  # was one per update (305 for 300)
+    assert "upd/s" not in text and "it/s" not in text  # one rate: ours
+    assert "\r\nfinished at update 300/300" in text  # the bar's line ended before the last line
+    verbose = on_terminal("train", "--verbose", "run.name=v", "train.total_updates=5", cwd=tmp_path)[1]
+    assert "run:\r\n  name: v\r\n" in verbose
+
+
+def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
+    # No validation data with eval_every set: a warning, which goes to the log too.
+    args = ("logging.log_every=10", "data.n_val=0", "train.eval_every=10")
+    first = hpctrain("train", "train.total_updates=20", *args, cwd=tmp_path)
+    assert first.code == 0, first.err
+    second = hpctrain("train", "train.total_updates=40", *args, cwd=tmp_path)
+    assert second.code == 0, second.err
+    log = (tmp_path / "logs" / "debug" / "training.log").read_text()
+    assert log.count("==== ") == 2  # one header per hop
+    assert "run:\n  name: debug" in log  # a log is not a terminal: the whole config
+    for line in ("step 10/20 |", "step 20/20 |", "step 30/40 |", "step 40/40 |", "finished at update 40/40."):
+        assert line in log, line
+    assert log.index("step 20/20") < log.index("==== ", 1) < log.index("step 30/40")
+    assert log.count("WARNING hpctrain.train.trainer: train.eval_every=10 is ignored") == 2
+
+
+def test_profile_window_and_hardware_figures_through_the_cli(tmp_path: Path) -> None:
+    done = hpctrain(
+        "train",
+        "train.total_updates=30",
+        "logging.log_every=10",
+        "train.profile.start=5",
+        "train.profile.warmup=1",
+        "train.profile.active=2",
+        "logging.gpu_every_seconds=0.2",
+        cwd=tmp_path,
+    )
+    assert done.code == 0, done.err
+    assert "GPU monitoring is off" in done.err  # no NVML here: said once
+    assert done.err.count("GPU monitoring is off") == 1
+    profile = tmp_path / "logs" / "debug" / "profile"
+    traces = list(profile.glob("debug_rank0.*.pt.trace.json"))
+    assert len(traces) == 1
+    steps = {
+        e["name"]
+        for e in json.loads(traces[0].read_text())["traceEvents"]
+        if "ProfilerStep#" in e.get("name", "")
+    }
+    assert len(steps) == 2
+    assert "aten::" in (profile / "top_ops_rank0.txt").read_text()
+    logged = [r for r in read_jsonl(tmp_path / "logs" / "debug" / "metrics.jsonl") if "loss" in r]
+    assert logged and all(0.01 < r["rss_gb"] < 20 and r["workers"] == 0 for r in logged)
