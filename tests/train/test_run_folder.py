@@ -300,7 +300,11 @@ def test_resume_never_moves_the_previous_run_aside_and_keeps_to_its_own_checkpoi
     (folder / "step_00000020.pt").write_bytes(b"garbage")
     again = hpctrain("train", *SMALL, *new, cwd=tmp_path)
     assert again.code == 0, again.err
-    assert "resumed from out/debug/checkpoints/step_00000015.pt at update 15" in again.out
+    # ...and says which hop this is: the old run's hops were moved aside with it.
+    said = (
+        "resumed from out/debug/checkpoints/step_00000015.pt at update 15; hop 2 of this run (the last one: "
+    )
+    assert said + "no job, ended finished)" in again.out
 
 
 def test_pruning_goes_by_recency_not_by_step_number(tmp_path: Path):

@@ -216,7 +216,7 @@ class StateKeeper:
                 ) from None
         if kind == "resume":
             self._restore_full(state, path, f"checkpoint {path}", _FRESH_HINT)
-            return f"resumed from {path} at update {t.state.step}"
+            return f"resumed from {path} at update {t.state.step}{self._previous_hop()}"
         given = f"checkpoint.resume={note}"
         if kind == "restart":
             self._restore_full(state, path, given, _OTHER_HINT)
@@ -261,6 +261,16 @@ class StateKeeper:
             return ("fresh", None, ""), None
         path, state = _given_checkpoint(mode)
         return ("restart" if t.cfg.checkpoint.restart else "finetune", str(path), mode), state
+
+    def _previous_hop(self) -> str:
+        """`; hop N of this run (the last one: job J, ended <reason>)`, from chain.json (empty if unknown)."""
+        hops = [h for h in read_json(self.t.run_dir / "chain.json", []) if isinstance(h, dict)]
+        if not hops:
+            return ""
+        last = hops[-1]
+        job = f"job {last['job_id']}" if last.get("job_id") else "no job"
+        ended = last.get("exit_reason") or "without closing its record (killed)"
+        return f"; hop {len(hops) + 1} of this run (the last one: {job}, ended {ended})"
 
     def _requeued_same_job(self) -> bool:
         """Whether the run in the folder was started by this very SLURM job before it was requeued."""

@@ -154,7 +154,7 @@ def test_bad_events(tmp_path: Path) -> None:
     assert np.isfinite(batch.normalize().primaries.numpy()).all()
 
 
-def test_outliers_and_empty_events(tmp_path: Path) -> None:
+def test_outliers_and_empty_events(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     files = write_set(tmp_path / "d", files=1, events=300)
     _, events = layouts.read_all(files[0])
     cap = int(np.quantile(events.counts, 0.95))
@@ -177,6 +177,10 @@ def test_outliers_and_empty_events(tmp_path: Path) -> None:
         assert sum(len(b) for b in batches) == int(((events.counts <= cap) & (events.counts > 0)).sum())
         names.append(sorted(p.name for p in out.iterdir()))
     assert set(names[0]) < set(names[1])
+    # The warning says which split, which limit, and what to do.
+    said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
+    assert said and said[0].startswith(f"muon data, train split: {big} events with more than ")
+    assert f"data.max_muons_per_event={cap} muons removed (raise the limit" in said[0]
     table = pq.read_table(out).to_pydict()
     assert len(table["source_row"]) == 2 * big
     rows = table["source_row"][:big]

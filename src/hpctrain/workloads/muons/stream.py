@@ -136,6 +136,7 @@ class EventStream:
         self._start_epoch, self._start_position = 0, 0
         self.stats: dict[str, int] = {}
         self._warned: dict[str, int] = {}
+        self.split, self._rules = split, data
         self._prefetcher: Prefetcher[tuple[MuonBatch, int, int]] | None = None
         options = LoaderOptions.from_config(data, persistent=train)
         self._loader = make_loader(
@@ -241,9 +242,22 @@ class EventStream:
             # say so in the log, at most at every doubling
             if value and self.stats[key] >= 2 * self._warned.get(key, 0):
                 self._warned[key] = self.stats[key]
-                log.warning("muon data: %s so far: %d events skipped/removed", key, self.stats[key])
+                log.warning("muon data, %s split: %d %s so far", self.split, self.stats[key], self._why(key))
         if self._staged is not None:
             self._staged.done(result.epoch, result.chunk)
+
+    def _why(self, key: str) -> str:
+        """What an event count means, the limit that made it, and what to do about it."""
+        data = self._rules
+        return {
+            "outliers": f"events with more than data.max_muons_per_event={data.max_muons_per_event} muons "
+            "removed (raise the limit to keep them; data.outliers_dir=DIR writes them out for a look)",
+            "bad_events": "events with a zero, negative or non-finite value skipped (data.on_bad_event=skip; "
+            "set it to fail to stop at the first one)",
+            "empty_dropped": "events without muons dropped (data.drop_empty_events=true)",
+            "bad_file_events": "events of unreadable files skipped (data.on_bad_file=skip; see the files "
+            "named above)",
+        }.get(key, f"events counted as {key}")
 
     # ---- the endless stream (BatchStream) ------------------------------------------------------------------
 
