@@ -6,6 +6,7 @@ Nothing can escape: WANDB_MODE=offline, every WANDB_*_DIR in tmp, WANDB_BASE_URL
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -99,6 +100,7 @@ def test_two_hops_append_to_one_run(two_hops: tuple[Path, Path, list[str]]) -> N
 def test_tensorboard_steps_continue_across_hops(two_hops: tuple[Path, Path, list[str]]) -> None:
     tmp, _, _ = two_hops
     (folder,) = (tmp / "tb").iterdir()  # one run folder for both hops
+    assert re.fullmatch(r"wb-\d{8}-\d{6}", folder.name)  # named after run.name and the first hop's time
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == [20, 40, 60, 80]

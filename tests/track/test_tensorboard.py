@@ -18,8 +18,8 @@ def _read(folder: Path) -> EventAccumulator:
 
 
 def test_two_hops_continue_steps_and_hide_a_killed_hops_tail(tmp_path: Path) -> None:
-    first = TensorBoardTracker(tmp_path / "tb", None, resume_step=None)
-    assert re.fullmatch(r"\d{8}-\d{6}", first.run_name)
+    first = TensorBoardTracker(tmp_path / "tb", None, resume_step=None, run="muons")
+    assert re.fullmatch(r"muons-\d{8}-\d{6}", first.run_name)  # which run, and when its first hop began
     for step in range(10, 70, 10):  # hop 1 logs to 60, but its last checkpoint was at 40
         first.log_scalars(step, {"loss": float(step), "data_share": 0.1})
     first.flush()

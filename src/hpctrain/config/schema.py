@@ -389,7 +389,9 @@ class BudgetConfig(Section):
 
 class TensorBoardConfig(Section):
     dir: str | None = Field(None, description="Enables TensorBoard: event files under <dir>/<run_name>.")
-    run_name: str | None = Field(None, description="Subfolder name (default: a timestamp, kept across hops).")
+    run_name: str | None = Field(
+        None, description="Subfolder name (default: <run.name>-<first hop's time>, kept across hops)."
+    )
     hist_every: int = Field(0, ge=0, description="Histograms every N updates (0 = off).")
     mirror_to: str | None = Field(None, description="Copy event files here after each checkpoint commit.")
 

@@ -46,12 +46,15 @@ class TensorBoardTracker:
         state: dict[str, Any] | None = None,
         mirror_to: str | None = None,
         max_hist_values: int = MAX_HIST_VALUES,
+        run: str | None = None,
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         state = state or {}
-        # Config wins; else the name chosen by the first hop; else a new timestamp.
-        self.run_name = run_name or state.get("run_name") or timestamp_name()
+        # Config wins; else the name chosen by the first hop; else the run's name and the first hop's time
+        # (`debug-20260105-105330`: TensorBoard's run list says which run it is, `tb merge --since` the time).
+        stamp = timestamp_name()
+        self.run_name = run_name or state.get("run_name") or (f"{run}-{stamp}" if run else stamp)
         self.log_dir = Path(root) / self.run_name
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.mirror_to = mirror_to
