@@ -38,6 +38,7 @@ def test_generate_then_inspect(tmp_path: Path, layout: str, capsys: pytest.Captu
     text = capsys.readouterr().out
     assert f"layout {layout}" in text and "events 50," in text and "multiplicity:" in text
     assert "[1, 0] |" in text and "[1, 2] |" not in text
+    assert "| muons [E_GeV, x_m, y_m]" in text  # every column labelled with its unit
 
 
 def test_generate_is_deterministic(tmp_path: Path) -> None:

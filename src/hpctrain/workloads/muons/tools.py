@@ -115,7 +115,8 @@ def _describe(path: str, events: int) -> None:
             first = layouts.concat_events(shown)
             off = first.offsets
             print(
-                "  first events: ids [major, minor] | primary [E_GeV, zenith_rad, mass_GeV, depth_m] | muons"
+                "  first events: ids [major, minor] | primary [E_GeV, zenith_rad, mass_GeV, depth_m] | "
+                "muons [E_GeV, x_m, y_m] (x, y: position in the shower plane)"
             )
             for i in range(min(events, len(first))):
                 mu = first.muons[off[i] : off[i + 1]]
