@@ -47,9 +47,10 @@ def test_log_file_gets_plain_lines_and_messages_do_not_tear_the_bar() -> None:
     console = Console(total=10, start=0, stream=log)
     console.tick(1)
     console.update(5, {"loss": 0.125, "updates_per_s": 2.0, "data_share": 0.25})
-    console.message("eval at step 5 | val_loss 0.1")
+    console.message("eval at update 5 | val_loss 0.1")
     console.close()
     console.close()  # twice is harmless (closed before the final line, then again at exit)
     assert (
-        log.getvalue() == "step 5/10 | loss 0.125 | updates/s 2 | data 25%\neval at step 5 | val_loss 0.1\n"
+        log.getvalue()
+        == "update 5/10 | loss 0.125 | updates/s 2 | data 25%\neval at update 5 | val_loss 0.1\n"
     )

@@ -249,18 +249,18 @@ def test_stop_during_evaluation_abandons_it_and_the_resumed_run_redoes_it(tmp_pa
     run_dir = tmp_path / "cut" / "ev"
     # 1. USR1 during the evaluation at update 20: abandoned at once, saved at 20, exit 75.
     proc = popen_train(*args, cwd=tmp_path)
-    out, waited = signal_at_line(proc, "step 20/")
+    out, waited = signal_at_line(proc, "update 20/")
     proc.communicate(timeout=120)
     assert proc.returncode == EXIT_RESUMABLE
-    assert any("evaluation at step 20 cut short (signal)" in line for line in out)
+    assert any("evaluation at update 20 cut short (signal)" in line for line in out)
     assert waited < one_eval, (waited, one_eval)  # right away, not after a whole evaluation
     assert summary(run_dir)["step"] == 20 and eval_records(run_dir) == {}
     # 2. The resumed run evaluates update 20 first; USR1 during the final evaluation (update 40).
     proc = popen_train(*args, cwd=tmp_path)
-    out, waited = signal_at_line(proc, "step 40/")
+    out, waited = signal_at_line(proc, "update 40/")
     proc.communicate(timeout=120)
     assert proc.returncode == EXIT_RESUMABLE
-    assert any("evaluation at step 40 cut short" in line for line in out)
+    assert any("evaluation at update 40 cut short" in line for line in out)
     assert waited < one_eval, (waited, one_eval)
     assert summary(run_dir)["status"] == "stopped" and summary(run_dir)["step"] == 40
     # 3. The final evaluation still happens; everything equals the uninterrupted run.
@@ -316,7 +316,7 @@ def test_ddp_stop_on_one_rank_during_evaluation_stops_all_together(tmp_path: Pat
     assert result["status"] == "stopped" and result["reason"] == "signal" and result["step"] == 20, err[
         -3000:
     ]
-    assert "evaluation at step 20 cut short" in out and eval_records(run_dir) == {}
+    assert "evaluation at update 20 cut short" in out and eval_records(run_dir) == {}
     again = torchrun_train(*args, cwd=tmp_path)
     out, err = again.communicate(timeout=240)
     assert again.returncode == 0, err[-3000:]

@@ -66,9 +66,15 @@ def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
     log = (tmp_path / "logs" / "debug" / "training.log").read_text()
     assert log.count("==== ") == 2  # one header per hop
     assert "run:\n  name: debug" in log  # a log is not a terminal: the whole config
-    for line in ("step 10/20 |", "step 20/20 |", "step 30/40 |", "step 40/40 |", "finished at update 40/40."):
+    for line in (
+        "update 10/20 |",
+        "update 20/20 |",
+        "update 30/40 |",
+        "update 40/40 |",
+        "finished at update 40/40.",
+    ):
         assert line in log, line
-    assert log.index("step 20/20") < log.index("==== ", 1) < log.index("step 30/40")
+    assert log.index("update 20/20") < log.index("==== ", 1) < log.index("update 30/40")
     assert log.count("WARNING hpctrain.train.trainer: train.eval_every=10 is ignored") == 2
 
 

@@ -206,7 +206,7 @@ def test_outputs_of_the_default_job(tmp_path: Path):
     assert result["status"] == "finished" and result["step"] == 200
     assert len(result["params_sha256"]) == 64 and result["wall_seconds"] > 0
     # Not a terminal: plain progress lines every log_every updates.
-    lines = [line for line in done.out.splitlines() if line.startswith("step ")]
+    lines = [line for line in done.out.splitlines() if line.startswith("update ")]
     assert len(lines) == 10 and "loss" in lines[0] and "updates/s" in lines[0] and "data" in lines[0]
     assert "global batch 32" in done.out
 

@@ -76,7 +76,7 @@ class Console:
     def update(self, step: int, scalars: dict[str, float]) -> None:
         self._rate = scalars.get("updates_per_s", self._rate)
         shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
-        line = f"step {step}/{self.total} | " + " | ".join(shown)
+        line = f"update {step}/{self.total} | " + " | ".join(shown)
         self._to_log(line)
         if self._bar is None:
             print(line, file=self.stream, flush=True)

@@ -370,7 +370,7 @@ class Trainer:
             set_rng_state(rng)
             self.budget.eval_owed = self.state.step  # carried in the checkpoint: the next hop runs it first
             self.console.message(
-                f"evaluation at step {self.state.step} cut short ({stop}): it runs after the resume"
+                f"evaluation at update {self.state.step} cut short ({stop}): it runs after the resume"
             )
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
@@ -379,7 +379,7 @@ class Trainer:
         if self.env.is_main:
             self.trackers.log_scalars(self.state.step, metrics)
             shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            self.console.message(f"eval at step {self.state.step} | {shown}")
+            self.console.message(f"eval at update {self.state.step} | {shown}")
         return judge(metrics, self.state, self.cfg.checkpoint, self.cfg.train.early_stopping)
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
