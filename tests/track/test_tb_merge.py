@@ -27,7 +27,7 @@ def _listing(dst: Path) -> set[str]:
 
 def test_symlink_mode_links_every_run(tmp_path: Path, capsys) -> None:
     _runs(tmp_path / "src")
-    assert main(["tb", "merge", "--dst", str(tmp_path / "all"), "--src-root", str(tmp_path / "src")]) == 0
+    assert main(["tb", "merge", "--out", str(tmp_path / "all"), "--src-root", str(tmp_path / "src")]) == 0
     assert _listing(tmp_path / "all") == {
         "exp_a/20260101-100000",
         "exp_a/20260105-105330",
@@ -38,7 +38,7 @@ def test_symlink_mode_links_every_run(tmp_path: Path, capsys) -> None:
     assert link.is_symlink() and link.resolve() == (tmp_path / "src" / "exp_b" / "20260110-080000").resolve()
     assert "4 runs" in capsys.readouterr().out
     # Merging again replaces the links instead of failing.
-    assert main(["tb", "merge", "--dst", str(tmp_path / "all"), "--src-root", str(tmp_path / "src")]) == 0
+    assert main(["tb", "merge", "--out", str(tmp_path / "all"), "--src-root", str(tmp_path / "src")]) == 0
 
 
 def test_copy_mode_and_filters(tmp_path: Path) -> None:

@@ -10,7 +10,14 @@ def main(argv: list[str]) -> int:
     parser = ArgParser(prog="hpctrain tb", description="TensorBoard helpers.")
     sub = parser.add_subparsers(dest="action", required=True, parser_class=ArgParser)
     merge = sub.add_parser("merge", help="link or copy selected runs into one log folder")
-    merge.add_argument("--dst", required=True, help="the combined folder (point `tensorboard --logdir` here)")
+    # --out as in every other verb that writes (data generate, sample, report); --dst, its old name, still works.
+    merge.add_argument(
+        "--out",
+        "--dst",
+        dest="out",
+        required=True,
+        help="the combined folder (point `tensorboard --logdir` here)",
+    )
     merge.add_argument(
         "--src-root", required=True, help="folder searched for runs (folders with event files)"
     )
@@ -30,10 +37,10 @@ def main(argv: list[str]) -> int:
     from hpctrain.track.tb_merge import merge as do_merge
 
     try:
-        runs = do_merge(args.dst, args.src_root, args.mode, args.since, args.match, args.glob)
+        runs = do_merge(args.out, args.src_root, args.mode, args.since, args.match, args.glob)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     for run in runs:
         print(f"{args.mode}: {run.name}")
-    print(f"{len(runs)} runs in {args.dst}; view with: tensorboard --logdir {args.dst}")
+    print(f"{len(runs)} runs in {args.out}; view with: tensorboard --logdir {args.out}")
     return EXIT_OK
