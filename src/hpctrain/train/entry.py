@@ -55,6 +55,9 @@ def run(cfg: Any, env: ClusterEnv) -> int:
         problems = check_config(cfg, writable=env.is_main)
         if problems:
             raise UserError("; ".join(problems))
+        from hpctrain.train.remote_ckpt import prepare_tokens
+
+        prepare_tokens(cfg)  # data.pelican.auto_token: the login (cached; a batch job without one: exit 2)
         return _train(cfg, env, signals, built)
     except BaseException as exc:
         error = exc

@@ -27,6 +27,7 @@ from hpctrain.train.checkpoint import (
     read_checkpoint,
     strip_prefixes,
 )
+from hpctrain.train.remote_ckpt import RemoteCheckpoints, local_resume_path, pull_working_copy
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class StateKeeper:
         self.changes: dict[str, dict[str, list[Any]]] = {"accepted": {}, "allowed": {}}
         self.history: list[dict[str, Any]] = []
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
+        self.remote = RemoteCheckpoints(trainer.cfg)  # pelican:// checkpoint.dir / mirror_to uploads
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -126,7 +128,10 @@ class StateKeeper:
                     f"{exc.strerror or exc}; the last complete checkpoint ({kept}) is kept: free space (or fix "
                     "the folder's permissions, or set run.out_dir elsewhere) and run the same command again"
                 ) from None
-            if self.t.cfg.checkpoint.mirror_to:
+            self.remote.submit(
+                path.parent
+            )  # in the background, newest wins (nothing without a pelican:// dest)
+            if self.t.cfg.checkpoint.mirror_to and not self.remote.takes(self.t.cfg.checkpoint.mirror_to):
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
         self.last_saved_step = self.t.step
         dist.barrier()
@@ -220,6 +225,7 @@ class StateKeeper:
             )
         # The run folder's own checkpoints come first, also with resume=<path>: a requeued fine-tuning job
         # continues its own run instead of starting again from the given file.
+        pull_working_copy(t)  # a remote checkpoint.dir fills an empty working copy
         loaded = t.store.load_latest()
         if loaded is not None:
             return ("resume", str(loaded[1]), ""), loaded[0]
@@ -232,7 +238,7 @@ class StateKeeper:
             )
         if mode in ("auto", "never"):
             return ("fresh", None, ""), None
-        path, state = _given_checkpoint(mode)
+        path, state = _given_checkpoint(local_resume_path(t, mode))
         return ("restart" if t.cfg.checkpoint.restart else "finetune", str(path), mode), state
 
     def _requeued_same_job(self) -> bool:

@@ -600,6 +600,7 @@ class Trainer:
     def close(self) -> None:
         try:
             self.keeper.close()
+            self.keeper.remote.finish(self.budget)  # the last upload, never past the walltime
             for close in reversed(self._closers):
                 close()
             self.trackers.close()

@@ -1,0 +1,103 @@
+"""Uploads in the background: one at a time, the newest wins, failures retried with backoff and reported.
+
+`Uploader.submit(job)` hands over a job (a callable that brings a remote copy up to date); while one runs,
+newer submissions replace each other in a single slot, so a slow link never queues stale checkpoints. A
+failing job is retried after `backoff` seconds (doubling up to `backoff_cap`) until a newer job arrives or
+`retries` are used up, each failure logged as one warning. `close(timeout)` waits for the work under way at
+most `timeout` seconds (the walltime left): a stop never waits past the deadline for an upload; what is cut
+short there stays a temporary on the remote side, where `latest` still names the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class Uploader:
+    def __init__(self, what: str, retries: int = 5, backoff: float = 2.0, backoff_cap: float = 60.0) -> None:
+        self.what = what
+        self.retries, self.backoff, self.backoff_cap = retries, backoff, backoff_cap
+        self._cond = threading.Condition()
+        self._pending: Callable[[], object] | None = None
+        self._busy = False
+        self._closed = False
+        self.failures = 0  # failed attempts so far (for tests and the summary)
+        self.done = 0  # jobs that succeeded
+        self._thread = threading.Thread(target=self._loop, name=f"upload-{what}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], object]) -> None:
+        with self._cond:
+            self._pending = job  # a job not started yet is replaced: the newest wins
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                job, self._pending, self._busy = self._pending, None, True
+            try:
+                self._run(job)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _run(self, job: Callable[[], object]) -> None:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                job()
+                self.done += 1
+                return
+            except Exception as exc:  # a failed upload loses nothing local: report, retry, go on
+                self.failures += 1
+                last = attempt == self.retries
+                log.warning(
+                    "uploading %s failed (attempt %d/%d): %s%s",
+                    self.what,
+                    attempt + 1,
+                    self.retries + 1,
+                    exc,
+                    "; giving up until the next save" if last else f"; retrying in {delay:.0f} s",
+                )
+                if last:
+                    return
+            with self._cond:
+                # a newer job makes this retry moot; close() cuts the wait short too
+                self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout=delay)
+                if self._pending is not None or self._closed:
+                    if self._closed and self._pending is None:
+                        self._pending = job  # one last attempt before the stop, if time allows
+                    return
+            delay = min(delay * 2, self.backoff_cap)
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._busy and self._pending is None
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish what is pending within `timeout` seconds (None: wait); True when everything was sent."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            while self._busy or self._pending is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    log.warning(
+                        "uploading %s did not finish before the deadline; the remote copy keeps its previous "
+                        "state (its `latest` names a complete checkpoint)",
+                        self.what,
+                    )
+                    return False
+                self._cond.wait(timeout=left)
+        return True

@@ -1,0 +1,131 @@
+"""Checkpoints on a Pelican/OSDF federation: the token before anything starts, uploads after each commit, and
+resuming from the federation (`checkpoint.dir`, `checkpoint.resume: pelican://...`).
+
+The trainer calls four things, each a no-op without a Pelican destination:
+    prepare_tokens(cfg)               at start (entry.run): the OIDC login the run needs (data.pelican.auto_token)
+    RemoteCheckpoints.submit(folder)  after a commit: upload in the background (newest wins, retried)
+    RemoteCheckpoints.finish(budget)  at close: wait for the last upload, never past the walltime
+    pull_working_copy(t)              before resuming: an empty working copy gets the remote latest
+    local_resume_path(t, given)       checkpoint.resume=pelican://...: staged to scratch, then read as a file
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.errors import UserError
+from hpctrain.remote.pelican_write import PelicanWriter, RemoteWriteError, fetch_checkpoint, is_pelican
+
+if TYPE_CHECKING:
+    from hpctrain.remote.upload import Uploader
+    from hpctrain.runtime.budget import TimeBudget
+    from hpctrain.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+_MARGIN = 5.0  # seconds kept after the last upload wait, for the exit itself
+
+
+def prepare_tokens(cfg: Any) -> None:
+    """With data.pelican.auto_token: make sure a cached (or, at a terminal, a new) login covers the run's
+    Pelican inputs and outputs; a batch job without one stops here with the login hint (exit 2)."""
+    pelican = cfg.data.pelican
+    if not pelican.auto_token:
+        return
+    from hpctrain.remote.oidc import ensure_login
+
+    ensure_login(pelican, *pelican_uris(cfg))
+
+
+def pelican_uris(cfg: Any) -> tuple[list[str], list[str]]:
+    """(URIs the run reads, URIs it writes): inputs and a remote resume; checkpoint and TensorBoard copies."""
+    reads = [str(p) for name in type(cfg.data).input_paths for p in _as_list(getattr(cfg.data, name))]
+    if is_pelican(cfg.checkpoint.resume):
+        reads.append(cfg.checkpoint.resume)
+    writes = [
+        d
+        for d in (cfg.checkpoint.dir, cfg.checkpoint.mirror_to, cfg.logging.tensorboard.mirror_to)
+        if is_pelican(d)
+    ]
+    return reads, writes
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, str) else list(value or ())
+
+
+def pelican_destination(cfg: Any) -> str | None:
+    """Where checkpoints go on the federation: checkpoint.dir, else a pelican:// checkpoint.mirror_to."""
+    if cfg.checkpoint.dir:
+        return str(cfg.checkpoint.dir)
+    return str(cfg.checkpoint.mirror_to) if is_pelican(cfg.checkpoint.mirror_to) else None
+
+
+class RemoteCheckpoints:
+    """Rank 0's uploads of the checkpoint folder to the federation (None destination: does nothing)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.dest = pelican_destination(cfg)
+        self.pelican = cfg.data.pelican
+        self._uploader: Uploader | None = None
+        self._sent: dict[str, tuple[int, int]] = {}
+
+    def takes(self, dest: str | None) -> bool:
+        """Whether `dest` (checkpoint.mirror_to) is uploaded here rather than by the plain mirror."""
+        return is_pelican(dest)
+
+    def submit(self, folder: Path) -> None:
+        if self.dest is None:
+            return
+        from hpctrain.remote.pelican_write import sync_checkpoints
+        from hpctrain.remote.upload import Uploader
+
+        if self._uploader is None:
+            self._uploader = Uploader(f"checkpoints to {self.dest}")
+        writer = PelicanWriter(self.dest, self.pelican)
+        self._uploader.submit(lambda: sync_checkpoints(folder, writer, self._sent))
+
+    def finish(self, budget: TimeBudget | None) -> None:
+        """Wait for the last upload, but never past the deadline (minus a margin for the exit)."""
+        if self._uploader is None:
+            return
+        remaining = budget.remaining() if budget is not None else None
+        timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
+        if self._uploader.close(timeout):
+            log.info("checkpoints uploaded to %s", self.dest)
+        self._uploader = None
+
+
+def pull_working_copy(t: Trainer) -> None:
+    """An empty local working copy of a remote checkpoint.dir gets the remote latest (and its sidecar)."""
+    dest = t.cfg.checkpoint.dir
+    if not dest or t.store.has_checkpoints():
+        return
+    try:
+        got = fetch_checkpoint(dest, t.store.folder, t.cfg.data.pelican, log.info)
+    except RemoteWriteError as exc:
+        raise UserError(f"checkpoint.dir={dest}: cannot read the remote checkpoints: {exc}") from None
+    if got is not None:
+        from hpctrain.fsutil import atomic_write_text
+
+        atomic_write_text(t.store.folder / "latest", got.name + "\n")  # the pointer last, as in a commit
+
+
+def local_resume_path(t: Trainer, given: str) -> str:
+    """checkpoint.resume as a local path: a pelican:// file or folder is staged to scratch first."""
+    if not is_pelican(given):
+        return given
+    scratch = t.cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    digest = hashlib.sha256(given.encode()).hexdigest()[:12]
+    dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
+    try:
+        got = fetch_checkpoint(given, dest, t.cfg.data.pelican, log.info)
+    except RemoteWriteError as exc:
+        raise UserError(f"checkpoint.resume={given}: {exc}") from None
+    if got is None:
+        raise UserError(f"checkpoint.resume={given}: no `latest` checkpoint in this remote folder")
+    return str(got)
