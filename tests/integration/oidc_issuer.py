@@ -55,6 +55,7 @@ class Issuer(_Base):
         approve_after_polls: int | None = 2,
         access_ttl: float = 600.0,
         refresh_ttl: float = 3600.0,
+        slow_down: int = 0,
     ) -> None:
         self.ca_file, cert, key = make_certificates(Path(certs))
         super().__init__(Path(certs), (cert, key))
@@ -62,6 +63,7 @@ class Issuer(_Base):
         self.approve_after_polls = approve_after_polls
         self.access_ttl = access_ttl
         self.refresh_ttl = refresh_ttl
+        self.slow_down = slow_down  # the first polls answered slow_down (a client polling too fast)
         self.clients: dict[str, str] = {}
         self.devices: dict[str, Device] = {}
         self.access: dict[str, Grant] = {}
@@ -194,7 +196,8 @@ class Issuer(_Base):
                 dev = self.devices.get(form.get("device_code", ""))
                 if dev is None or dev.done or dev.client_id != client_id:
                     error = "invalid_grant"
-                elif dev.last_poll and now - dev.last_poll < self.interval * 0.9:
+                elif self.slow_down > 0 or (dev.last_poll and now - dev.last_poll < self.interval * 0.9):
+                    self.slow_down = max(0, self.slow_down - 1)
                     error = "slow_down"
                 else:
                     dev.polls += 1

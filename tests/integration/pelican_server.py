@@ -132,7 +132,7 @@ class Faults:
     fail_503: dict[str, int] = field(default_factory=dict)  # path -> remaining 503 answers
     cut: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (bytes sent, remaining times)
     forbid: set[str] = field(default_factory=set)  # paths answered 403
-    put_delay: float = 0.0  # seconds of pause per 64 KiB an upload writes (a slow link, for kills mid-upload)
+    put_delay: float = 0.0  # seconds of pause per 16 KiB an upload writes (a slow link, for kills mid-upload)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -385,7 +385,7 @@ class _Base:
         left = int(h.headers.get("Content-Length") or 0)
         with target.open("wb") as fh:  # straight into the final name: a cut upload leaves a short file
             while left > 0:
-                buf = h.rfile.read(min(64 << 10, left))
+                buf = h.rfile.read(min(16 << 10 if self.faults.put_delay else 1 << 20, left))
                 if not buf:
                     break
                 fh.write(buf)

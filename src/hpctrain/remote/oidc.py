@@ -33,6 +33,7 @@ from typing import Any
 from hpctrain.config.remote import PelicanConfig
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
+from hpctrain.remote.auth import pin_verify
 from hpctrain.remote.uris import PELICAN_SCHEMES, has_magic, magic_prefix, scheme, split_federation
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -166,12 +167,14 @@ def _session(pelican: PelicanConfig, login: Login | None = None, scope: str | No
         scope=scope,
         token_endpoint_auth_method="client_secret_post",
     )
-    session.verify = pelican.ca_file or True
-    return session
+    return pin_verify(session, pelican.ca_file)
 
 
 def _metadata(session: Any, issuer: str) -> dict[str, Any]:
-    resp = session.get(f"{issuer}/.well-known/openid-configuration", timeout=30)
+    try:
+        resp = session.get(f"{issuer}/.well-known/openid-configuration", timeout=30, withhold_token=True)
+    except OSError as exc:  # requests' errors are OSErrors: refused, TLS, timeout
+        raise UserError(f"cannot reach the token issuer {issuer} ({type(exc).__name__})") from None
     if resp.status_code != 200:
         raise UserError(f"the token issuer {issuer} has no OIDC discovery document (HTTP {resp.status_code})")
     meta: dict[str, Any] = resp.json()
@@ -200,6 +203,7 @@ def login(
             "scope": " ".join(scopes),
         },
         timeout=30,
+        withhold_token=True,
     )
     if reg.status_code not in (200, 201):
         raise UserError(f"the token issuer {issuer} refused to register a client (HTTP {reg.status_code})")
@@ -210,6 +214,7 @@ def login(
         meta["device_authorization_endpoint"],
         data={"client_id": entry.client_id, "scope": " ".join([*scopes, "offline_access"])},
         timeout=30,
+        withhold_token=True,
     )
     if dev.status_code != 200:
         raise UserError(f"the token issuer {issuer} refused the device login (HTTP {dev.status_code})")

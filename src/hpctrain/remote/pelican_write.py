@@ -20,7 +20,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from hpctrain.config.remote import PelicanConfig
-from hpctrain.remote.auth import resolve_token, scrub
+from hpctrain.remote.auth import pin_verify, resolve_token, scrub
 from hpctrain.remote.uris import PELICAN_SCHEMES, scheme, split_federation
 
 
@@ -54,8 +54,7 @@ class PelicanWriter:
         self.root = "/" + path.strip("/")
         self.discovery = "https://" + discovery.split("://", 1)[1].rstrip("/")
         self.timeout = timeout
-        self.http = requests.Session()
-        self.http.verify = self.pelican.ca_file or True
+        self.http = pin_verify(requests.Session(), self.pelican.ca_file)
         self._director: str | None = None
         self._token: str | None = None
 
@@ -224,6 +223,30 @@ def sync_folder(folder: Path, writer: PelicanWriter, sent: dict[str, tuple[int, 
         if sent.get(entry.name) != (st.st_size, st.st_mtime_ns):
             writer.put(Path(entry.path), entry.name)
             sent[entry.name] = (st.st_size, st.st_mtime_ns)
+
+
+class RemoteFolder:
+    """A local folder kept copied to `<dest>/<folder name>/` on a federation, by a background Uploader."""
+
+    _CLOSE_WAIT = 30.0  # seconds a close waits for the last copy (event files are small)
+
+    def __init__(self, dest: str, pelican: PelicanConfig | None) -> None:
+        self.dest, self.pelican = dest.rstrip("/"), pelican
+        self._sent: dict[str, tuple[int, int]] = {}
+        self._uploader: Any = None
+
+    def submit(self, folder: Path) -> None:
+        from hpctrain.remote.upload import Uploader
+
+        if self._uploader is None:
+            self._uploader = Uploader(f"{folder} to {self.dest}")
+        writer = PelicanWriter(f"{self.dest}/{folder.name}", self.pelican)
+        self._uploader.submit(lambda: sync_folder(folder, writer, self._sent))
+
+    def close(self) -> None:
+        if self._uploader is not None:
+            self._uploader.close(self._CLOSE_WAIT)
+            self._uploader = None
 
 
 def fetch_checkpoint(uri: str, dest: Path, pelican: PelicanConfig, say: Callable[[str], None]) -> Path | None:

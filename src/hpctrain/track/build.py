@@ -27,7 +27,13 @@ def build_trackers(
 
         trackers.add(
             TensorBoardTracker(
-                tb.dir, tb.run_name, resume_step, state.get("tensorboard"), mirror_to=tb.mirror_to
+                tb.dir,
+                tb.run_name,
+                resume_step,
+                state.get("tensorboard"),
+                mirror_to=tb.mirror_to,
+                mirror_every=tb.mirror_every_seconds,
+                pelican=cfg.data.pelican,
             )
         )
     if cfg.logging.wandb.enabled:

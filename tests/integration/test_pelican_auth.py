@@ -1,0 +1,346 @@
+"""Pelican both ways on the real command line: the OIDC device login, token refresh during a run, a batch job
+whose login expired, checkpoint and TensorBoard uploads with and without the token, a kill mid-upload, and a
+chain that moves to an empty scratch through the federation. Loopback servers only (127.0.0.1)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env
+from tests.integration.oidc_issuer import Issuer
+from tests.integration.pelican_server import Federation, Namespace
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = [
+    "run.name=r",
+    "train.eval_every=0",
+    "logging.log_every=1",
+    "data.n_train=512",
+]
+
+
+@dataclass
+class Setup:
+    fed: Federation
+    issuer: Issuer
+    root: Path  # what the federation serves
+    tmp: Path
+    env: dict[str, str]
+
+    def uri(self, path: str) -> str:
+        return f"{self.fed.url}{path}"
+
+    @property
+    def pel(self) -> list[str]:
+        """Trust the test CA; scopes leave out /ns, as the issuer's do (data.pelican.storage_prefix)."""
+        return [f"data.pelican.ca_file={self.fed.ca_file}", "data.pelican.storage_prefix=/ns"]
+
+    def cache(self) -> Path:
+        return self.tmp / "config" / "hpctrain" / "pelican-tokens.json"
+
+    def secrets(self) -> list[str]:
+        """Every token the issuer handed out (none may appear in any output)."""
+        return [*self.issuer.access, *self.issuer.refresh, *self.issuer.clients.values()]
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[Setup]:
+    certs = tmp_path / "certs"
+    issuer = Issuer(certs, interval=1, approve_after_polls=None)
+    root = tmp_path / "served"
+    (root / "ns").mkdir(parents=True)
+    fed = Federation(root, certs, [Namespace("/ns", issuer=issuer, storage_prefix="/ns")])
+    env = clean_env(XDG_CONFIG_HOME=str(tmp_path / "config"), PYTHONPATH=str(REPO / "src"))
+    try:
+        yield Setup(fed, issuer, root, tmp_path, env)
+    finally:
+        fed.close()
+        issuer.close()
+
+
+def cli(s: Setup, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=s.tmp,
+        env={**s.env, **extra},
+        stdin=subprocess.DEVNULL,  # no terminal: a batch job's situation
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def login(s: Setup, uri: str, *extra: str) -> str:
+    """`hpctrain auth login URI` with a scripted approval: the test reads the code it prints and approves it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "auth", "login", uri, *s.pel, *extra],
+        cwd=s.tmp,
+        env=s.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"open (\S+) and enter the code (\S+)", line)
+    assert match, line + proc.communicate(timeout=30)[1]
+    assert match.group(1).startswith(s.issuer.url)
+    deadline = time.time() + 30
+    while "authorization_pending" not in s.issuer.log.answers and time.time() < deadline:
+        time.sleep(0.05)  # the user takes a moment: the client is told authorization_pending meanwhile
+    s.issuer.approve(match.group(2))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return line + out + err
+
+
+def no_secrets(s: Setup, *texts: str, folders: tuple[Path, ...] = ()) -> None:
+    tokens = s.secrets()
+    assert tokens
+    for text in texts:
+        for token in tokens:
+            assert token not in text
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                assert not any(t.encode() in data for t in tokens), path
+
+
+def remote_latest_is_complete(folder: Path) -> str:
+    """The remote `latest` names a step file whose SHA-256 matches its sidecar; returns its name."""
+    name = (folder / "latest").read_text().strip()
+    sidecar = json.loads((folder / name).with_suffix(".json").read_text())
+    digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    assert digest == next(v for k, v in sidecar.items() if "sha" in k), sidecar
+    return name
+
+
+def test_login_device_flow_caches_tokens_privately(setup: Setup) -> None:
+    s = setup
+    s.issuer.slow_down = 1  # the first poll is told to slow down
+    out = login(s, s.uri("/ns/runs/"))
+    assert s.issuer.log.grants == ["urn:ietf:params:oauth:grant-type:device_code"]
+    assert s.issuer.log.answers[0] == "slow_down" and "authorization_pending" in s.issuer.log.answers
+    # the scopes name the folder minus data.pelican.storage_prefix
+    assert "storage.read:/runs storage.modify:/runs" in out
+    cache = s.cache()
+    assert cache.stat().st_mode & 0o777 == 0o600 and cache.parent.stat().st_mode & 0o777 == 0o700
+    entry = json.loads(cache.read_text())["logins"][0]
+    assert entry["oidc_url"] == s.issuer.url and entry["refresh_token"] in s.issuer.refresh
+    no_secrets(s, out)
+    shown = cli(s, "auth", "show", *s.pel)
+    assert shown.returncode == 0 and "storage.modify:/runs" in shown.stdout
+    no_secrets(s, shown.stdout, shown.stderr)
+
+
+def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: Setup) -> None:
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    s.issuer.access_ttl = 2  # tokens from now on live 2 s: the run must refresh them
+    s.issuer.access.clear()  # and the login's own token is gone: the first use refreshes
+    done = cli(
+        s,
+        "train",
+        *RUN,
+        "train.total_updates=60",
+        "checkpoint.every=20",
+        f"run.out_dir={s.tmp / 'scratch'}",
+        "data.pelican.auto_token=true",
+        *s.pel,
+        f"checkpoint.dir={s.uri('/ns/runs/r')}",
+        f"logging.tensorboard.dir={s.tmp / 'tb'}",
+        "logging.tensorboard.run_name=tb1",
+        f"logging.tensorboard.mirror_to={s.uri('/ns/runs/tb')}",
+        "logging.tensorboard.mirror_every_seconds=1",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    remote = s.root / "ns" / "runs" / "r"
+    assert remote_latest_is_complete(remote) == "step_00000060.pt"
+    assert not [p for p in remote.iterdir() if p.name.startswith(".")], "a temporary was left"
+    events = list((s.root / "ns" / "runs" / "tb" / "tb1").glob("events.out.tfevents.*"))
+    local = list((s.tmp / "tb" / "tb1").glob("events.out.tfevents.*"))
+    assert events and events[0].read_bytes() == local[0].read_bytes()
+    assert s.issuer.log.grants.count("refresh_token") >= 2  # the first use, and again during the run
+    puts = [r for r in s.fed.requests if r.method == "PUT"]
+    assert puts and all(r.has_auth and r.status == 201 for r in puts)
+    no_secrets(s, done.stdout, done.stderr, folders=(s.tmp / "scratch", s.tmp / "tb"))
+
+
+def test_uploads_without_a_token_are_refused_and_reported(setup: Setup) -> None:
+    s = setup
+    done = cli(
+        s,
+        "train",
+        *RUN,
+        "train.total_updates=10",
+        "checkpoint.every=5",
+        f"run.out_dir={s.tmp / 'scratch'}",
+        *s.pel,
+        f"checkpoint.mirror_to={s.uri('/ns/runs/r')}",
+        f"logging.tensorboard.dir={s.tmp / 'tb'}",
+        f"logging.tensorboard.mirror_to={s.uri('/ns/runs/tb')}",
+    )
+    # the run itself is not lost: it finishes, the local checkpoints stand, the refusal is reported
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (s.tmp / "scratch" / "r" / "checkpoints" / "step_00000010.pt").exists()
+    assert "access denied (HTTP 403)" in done.stderr
+    assert "Traceback" not in done.stderr
+    puts = [r for r in s.fed.requests if r.method == "PUT"]
+    assert puts and all(r.status == 403 and not r.has_auth for r in puts)
+    assert not (s.root / "ns" / "runs").exists() or not list((s.root / "ns" / "runs").rglob("*.pt"))
+
+
+def test_batch_job_whose_login_expired_stops_with_the_hint(setup: Setup) -> None:
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    s.issuer.expire_refresh_tokens()
+    s.issuer.access.clear()
+    cache = json.loads(s.cache().read_text())
+    cache["logins"][0]["expires_at"] = 0  # the cached access token ran out too
+    s.cache().write_text(json.dumps(cache))
+    done = cli(
+        s,
+        "train",
+        *RUN,
+        "train.total_updates=5",
+        f"run.out_dir={s.tmp / 'scratch'}",
+        "data.pelican.auto_token=true",
+        *s.pel,
+        f"checkpoint.dir={s.uri('/ns/runs/r')}",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("error: the Pelican token cannot be refreshed (invalid_grant")
+    assert f"hpctrain auth login {s.uri('/ns/runs/r')}` on a login node" in lines[0]
+    assert not (s.tmp / "scratch" / "r" / "checkpoints").exists()  # nothing started
+    # and without any login at all: the same hint
+    s.cache().unlink()
+    again = cli(s, "train", *RUN, f"run.out_dir={s.tmp / 'x'}", "data.pelican.auto_token=true", *s.pel,
+                f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
+    assert again.returncode == 2 and "no cached Pelican login covers" in again.stderr
+    assert "hpctrain auth login" in again.stderr
+
+
+def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None:
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "train", *RUN, "train.total_updates=40", "checkpoint.every=20",
+         f"run.out_dir={s.tmp / 'scratch'}", "data.pelican.auto_token=true", *s.pel,
+         f"checkpoint.dir={s.uri('/ns/runs/r')}"],
+        cwd=s.tmp, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    remote = s.root / "ns" / "runs" / "r"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (remote / "latest").exists():
+            time.sleep(0.05)
+        assert (remote / "latest").exists(), "the first checkpoint never arrived"
+        s.fed.faults.put_delay = 1.0  # the next upload crawls: 16 KiB a second
+        first = remote_latest_is_complete(remote)
+        while time.time() < deadline and proc.poll() is None:
+            temps = [p for p in remote.glob(".step_00000040.pt.upload-*") if p.stat().st_size > 0]
+            if temps:
+                break
+            time.sleep(0.05)
+        assert temps, "no upload of the last checkpoint was seen"
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert remote_latest_is_complete(remote) == first == "step_00000020.pt"
+    assert not (remote / "step_00000040.pt").exists()  # the cut file is only a temporary
+
+
+def test_chain_moves_to_an_empty_scratch_through_the_federation(setup: Setup) -> None:
+    """Hop 1 on scratch A is stopped by SIGTERM; hop 2 starts on an empty scratch B from the remote checkpoint
+    and ends bit-identical to an uninterrupted run."""
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    common = [*RUN, "train.total_updates=60", "checkpoint.every=0"]
+    remote_args = ["data.pelican.auto_token=true", *s.pel, f"checkpoint.dir={s.uri('/ns/runs/chain')}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "train", *common, f"run.out_dir={s.tmp / 'A'}", *remote_args],
+        cwd=s.tmp, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    metrics = s.tmp / "A" / "r" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 10:
+            proc.terminate()
+            break
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("hop 1 finished before it could be stopped")  # pragma: no cover (machine too fast)
+    assert proc.returncode == 75, err[-3000:]
+    remote_latest_is_complete(s.root / "ns" / "runs" / "chain")
+    hop2 = cli(s, "train", *common, f"run.out_dir={s.tmp / 'B'}", *remote_args)
+    assert hop2.returncode == 0, hop2.stderr[-3000:]
+    assert "resumed from" in hop2.stdout
+    ref = cli(s, "train", *common, f"run.out_dir={s.tmp / 'C'}")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    sha = [p.stdout.strip().rsplit("params_sha256=", 1)[1] for p in (hop2, ref)]
+    assert sha[0] == sha[1]
+    assert remote_latest_is_complete(s.root / "ns" / "runs" / "chain") == "step_00000060.pt"
+    no_secrets(s, out, err, hop2.stdout, hop2.stderr, folders=(s.tmp / "A", s.tmp / "B"))
+
+
+def test_resume_from_a_remote_checkpoint_file(setup: Setup) -> None:
+    """checkpoint.resume=pelican://.../step_X.pt: staged to scratch, hash checked, then used; a corrupt copy
+    on the federation is refused in one line."""
+    s = setup
+    folder = s.root / "ns" / "runs" / "given"
+    local = s.tmp / "seed"
+    first = cli(s, "train", *RUN, "train.total_updates=10", f"run.out_dir={local}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    folder.mkdir(parents=True)
+    for name in ("step_00000010.pt", "step_00000010.json"):
+        (folder / name).write_bytes((local / "r" / "checkpoints" / name).read_bytes())
+    given = s.uri("/ns/runs/given/step_00000010.pt")
+    args = [*RUN, "train.total_updates=12", *s.pel, f"data.staging.dir={s.tmp / 'stage'}"]
+    done = cli(s, "train", *args, f"run.out_dir={s.tmp / 'D'}", f"checkpoint.resume={given}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "restored everything from" in done.stdout and "finished at update 12/12" in done.stdout
+    data = bytearray((folder / "step_00000010.pt").read_bytes())
+    data[-100] ^= 0xFF
+    (folder / "step_00000010.pt").write_bytes(bytes(data))
+    bad = cli(s, "train", *args, f"run.out_dir={s.tmp / 'E'}", f"checkpoint.resume={given}")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: checkpoint.resume=")
+
+
+def test_uploader_never_waits_past_its_deadline() -> None:
+    """A stop gives the upload under way only the time left; the newest pending job replaces older ones."""
+    from hpctrain.remote.upload import Uploader
+
+    ran: list[int] = []
+    up = Uploader("test", retries=0)
+    up.submit(lambda: (time.sleep(3), ran.append(0)))
+    time.sleep(0.2)
+    for i in (1, 2, 3):
+        up.submit(lambda i=i: ran.append(i))  # type: ignore[misc]
+    started = time.monotonic()
+    assert up.close(timeout=0.5) is False
+    assert time.monotonic() - started < 1.5
+    time.sleep(3.5)
+    assert ran == [0, 3]  # 1 and 2 were replaced before they started
