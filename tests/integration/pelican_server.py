@@ -289,7 +289,7 @@ class _Base:
                 forbidden = True
         if forbidden:
             if h.command == "PUT":
-                h.close_connection = True  # the body was not read
+                h.rfile.read(int(h.headers.get("Content-Length") or 0))  # keep the connection in step
             h._reply(rec, 403, b"forbidden\n")
         return forbidden
 

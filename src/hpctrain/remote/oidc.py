@@ -358,8 +358,9 @@ def ensure_login(pelican: PelicanConfig, reads: list[str], writes: list[str]) ->
     return entry
 
 
-def access_token(pelican: PelicanConfig, uri_hint: str = "") -> str:
-    """The live access token of this process's login (ensure_login), else of the newest cached login."""
+def access_token(pelican: PelicanConfig, uri_hint: str = "", force: bool = False) -> str:
+    """The live access token of this process's login (ensure_login), else of the newest cached login.
+    `force`: refresh even if it looks alive (a server refused it: revoked, or clocks apart)."""
     key = str(cache_file(pelican))
     with _LOCK:
         entry = _ACTIVE.get(key)
@@ -373,7 +374,7 @@ def access_token(pelican: PelicanConfig, uri_hint: str = "") -> str:
         with _LOCK:
             _ACTIVE[key] = entry
     with _REFRESH:
-        if not entry.fresh(time.time()):
+        if force or not entry.fresh(time.time()):
             refresh(pelican, entry, uri_hint)
         return entry.access_token
 

@@ -25,7 +25,10 @@ from hpctrain.remote.uris import PELICAN_SCHEMES, scheme, split_federation
 
 
 class RemoteWriteError(OSError):
-    """An upload, move or delete the federation refused or that did not go through (message: no token)."""
+    """An upload, move or delete the federation refused or that did not go through (message: no token).
+    `permanent`: a refusal (4xx) that the same request would meet again."""
+
+    permanent = False
 
 
 def is_pelican(uri: str | None) -> bool:
@@ -62,8 +65,13 @@ class PelicanWriter:
         return f"PelicanWriter({self.uri!r})"
 
     # -- plumbing --------------------------------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        self._token = token_for(self.pelican, self.uri)
+    def _headers(self, force: bool = False) -> dict[str, str]:
+        if force:
+            from hpctrain.remote.oidc import access_token
+
+            self._token = access_token(self.pelican, uri_hint=self.uri, force=True)
+        else:
+            self._token = token_for(self.pelican, self.uri)
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     def _fail(
@@ -76,21 +84,26 @@ class PelicanWriter:
             why = f"HTTP {status}"
         else:
             why = scrub(f"{type(err).__name__}: {err}", self._token).splitlines()[0][:200]
-        return RemoteWriteError(f"{what}: {why}")
+        err_out = RemoteWriteError(f"{what}: {why}")
+        err_out.permanent = status is not None and 400 <= status < 500 and status not in (408, 429)
+        return err_out
 
     def _request(self, method: str, url: str, what: str, ok: tuple[int, ...], **kwargs: Any) -> Any:
         import requests
 
-        try:
-            resp = self.http.request(
-                method,
-                url,
-                headers={**self._headers(), **kwargs.pop("headers", {})},
-                timeout=self.timeout,
-                **kwargs,
-            )
-        except requests.RequestException as exc:
-            raise self._fail(what, err=exc) from None
+        extra = kwargs.pop("headers", {})
+        oidc = self.pelican.auto_token and resolve_token(self.pelican) is None
+        for attempt in (0, 1):
+            try:
+                headers = {**self._headers(force=attempt == 1), **extra}
+                resp = self.http.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+            except requests.RequestException as exc:
+                raise self._fail(what, err=exc) from None
+            # an OIDC token refused although it looked alive (revoked, clocks apart): refresh it once
+            if not (oidc and attempt == 0 and resp.status_code in (401, 403)):
+                break
+            if hasattr(kwargs.get("data"), "seek"):
+                kwargs["data"].seek(0)  # the file body is sent again
         if resp.status_code not in ok:
             raise self._fail(what, resp.status_code)
         return resp

@@ -60,7 +60,8 @@ class Uploader:
                 return
             except Exception as exc:  # a failed upload loses nothing local: report, retry, go on
                 self.failures += 1
-                last = attempt == self.retries
+                # a refusal (403, 404) stays a refusal: retried at the next save, not hammered now
+                last = attempt == self.retries or getattr(exc, "permanent", False)
                 log.warning(
                     "uploading %s failed (attempt %d/%d): %s%s",
                     self.what,
@@ -71,12 +72,8 @@ class Uploader:
                 )
                 if last:
                     return
-            with self._cond:
-                # a newer job makes this retry moot; close() cuts the wait short too
-                self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout=delay)
-                if self._pending is not None or self._closed:
-                    if self._closed and self._pending is None:
-                        self._pending = job  # one last attempt before the stop, if time allows
+            with self._cond:  # a newer job makes this retry moot
+                if self._cond.wait_for(lambda: self._pending is not None, timeout=delay):
                     return
             delay = min(delay * 2, self.backoff_cap)
 
