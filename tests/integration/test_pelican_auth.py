@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env
+from tests.conftest import FAULT_HOOK, clean_env
 from tests.integration.oidc_issuer import Issuer
 from tests.integration.pelican_server import Federation, Namespace
 
@@ -168,6 +169,9 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
         "logging.tensorboard.run_name=tb1",
         f"logging.tensorboard.mirror_to={s.uri('/ns/runs/tb')}",
         "logging.tensorboard.mirror_every_seconds=1",
+        # each save pauses 0.5 s: saves 40 and 60 alone outlast a token's fresh life (2/3 of 2 s)
+        _HPCTRAIN_TEST_SAVE_PAUSE="0.5",
+        PYTHONPATH=f"{FAULT_HOOK}{os.pathsep}{REPO / 'src'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     remote = s.root / "ns" / "runs" / "r"
@@ -337,12 +341,12 @@ def test_uploader_never_waits_past_its_deadline() -> None:
 
     ran: list[int] = []
     up = Uploader("test", retries=0)
-    up.submit(lambda: (time.sleep(3), ran.append(0)))
+    up.submit(lambda: (time.sleep(1.0), ran.append(0)))
     time.sleep(0.2)
     for i in (1, 2, 3):
         up.submit(lambda i=i: ran.append(i))  # type: ignore[misc]
     started = time.monotonic()
-    assert up.close(timeout=0.5) is False
-    assert time.monotonic() - started < 1.5
-    time.sleep(3.5)
+    assert up.close(timeout=0.2) is False
+    assert time.monotonic() - started < 0.9
+    time.sleep(1.5)
     assert ran == [0, 3]  # 1 and 2 were replaced before they started
