@@ -93,7 +93,8 @@ def _summary(t: Trainer, reason: str, digest: str) -> dict[str, Any]:
 def _mirror(t: Trainer) -> None:
     """The mirror copy after the final save may have been cut short too."""
     dest = t.cfg.checkpoint.mirror_to
-    if not dest:
+    t.keeper.remote.submit(t.store.folder)  # pelican:// checkpoint.dir / mirror_to (waited for at close)
+    if not dest or t.keeper.remote.takes(dest):
         return
     from hpctrain.remote.mirror import FolderMirror
 

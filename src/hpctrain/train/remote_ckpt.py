@@ -103,8 +103,8 @@ class RemoteCheckpoints:
 def pull_working_copy(t: Trainer) -> None:
     """An empty local working copy of a remote checkpoint.dir gets the remote latest (and its sidecar)."""
     dest = t.cfg.checkpoint.dir
-    if not dest or t.store.has_checkpoints():
-        return
+    if not dest or t.cfg.checkpoint.resume == "never" or t.store.has_checkpoints():
+        return  # never: a new run, whose first upload replaces the remote `latest`
     try:
         got = fetch_checkpoint(dest, t.store.folder, t.cfg.data.pelican, log.info)
     except RemoteWriteError as exc:
