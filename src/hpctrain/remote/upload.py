@@ -16,6 +16,13 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+_STOP_BY: list[float] = []  # time.monotonic() by which every close gives up (the walltime; see stop_by)
+
+
+def stop_by(deadline: float | None) -> None:
+    """No Uploader of this process waits past `deadline` (time.monotonic()) when closed: the trainer sets it
+    from the walltime at its close, so later closes (TensorBoard's) respect it too."""
+    _STOP_BY[:] = [] if deadline is None else [deadline]
 
 
 class Uploader:
@@ -84,6 +91,8 @@ class Uploader:
     def close(self, timeout: float | None = None) -> bool:
         """Finish what is pending within `timeout` seconds (None: wait); True when everything was sent."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        if _STOP_BY:
+            deadline = _STOP_BY[0] if deadline is None else min(deadline, _STOP_BY[0])
         with self._cond:
             self._closed = True
             self._cond.notify_all()

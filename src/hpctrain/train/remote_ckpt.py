@@ -15,6 +15,7 @@ import getpass
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,10 +92,13 @@ class RemoteCheckpoints:
 
     def finish(self, budget: TimeBudget | None) -> None:
         """Wait for the last upload, but never past the deadline (minus a margin for the exit)."""
-        if self._uploader is None:
-            return
+        from hpctrain.remote.upload import stop_by
+
         remaining = budget.remaining() if budget is not None else None
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
+        stop_by(None if timeout is None else time.monotonic() + timeout)  # TensorBoard's close too
+        if self._uploader is None:
+            return
         if self._uploader.close(timeout):
             log.info("checkpoints uploaded to %s", self.dest)
         self._uploader = None
