@@ -276,6 +276,25 @@ def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None
     assert not (remote / "step_00000040.pt").exists()  # the cut file is only a temporary
 
 
+def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> None:
+    """The run ends well within budget.time_limit although its uploads crawl: the wait for the last upload
+    stops 5 s before the deadline, and the remote folder has either no `latest` or a complete one."""
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    s.fed.faults.put_delay = 2.0  # 16 KiB every 2 s: a checkpoint takes ~12 s
+    started = time.monotonic()
+    done = cli(s, "train", *RUN, "train.total_updates=40", "checkpoint.every=20", "budget.time_limit=00:16",
+               "budget.margin_seconds=1", f"run.out_dir={s.tmp / 'scratch'}", "data.pelican.auto_token=true",
+               *s.pel, f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "did not finish before the deadline" in done.stderr
+    assert elapsed < 16, elapsed  # gone by its walltime, counted from before the process even started
+    remote = s.root / "ns" / "runs" / "r"
+    if (remote / "latest").exists():
+        remote_latest_is_complete(remote)
+
+
 def test_chain_moves_to_an_empty_scratch_through_the_federation(setup: Setup) -> None:
     """Hop 1 on scratch A is stopped by SIGTERM; hop 2 starts on an empty scratch B from the remote checkpoint
     and ends bit-identical to an uninterrupted run."""
