@@ -183,6 +183,7 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
     assert s.issuer.log.grants.count("refresh_token") >= 2  # the first use, and again during the run
     puts = [r for r in s.fed.requests if r.method == "PUT"]
     assert puts and all(r.has_auth and r.status == 201 for r in puts)
+    assert not [r for r in s.fed.requests if r.server == "director" and r.has_auth]  # the origin's only
     no_secrets(s, done.stdout, done.stderr, folders=(s.tmp / "scratch", s.tmp / "tb"))
 
 

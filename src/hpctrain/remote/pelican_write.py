@@ -88,14 +88,17 @@ class PelicanWriter:
         err_out.permanent = status is not None and 400 <= status < 500 and status not in (408, 429)
         return err_out
 
-    def _request(self, method: str, url: str, what: str, ok: tuple[int, ...], **kwargs: Any) -> Any:
+    def _request(
+        self, method: str, url: str, what: str, ok: tuple[int, ...], anonymous: bool = False, **kwargs: Any
+    ) -> Any:
+        """One request; the token goes only to the origin (`anonymous`: discovery and director)."""
         import requests
 
         extra = kwargs.pop("headers", {})
-        oidc = self.pelican.auto_token and resolve_token(self.pelican) is None
+        oidc = not anonymous and self.pelican.auto_token and resolve_token(self.pelican) is None
         for attempt in (0, 1):
             try:
-                headers = {**self._headers(force=attempt == 1), **extra}
+                headers = {**({} if anonymous else self._headers(force=attempt == 1)), **extra}
                 resp = self.http.request(method, url, headers=headers, timeout=self.timeout, **kwargs)
             except requests.RequestException as exc:
                 raise self._fail(what, err=exc) from None
@@ -112,7 +115,11 @@ class PelicanWriter:
         """The origin URL of a namespace path (the director's redirect)."""
         if self._director is None:
             meta = self._request(
-                "GET", f"{self.discovery}/.well-known/pelican-configuration", "discovery", (200,)
+                "GET",
+                f"{self.discovery}/.well-known/pelican-configuration",
+                "discovery",
+                (200,),
+                anonymous=True,
             )
             self._director = str(meta.json()["director_endpoint"]).rstrip("/")
         quoted = urllib.parse.quote(path)
@@ -121,6 +128,7 @@ class PelicanWriter:
             f"{self._director}/api/v1.0/director/origin{quoted}",
             f"no origin for {path}",
             (301, 302, 303, 307, 308),
+            anonymous=True,
             allow_redirects=False,
         )
         return str(resp.headers["Location"])
