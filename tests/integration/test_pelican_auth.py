@@ -275,6 +275,14 @@ def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None
         proc.communicate()
     assert remote_latest_is_complete(remote) == first == "step_00000020.pt"
     assert not (remote / "step_00000040.pt").exists()  # the cut file is only a temporary
+    # the same command again: the run is finished, but its last upload is redone, the dead temporary removed
+    s.fed.faults.put_delay = 0.0
+    again = cli(s, "train", *RUN, "train.total_updates=40", "checkpoint.every=20",
+                f"run.out_dir={s.tmp / 'scratch'}", "data.pelican.auto_token=true", *s.pel,
+                f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert remote_latest_is_complete(remote) == "step_00000040.pt"
+    assert not [p.name for p in remote.iterdir() if p.name.startswith(".")]
 
 
 def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> None:

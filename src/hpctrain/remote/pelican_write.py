@@ -12,6 +12,7 @@ names a complete, hashed checkpoint.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import urllib.parse
 from collections.abc import Callable
@@ -180,8 +181,8 @@ class PelicanWriter:
         )
         return None if resp.status_code == 404 else bytes(resp.content)
 
-    def names(self) -> set[str]:
-        """Files in the folder (not temporaries); empty when it does not exist yet."""
+    def names(self, hidden: bool = False) -> set[str]:
+        """Files in the folder (temporaries too with `hidden`); empty when it does not exist yet."""
         resp = self._request(
             "PROPFIND",
             self._origin(self.root + "/"),
@@ -197,7 +198,7 @@ class PelicanWriter:
             if href.endswith("/") or node.find(".//{DAV:}collection") is not None:
                 continue
             name = href.rstrip("/").rsplit("/", 1)[-1]
-            if name and not name.startswith("."):
+            if name and (hidden or not name.startswith(".")):
                 out.add(name)
         return out
 
@@ -220,6 +221,9 @@ def sync_checkpoints(folder: Path, writer: PelicanWriter, sent: dict[str, tuple[
     if all(p.exists() for p in best):
         files += best
     stats = {p.name: p.stat() for p in files}  # FileNotFoundError: pruned meanwhile, the next sync goes on
+    if not sent and writer.read("latest") == pointer:
+        # a new process (a later start) and the remote `latest` is ours: everything it names is there already
+        sent.update({p.name: (stats[p.name].st_size, stats[p.name].st_mtime_ns) for p in files})
     changed = [p for p in files if sent.get(p.name) != (stats[p.name].st_size, stats[p.name].st_mtime_ns)]
     if any(p.name == "best.pt" for p in changed):
         writer.delete("best.json")  # never a new best.pt beside the old hash, even for a moment
@@ -228,11 +232,21 @@ def sync_checkpoints(folder: Path, writer: PelicanWriter, sent: dict[str, tuple[
         sent[path.name] = (stats[path.name].st_size, stats[path.name].st_mtime_ns)
     writer.put(None, "latest", data=pointer)
     local = {p.name for p in folder.iterdir() if not p.name.startswith(".")}
-    for old in sorted(writer.names() - local - {"latest"}):
-        if old.startswith("step_"):
+    for old in sorted(writer.names(hidden=True) - local - {"latest"}):
+        if old.startswith("step_") or _dead_temporary(old):
             writer.delete(old)
             sent.pop(old, None)
     return name
+
+
+def _dead_temporary(name: str) -> bool:
+    """An upload temporary of a process of this host that is gone (a kill mid-upload)."""
+    from hpctrain.fsutil import pid_alive
+
+    match = re.fullmatch(r"\..+\.upload-(\d+)-(.+)", name)
+    if match is None:
+        return False
+    return match.group(2) == socket.gethostname() and not pid_alive(int(match.group(1)))
 
 
 def sync_folder(folder: Path, writer: PelicanWriter, sent: dict[str, tuple[int, int]]) -> None:

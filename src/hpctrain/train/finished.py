@@ -37,6 +37,8 @@ def complete_finished_run(t: Trainer, digest: str) -> list[str]:
     if done or _stale(path, t.step, committed, len(t.chain.hops)):
         write_summary(t.run_dir, _summary(t, reason, digest))
         done.append("wrote summary.json")
+    # a kill while the last upload ran leaves no other trace: check the remote copy (two small reads if whole)
+    t.keeper.remote.submit(t.store.folder)
     if done:
         t.store.prune()
         _mirror(t)
@@ -93,7 +95,6 @@ def _summary(t: Trainer, reason: str, digest: str) -> dict[str, Any]:
 def _mirror(t: Trainer) -> None:
     """The mirror copy after the final save may have been cut short too."""
     dest = t.cfg.checkpoint.mirror_to
-    t.keeper.remote.submit(t.store.folder)  # pelican:// checkpoint.dir / mirror_to (waited for at close)
     if not dest or t.keeper.remote.takes(dest):
         return
     from hpctrain.remote.mirror import FolderMirror
