@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 from tests.conftest import FAULT_HOOK, clean_env
 from tests.integration.oidc_issuer import Issuer
 from tests.integration.pelican_server import Federation, Namespace
+from tests.integration.test_pelican_training import muon_data  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -378,3 +380,35 @@ def test_uploader_never_waits_past_its_deadline() -> None:
     assert time.monotonic() - started < 0.9
     time.sleep(1.5)
     assert ran == [0, 3]  # 1 and 2 were replaced before they started
+
+
+def test_muon_training_reads_a_protected_namespace_with_the_login(setup: Setup, muon_data: Path) -> None:  # noqa: F811
+    """Inputs staged with the OIDC token (refreshed: the cached one ran out), read scope only where read."""
+    s = setup
+    shutil.copytree(muon_data, s.root / "ns" / "muons")
+    s.fed.namespaces[0].require_token = True
+    (s.tmp / "stage").mkdir()
+    login(s, s.uri("/ns/"))
+    cache = json.loads(s.cache().read_text())
+    cache["logins"][0]["expires_at"] = 0
+    s.cache().write_text(json.dumps(cache))
+    done = cli(
+        s,
+        "train",
+        "model.type=muon_multiplicity",
+        f"data.paths=[{s.uri('/ns/muons/*.parquet')}]",
+        f"data.staging.dir={s.tmp / 'stage'}",
+        "data.batch_size=64",
+        "train.total_updates=4",
+        "train.eval_every=0",
+        f"run.out_dir={s.tmp / 'runs'}",
+        "run.name=m",
+        "data.pelican.auto_token=true",
+        *s.pel,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "finished at update 4/4" in done.stdout
+    reads = [r for r in s.fed.requests if r.server.startswith("cache") and r.method in ("GET", "HEAD")]
+    assert reads and all(r.has_auth and r.status in (200, 206) for r in reads)
+    assert "refresh_token" in s.issuer.log.grants
+    no_secrets(s, done.stdout, done.stderr, folders=(s.tmp / "runs",))
