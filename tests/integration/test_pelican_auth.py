@@ -243,6 +243,11 @@ def test_batch_job_whose_login_expired_stops_with_the_hint(setup: Setup) -> None
                 f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
     assert again.returncode == 2 and "no cached Pelican login covers" in again.stderr
     assert "hpctrain auth login" in again.stderr
+    # `hpctrain submit` logs in before it submits (here: no terminal, so the hint), nothing is queued
+    sub = cli(s, "submit", "--local", *RUN, f"run.out_dir={s.tmp / 'y'}", "data.pelican.auto_token=true",
+              *s.pel, f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
+    assert sub.returncode == 2 and "no cached Pelican login covers" in sub.stderr, sub.stderr[-2000:]
+    assert not (s.tmp / "y").exists()
 
 
 def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None:
