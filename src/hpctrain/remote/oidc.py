@@ -191,10 +191,37 @@ def login(
     clock: Callable[[], float] = time.monotonic,
 ) -> Login:
     """The device flow: register a client, show the URL and code once, poll until approved; cache the result."""
-    from authlib.integrations.base_client.errors import OAuthError
+    try:
+        session = _session(pelican)
+        meta = _metadata(session, issuer)
+        entry = _register(session, meta, issuer, scopes)
+        wanted = " ".join([*scopes, "offline_access"])
+        session = _session(pelican, entry, wanted)
+        dev = session.post(
+            meta["device_authorization_endpoint"],
+            data={"client_id": entry.client_id, "scope": wanted},
+            timeout=30,
+            withhold_token=True,
+        )
+        if dev.status_code != 200:
+            raise UserError(f"the token issuer {issuer} refused the device login (HTTP {dev.status_code})")
+        grant = dev.json()
+        url = grant.get("verification_uri_complete") or grant["verification_uri"]
+        say(
+            f"To allow hpctrain to use {' '.join(scopes)}, open {url} and enter the code {grant['user_code']}"
+        )
+        token = _poll(session, meta["token_endpoint"], grant, issuer, clock)
+    except (OSError, ValueError, KeyError) as exc:  # unreachable, or answers that are not what RFC 8628 says
+        raise UserError(f"the device login with {issuer} failed ({type(exc).__name__})") from None
+    _take(entry, token)
+    save(pelican, entry)
+    return entry
 
-    session = _session(pelican)
-    meta = _metadata(session, issuer)
+
+def _register(session: Any, meta: dict[str, Any], issuer: str, scopes: list[str]) -> Login:
+    """Dynamic client registration (RFC 7591): the client id and secret this login's tokens belong to."""
+    if "registration_endpoint" not in meta:
+        raise UserError(f"the token issuer {issuer} offers no client registration (no registration_endpoint)")
     reg = session.post(
         meta["registration_endpoint"],
         json={
@@ -208,19 +235,15 @@ def login(
     if reg.status_code not in (200, 201):
         raise UserError(f"the token issuer {issuer} refused to register a client (HTTP {reg.status_code})")
     client = reg.json()
-    entry = Login(issuer, client["client_id"], client.get("client_secret", ""), list(scopes), "")
-    session = _session(pelican, entry, " ".join([*scopes, "offline_access"]))
-    dev = session.post(
-        meta["device_authorization_endpoint"],
-        data={"client_id": entry.client_id, "scope": " ".join([*scopes, "offline_access"])},
-        timeout=30,
-        withhold_token=True,
-    )
-    if dev.status_code != 200:
-        raise UserError(f"the token issuer {issuer} refused the device login (HTTP {dev.status_code})")
-    grant = dev.json()
-    url = grant.get("verification_uri_complete") or grant["verification_uri"]
-    say(f"To allow hpctrain to use {' '.join(scopes)}, open {url} and enter the code {grant['user_code']}")
+    return Login(issuer, client["client_id"], client.get("client_secret", ""), list(scopes), "")
+
+
+def _poll(
+    session: Any, endpoint: str, grant: dict[str, Any], issuer: str, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """Ask the token endpoint every `interval` seconds until the user approved (RFC 8628, 3.4-3.5)."""
+    from authlib.integrations.base_client.errors import OAuthError
+
     interval = float(grant.get("interval", 5))
     deadline = clock() + float(grant.get("expires_in", 600))
     while True:
@@ -228,10 +251,10 @@ def login(
         if clock() > deadline:
             raise UserError("the login code expired before it was approved; run `hpctrain auth login` again")
         try:
-            token = session.fetch_token(
-                meta["token_endpoint"], grant_type=DEVICE_GRANT, device_code=grant["device_code"]
+            token: dict[str, Any] = session.fetch_token(
+                endpoint, grant_type=DEVICE_GRANT, device_code=grant["device_code"]
             )
-            break
+            return token
         except OAuthError as exc:
             if exc.error == "authorization_pending":
                 continue
@@ -239,9 +262,6 @@ def login(
                 interval += 5 if interval >= 5 else interval  # RFC 8628: +5 s (scaled for short intervals)
                 continue
             raise UserError(f"the token issuer {issuer} refused the login ({exc.error})") from None
-    _take(entry, token)
-    save(pelican, entry)
-    return entry
 
 
 def _take(entry: Login, token: dict[str, Any]) -> None:
@@ -354,7 +374,15 @@ def ensure_login(pelican: PelicanConfig, reads: list[str], writes: list[str]) ->
         entry = login(pelican, issuer or discover_issuer(uri, pelican), scopes, say=_stderr)
     with _LOCK:
         _ACTIVE[str(cache_file(pelican))] = entry
-    access_token(pelican, uri_hint=uri)
+    try:
+        access_token(pelican, uri_hint=uri)
+    except UserError:
+        if not interactive():
+            raise
+        # the login expired and someone is at the terminal: a new device login instead of the hint
+        entry = login(pelican, entry.oidc_url, scopes, say=_stderr)
+        with _LOCK:
+            _ACTIVE[str(cache_file(pelican))] = entry
     return entry
 
 
