@@ -84,3 +84,19 @@ def test_a_token_is_refreshed_when_a_third_of_its_life_is_left() -> None:
     long = oidc.Login("i", "c", "s", [], "r", "a", expires_at=now + 3600, issued_at=now)
     assert long.fresh(now + 3539) and not long.fresh(now + 3541)  # at most 60 s of margin
     assert not oidc.Login("i", "c", "s", [], "r").fresh(now)  # no access token yet
+
+
+def test_an_issuer_that_cannot_be_reached_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: connections are refused
+    with pytest.raises(
+        UserError, match=r"cannot reach the token issuer https://127.0.0.1:\d+ \(ConnectionError\)"
+    ):
+        oidc.login(PelicanConfig(), f"https://127.0.0.1:{port}", ["storage.read:/a"], say=print)
+    assert not oidc.cache_file(PelicanConfig()).exists()

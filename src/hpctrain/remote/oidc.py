@@ -211,6 +211,8 @@ def login(
             f"To allow hpctrain to use {' '.join(scopes)}, open {url} and enter the code {grant['user_code']}"
         )
         token = _poll(session, meta["token_endpoint"], grant, issuer, clock)
+    except UserError:  # already one line naming the issuer's answer
+        raise
     except (OSError, ValueError, KeyError) as exc:  # unreachable, or answers that are not what RFC 8628 says
         raise UserError(f"the device login with {issuer} failed ({type(exc).__name__})") from None
     _take(entry, token)
