@@ -167,6 +167,7 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
         "data.pelican.auto_token=true",
         *s.pel,
         f"checkpoint.dir={s.uri('/ns/runs/r')}",
+        f"checkpoint.mirror_to={s.uri('/ns/runs/copy')}",  # a second federation copy, uploaded too
         f"logging.tensorboard.dir={s.tmp / 'tb'}",
         "logging.tensorboard.run_name=tb1",
         f"logging.tensorboard.mirror_to={s.uri('/ns/runs/tb')}",
@@ -179,6 +180,7 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
     remote = s.root / "ns" / "runs" / "r"
     assert remote_latest_is_complete(remote) == "step_00000060.pt"
     assert not [p for p in remote.iterdir() if p.name.startswith(".")], "a temporary was left"
+    assert remote_latest_is_complete(s.root / "ns" / "runs" / "copy" / "checkpoints") == "step_00000060.pt"
     events = list((s.root / "ns" / "runs" / "tb" / "tb1").glob("events.out.tfevents.*"))
     local = list((s.tmp / "tb" / "tb1").glob("events.out.tfevents.*"))
     assert events and events[0].read_bytes() == local[0].read_bytes()

@@ -11,6 +11,7 @@ The trainer calls four things, each a no-op without a Pelican destination:
 
 from __future__ import annotations
 
+import functools
 import getpass
 import hashlib
 import logging
@@ -59,49 +60,51 @@ def _as_list(value: Any) -> list[Any]:
     return [value] if isinstance(value, str) else list(value or ())
 
 
-def pelican_destination(cfg: Any) -> str | None:
-    """Where checkpoints go on the federation: checkpoint.dir, else a pelican:// checkpoint.mirror_to."""
-    if cfg.checkpoint.dir:
-        return str(cfg.checkpoint.dir)
-    return str(cfg.checkpoint.mirror_to) if is_pelican(cfg.checkpoint.mirror_to) else None
+def pelican_destinations(cfg: Any) -> list[str]:
+    """Where checkpoints go on the federation: checkpoint.dir itself, and `checkpoints/` under a pelican://
+    checkpoint.mirror_to (where the mirror puts them for any other destination too)."""
+    out = [str(cfg.checkpoint.dir)] if cfg.checkpoint.dir else []
+    if is_pelican(cfg.checkpoint.mirror_to):
+        out.append(str(cfg.checkpoint.mirror_to).rstrip("/") + "/checkpoints")
+    return out
 
 
 class RemoteCheckpoints:
-    """Rank 0's uploads of the checkpoint folder to the federation (None destination: does nothing)."""
+    """Rank 0's uploads of the checkpoint folder to the federation (no destination: does nothing)."""
 
     def __init__(self, cfg: Any) -> None:
-        self.dest = pelican_destination(cfg)
+        self.dests = list(dict.fromkeys(pelican_destinations(cfg)))
         self.pelican = cfg.data.pelican
-        self._uploader: Uploader | None = None
-        self._sent: dict[str, tuple[int, int]] = {}
+        self._uploaders: dict[str, Uploader] = {}
+        self._sent: dict[str, dict[str, tuple[int, int]]] = {d: {} for d in self.dests}
 
     def takes(self, dest: str | None) -> bool:
         """Whether `dest` (checkpoint.mirror_to) is uploaded here rather than by the plain mirror."""
         return is_pelican(dest)
 
     def submit(self, folder: Path) -> None:
-        if self.dest is None:
-            return
         from hpctrain.remote.pelican_write import sync_checkpoints
         from hpctrain.remote.upload import Uploader
 
-        if self._uploader is None:
-            self._uploader = Uploader(f"checkpoints to {self.dest}")
-        writer = PelicanWriter(self.dest, self.pelican)
-        self._uploader.submit(lambda: sync_checkpoints(folder, writer, self._sent))
+        for dest in self.dests:
+            if dest not in self._uploaders:
+                self._uploaders[dest] = Uploader(f"checkpoints to {dest}")
+            writer = PelicanWriter(dest, self.pelican)
+            self._uploaders[dest].submit(
+                functools.partial(sync_checkpoints, folder, writer, self._sent[dest])
+            )
 
     def finish(self, budget: TimeBudget | None) -> None:
-        """Wait for the last upload, but never past the deadline (minus a margin for the exit)."""
+        """Wait for the last uploads, but never past the deadline (minus a margin for the exit)."""
         from hpctrain.remote.upload import stop_by
 
         remaining = budget.remaining() if budget is not None else None
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
         stop_by(None if timeout is None else time.monotonic() + timeout)  # TensorBoard's close too
-        if self._uploader is None:
-            return
-        if self._uploader.close(timeout):
-            log.info("checkpoints uploaded to %s", self.dest)
-        self._uploader = None
+        for dest, uploader in self._uploaders.items():
+            if uploader.close(timeout):
+                log.info("checkpoints uploaded to %s", dest)
+        self._uploaders.clear()
 
 
 def pull_working_copy(t: Trainer) -> None:

@@ -128,9 +128,8 @@ class StateKeeper:
                     f"{exc.strerror or exc}; the last complete checkpoint ({kept}) is kept: free space (or fix "
                     "the folder's permissions, or set run.out_dir elsewhere) and run the same command again"
                 ) from None
-            self.remote.submit(
-                path.parent
-            )  # in the background, newest wins (nothing without a pelican:// dest)
+            # pelican:// checkpoint.dir / mirror_to: in the background, the newest wins (else nothing)
+            self.remote.submit(path.parent)
             if self.t.cfg.checkpoint.mirror_to and not self.remote.takes(self.t.cfg.checkpoint.mirror_to):
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
         self.last_saved_step = self.t.step
