@@ -123,12 +123,19 @@ def pull_working_copy(t: Trainer) -> None:
 
 
 def local_resume_path(t: Trainer, given: str) -> str:
-    """checkpoint.resume as a local path: a pelican:// file or folder is staged to scratch first."""
+    """checkpoint.resume as a local path: a pelican:// file or folder is staged first, to scratch on one node;
+    with several nodes into `<run folder>/resume-staged/` (the other ranks read the file rank 0 chose, and a
+    node's scratch is its own)."""
     if not is_pelican(given):
         return given
-    scratch = t.cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
     digest = hashlib.sha256(given.encode()).hexdigest()[:12]
-    dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
+    if t.env.world_size > t.env.local_world_size:
+        dest = t.run_dir / "resume-staged" / digest
+    else:
+        scratch = (
+            t.cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+        )
+        dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
     try:
         got = fetch_checkpoint(given, dest, t.cfg.data.pelican, log.info)
     except RemoteWriteError as exc:
