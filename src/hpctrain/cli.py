@@ -19,6 +19,7 @@ VERBS = {
     "report": "write PNG plots and an HTML page for a run",
     "sync": "upload a run's offline W&B data",
     "tb": "TensorBoard helpers (`tb merge`)",
+    "auth": "Pelican/OSDF token: `auth login [URI]` (device flow, cached for batch jobs), `auth show`",
 }
 
 

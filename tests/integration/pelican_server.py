@@ -5,7 +5,12 @@ caches and an origin are further HTTPS servers that serve files from a local fol
 206, WebDAV PROPFIND). The URL path maps straight onto the folder: /ns/a.bin is <root>/ns/a.bin.
 
 Fault knobs (all on `Federation`, thread-safe): a dead first cache (a closed port listed first), per-path 503s
-before success, 403s, transfers cut after K bytes, namespaces that require a bearer token. Every request is
+before success, 403s, transfers cut after K bytes, namespaces that require a bearer token. A namespace with an
+`issuer` (tests/integration/oidc_issuer.py) accepts that issuer's live access tokens by their WLCG scopes
+(storage.read:<path>, storage.modify:<path>, paths minus the namespace's `storage_prefix`) and takes writes on
+the origin (PUT, WebDAV MOVE and DELETE; 403 without a token that may modify the path); the director names the
+issuer (X-Pelican-Authorization) and the origin (/api/v1.0/director/origin/<path>). A PUT writes straight into
+the final file, slowly with `faults.put_delay`, as an origin without temporaries would. Every request is
 logged (`Federation.requests`) with the server name, method, path and whether an Authorization header came.
 
 `StaticServer` is a plain http(s) file server with Range support (the same handler, no Pelican headers).
@@ -18,13 +23,16 @@ import datetime as dt
 import email.utils
 import ipaddress
 import json
+import os
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
 from cryptography import x509
@@ -103,6 +111,8 @@ class Namespace:
     prefix: str
     require_token: bool = False
     token: str | None = None
+    issuer: Any = None  # an oidc_issuer.Issuer whose tokens this namespace accepts (reads and writes)
+    storage_prefix: str = ""  # what the issuer's scope paths leave out of the namespace path
 
 
 @dataclass
@@ -122,6 +132,7 @@ class Faults:
     fail_503: dict[str, int] = field(default_factory=dict)  # path -> remaining 503 answers
     cut: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (bytes sent, remaining times)
     forbid: set[str] = field(default_factory=set)  # paths answered 403
+    put_delay: float = 0.0  # seconds of pause per 16 KiB an upload writes (a slow link, for kills mid-upload)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -157,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing -------------------------------------------------------------------------------------------
     def _begin(self) -> tuple[str, Request]:
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
+        if length and self.command != "PUT":
             self.rfile.read(length)  # keep the connection in step (PROPFIND bodies)
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         rec = Request(
@@ -186,6 +197,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PROPFIND(self) -> None:
         self.server.owner.handle(self, "PROPFIND")
+
+    def do_POST(self) -> None:
+        self.server.owner.handle(self, "POST")
+
+    def do_PUT(self) -> None:
+        self.server.owner.handle(self, "PUT")
+
+    def do_MOVE(self) -> None:
+        self.server.owner.handle(self, "MOVE")
+
+    def do_DELETE(self) -> None:
+        self.server.owner.handle(self, "DELETE")
 
 
 class _Base:
@@ -256,7 +279,17 @@ class _Base:
         ns = self.namespace_of(path)
         if ns is not None and ns.token is not None and h.headers.get("Authorization") != f"Bearer {ns.token}":
             forbidden = True
+        writing = h.command in ("PUT", "MOVE", "DELETE")
+        if writing and (ns is None or ns.issuer is None):
+            forbidden = True  # only namespaces with an issuer take writes
+        if ns is not None and ns.issuer is not None and (writing or ns.require_token):
+            token = h.headers.get("Authorization", "").removeprefix("Bearer ")
+            scope_path = path.removeprefix(ns.storage_prefix.rstrip("/")) or "/"
+            if not ns.issuer.check(token, "modify" if writing else "read", scope_path):
+                forbidden = True
         if forbidden:
+            if h.command == "PUT":
+                h.rfile.read(int(h.headers.get("Content-Length") or 0))  # keep the connection in step
             h._reply(rec, 403, b"forbidden\n")
         return forbidden
 
@@ -264,7 +297,13 @@ class _Base:
         if self._fault(path, h, rec):
             return
         target = (self.root / path.lstrip("/")).resolve()
-        if not target.is_relative_to(self.root.resolve()) or not target.exists():
+        if not target.is_relative_to(self.root.resolve()):
+            h._reply(rec, 403, b"outside\n")
+            return
+        if method in ("PUT", "MOVE", "DELETE"):
+            self._write(h, method, target, rec)
+            return
+        if not target.exists():
             h._reply(rec, 404, b"not found\n")
             return
         if method == "PROPFIND":
@@ -324,6 +363,37 @@ class _Base:
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
+
+    def _write(self, h: _Handler, method: str, target: Path, rec: Request) -> None:
+        if method == "DELETE":
+            if not target.is_file():
+                h._reply(rec, 404, b"not found\n")
+                return
+            target.unlink()
+            h._reply(rec, 204)
+            return
+        if method == "MOVE":
+            dest = urllib.parse.unquote(urllib.parse.urlsplit(h.headers.get("Destination", "")).path)
+            final = (self.root / dest.lstrip("/")).resolve()
+            if not dest or not final.is_relative_to(self.root.resolve()) or not target.is_file():
+                h._reply(rec, 404 if dest else 400, b"cannot move\n")
+                return
+            os.replace(target, final)
+            h._reply(rec, 201)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        left = int(h.headers.get("Content-Length") or 0)
+        with target.open("wb") as fh:  # straight into the final name: a cut upload leaves a short file
+            while left > 0:
+                buf = h.rfile.read(min(16 << 10 if self.faults.put_delay else 1 << 20, left))
+                if not buf:
+                    break
+                fh.write(buf)
+                fh.flush()
+                left -= len(buf)
+                if self.faults.put_delay:
+                    time.sleep(self.faults.put_delay)
+        h._reply(rec, 201 if left == 0 else 400)
 
     def _propfind(self, h: _Handler, rec: Request, path: str, target: Path) -> None:
         if target.is_file() and path.endswith("/"):
@@ -407,6 +477,9 @@ class Federation(_Base):
             ).encode()
             h._reply(rec, 200, body, {"Content-Type": "application/json"})
             return
+        origin_api = "/api/v1.0/director/origin"
+        to_origin = path.startswith(origin_api + "/")
+        path = path.removeprefix(origin_api) if to_origin else path
         ns = self.namespace_of(path)
         if ns is None:
             h._reply(rec, 404, b"no namespace\n")
@@ -420,7 +493,9 @@ class Federation(_Base):
             "X-Pelican-Namespace": f"namespace={ns.prefix}, require-token={str(ns.require_token).lower()}, "
             f"collections-url={self.origin.url}",
         }
-        if method == "PROPFIND":
+        if ns.issuer is not None:
+            headers["X-Pelican-Authorization"] = f"issuer={ns.issuer.url}"
+        if method == "PROPFIND" or to_origin:
             headers["Location"] = f"{self.origin.url}{urllib.parse.quote(path)}"
         else:
             headers["Location"] = f"{self.cache_urls()[0]}{urllib.parse.quote(path)}"

@@ -147,6 +147,9 @@ def main(argv: list[str]) -> int:
         print(sbatch_text(cfg, folder), end="")
         print(f"# run folder: {run_dir.resolve()} (dry run: nothing submitted)")
         return EXIT_OK
+    from hpctrain.train.remote_ckpt import prepare_tokens
+
+    prepare_tokens(cfg)  # data.pelican.auto_token: the device login happens here, where someone can type
     request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
     job = _submit(cfg, folder, args.local, TrainJob(request, registry.resolve, registry.make_task))
     print(f"job {job.job_id}; run folder {run_dir.resolve()}", flush=True)

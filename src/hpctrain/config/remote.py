@@ -55,6 +55,32 @@ class PelicanConfig(BaseModel):
         description="PEM bundle of certificate authorities to trust for HTTPS (federation, caches and "
         "https:// sources) instead of the system store; e.g. a site or test CA.",
     )
+    auto_token: bool = Field(
+        default=False,
+        description="Get the token from an OIDC issuer (device flow, `hpctrain auth login`) and refresh it, "
+        "also during the run; used when no token_file, BEARER_TOKEN or BEARER_TOKEN_FILE is given. A batch job "
+        "uses the cached login (it cannot show a code) and stops with exit 2 when there is none.",
+    )
+    oidc_url: str | None = Field(
+        default=None,
+        description="The token issuer (e.g. https://token-issuer.icecube.aq); default: the issuer the "
+        "federation's director names for the namespace.",
+    )
+    scope_path: str | None = Field(
+        default=None,
+        description="The path the storage.read / storage.modify scopes name (default: the folder of the first "
+        "pelican:// input, and the first pelican:// output folder, minus storage_prefix).",
+    )
+    storage_prefix: str | None = Field(
+        default=None,
+        description="The part of the namespace path the issuer's scope paths leave out (e.g. /icecube/wipac).",
+    )
+    auth_cache_file: str | None = Field(
+        default=None,
+        description="Token cache of auto_token/`hpctrain auth login` (mode 0600; default "
+        "$XDG_CONFIG_HOME/hpctrain/pelican-tokens.json, i.e. ~/.config/...). Never in a run folder: it holds "
+        "a refresh token.",
+    )
 
 
 class StagingConfig(BaseModel):

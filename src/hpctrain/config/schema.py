@@ -336,7 +336,9 @@ class CheckpointConfig(Section):
     resume: str = Field(
         "auto",
         description="auto (continue the run in its folder), never (start afresh; a previous run in the folder "
-        "is moved to old-<time>/), or a checkpoint file or run folder to start from while the folder has none.",
+        "is moved to old-<time>/), or a checkpoint file or run folder to start from while the folder has none "
+        "(also pelican:// or osdf://: staged to scratch and checked against its SHA-256 sidecar; a remote "
+        "folder's `latest` is read).",
     )
     restart: bool = Field(
         True,
@@ -353,12 +355,30 @@ class CheckpointConfig(Section):
     mirror_to: str | None = Field(
         None, description="Copy each committed checkpoint here (folder or fsspec URL)."
     )
+    dir: str | None = Field(
+        None,
+        description="A pelican:// or osdf:// folder that holds this run's checkpoints, so that a chain can move "
+        "between clusters sharing only the federation: the run writes into its local working copy "
+        "(<run folder>/checkpoints, on scratch), uploads each commit there in the background (files first, "
+        "`latest` last), and a hop that starts with an empty working copy downloads the latest checkpoint from "
+        "there. None: the run folder only.",
+    )
     accept_changes: list[str] = Field(
         default_factory=list,
         description="Identity keys (or whole sections, e.g. optim) allowed to differ from the checkpoint's when "
         "this run continues, e.g. [optim.lr] for a new learning rate for the rest of the run; recorded in the "
         "checkpoint and chain.json. A single key or a comma-separated string works too.",
     )
+
+    @field_validator("dir")
+    @classmethod
+    def _remote_dir(cls, value: str | None) -> str | None:
+        if value is not None and not value.lower().startswith(("pelican://", "osdf://")):
+            raise ValueError(
+                f"{value!r}: give a pelican:// or osdf:// folder (local checkpoints live in the run folder: "
+                "set run.out_dir)"
+            )
+        return value
 
     @field_validator("accept_changes", mode="before")
     @classmethod
@@ -393,7 +413,14 @@ class TensorBoardConfig(Section):
         None, description="Subfolder name (default: <run.name>-<first hop's time>, kept across hops)."
     )
     hist_every: int = Field(0, ge=0, description="Histograms every N updates (0 = off).")
-    mirror_to: str | None = Field(None, description="Copy event files here after each checkpoint commit.")
+    mirror_to: str | None = Field(
+        None,
+        description="Copy event files here after each checkpoint commit (a folder or URL; pelican:// and "
+        "osdf:// with the data.pelican token, in the background).",
+    )
+    mirror_every_seconds: float = Field(
+        0.0, ge=0, description="Also copy them every this many seconds (0 = only at checkpoint commits)."
+    )
 
 
 class WandbConfig(Section):

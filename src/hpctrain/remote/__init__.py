@@ -7,6 +7,9 @@ train/ (mirroring outputs), so that neither has to import the other.
     expand.py    expand_paths: local paths/globs/folders and remote URIs/globs to a sorted file list
     failures.py  why a read failed (transient, bad file, fatal setup), folder and cache probes
     mirror.py    copies of a file or folder elsewhere (local or a URL) that are whole at every moment
+    oidc.py      Pelican tokens from an OIDC issuer: device-flow login, the private cache, refresh
+    pelican_write.py  uploads to a federation with the token (temporary name, MOVE, `latest` last), downloads
+    upload.py    Uploader: one background upload at a time, the newest wins, retries, bounded close
 
 pelicanfs 1.5 quirks handled here:
 - `fs.glob()` on a full pelican://host:port/... URL returns []: we glob the bare namespace path instead.

@@ -3,6 +3,7 @@ client factories fsspec and pelicanfs build their sessions with."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import ssl
@@ -48,6 +49,14 @@ def _read_token_file(path: str, source: str) -> str:
 def scrub(text: str, secret: str | None) -> str:
     """`text` with the secret replaced by ***, for messages that may quote a request."""
     return text.replace(secret, "***") if secret else text
+
+
+def pin_verify(session: Any, ca_file: str | None) -> Any:
+    """A requests session that checks certificates against data.pelican.ca_file on every request: requests lets
+    REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE from the environment beat `session.verify`, so it goes per request."""
+    if ca_file is not None:
+        session.request = functools.partial(session.request, verify=ca_file)
+    return session
 
 
 def ssl_context(ca_file: str | None) -> ssl.SSLContext | None:

@@ -35,6 +35,10 @@ class RemoteFiles:
     ) -> None:
         self._pelican = pelican or PelicanConfig()
         self._token = resolve_token(self._pelican)
+        if self._token is None and self._pelican.auto_token:
+            from hpctrain.remote.oidc import access_token
+
+            self._token = access_token(self._pelican)  # the OIDC login's, refreshed in resolve()
         self._ssl = ssl_context(self._pelican.ca_file)
         self._storage_options = dict(storage_options or {})
         self._timeout = timeout
@@ -56,6 +60,7 @@ class RemoteFiles:
             discovery, path, _ = self.federation(uri)
             if not path or path == "/":
                 raise ValueError(f"{uri}: no namespace path after the federation")
+            self._refresh_token()
             return self._pelican_fs(discovery), path
         key = f"url:{name}"
         if key not in self._fs:
@@ -65,6 +70,18 @@ class RemoteFiles:
             self._fs[key] = fsspec.filesystem(name, skip_instance_cache=True, **options)
         fs = self._fs[key]
         return fs, fs._strip_protocol(uri) if name not in ("http", "https") else uri
+
+    def _refresh_token(self) -> None:
+        """With data.pelican.auto_token the access token is refreshed before it expires (a long run): the
+        filesystems built with the old one are dropped, the next use builds one with the new token."""
+        if not self._pelican.auto_token or resolve_token(self._pelican) is not None:
+            return
+        from hpctrain.remote.oidc import access_token
+
+        token = access_token(self._pelican)
+        if token != self._token:
+            self._token = token
+            self._fs = {k: v for k, v in self._fs.items() if k.startswith("url:")}
 
     def _pelican_fs(self, discovery: str) -> Any:
         if discovery not in self._fs:

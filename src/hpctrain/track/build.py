@@ -34,6 +34,8 @@ def build_trackers(
                 state.get("tensorboard"),
                 mirror_to=tb.mirror_to,
                 run=cfg.run.name,
+                mirror_every=tb.mirror_every_seconds,
+                pelican=cfg.data.pelican,
             )
         )
     if cfg.logging.wandb.enabled:

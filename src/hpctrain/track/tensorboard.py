@@ -2,6 +2,10 @@
 
 A resumed hop opens a new event file in the same folder with `purge_step = resume_step + 1`, so events that a
 killed hop wrote after its last checkpoint are hidden by TensorBoard's reader and every step shows once.
+
+`mirror_to` copies the folder after each checkpoint commit and, with `mirror_every` seconds, on a timer too;
+a pelican:// or osdf:// destination is written with the data.pelican token in a background thread (newest
+wins), so a slow federation never holds the training up.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hpctrain.remote.pelican_write import RemoteFolder, is_pelican
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,8 @@ class TensorBoardTracker:
         mirror_to: str | None = None,
         max_hist_values: int = MAX_HIST_VALUES,
         run: str | None = None,
+        mirror_every: float = 0.0,
+        pelican: Any = None,
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -62,6 +70,9 @@ class TensorBoardTracker:
         purge = resume_step + 1 if resume_step is not None else None
         self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge, flush_secs=60)
         self._dirty = False
+        self.mirror_every = mirror_every
+        self._mirrored_at = time.monotonic()
+        self._remote = RemoteFolder(mirror_to, pelican) if mirror_to and is_pelican(mirror_to) else None
         log.info("TensorBoard: %s (view with: tensorboard --logdir %s)", self.log_dir, root)
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
@@ -70,6 +81,9 @@ class TensorBoardTracker:
                 continue
             self.writer.add_scalar(_tag(key), float(value), global_step=step)
         self._dirty = True
+        if self.mirror_every and time.monotonic() - self._mirrored_at >= self.mirror_every:
+            self.writer.flush()
+            self._mirror()
 
     def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
         for key, array in values.items():
@@ -89,9 +103,16 @@ class TensorBoardTracker:
     def close(self) -> None:
         self.writer.close()
         self._mirror()
+        if self._remote is not None:
+            self._remote.close()
 
     def _mirror(self) -> None:
         if not self.mirror_to or not self._dirty:
+            return
+        self._mirrored_at = time.monotonic()
+        if self._remote is not None:
+            self._remote.submit(self.log_dir)
+            self._dirty = False
             return
         from hpctrain.remote.mirror import mirror
 

@@ -60,6 +60,9 @@ def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, verbose: bool 
         problems = check_config(cfg, writable=env.is_main)
         if problems:
             raise UserError("; ".join(problems))
+        from hpctrain.train.remote_ckpt import prepare_tokens
+
+        prepare_tokens(cfg)  # data.pelican.auto_token: the login (cached; a batch job without one: exit 2)
         return _train(cfg, env, make_task, signals, built, out, verbose)
     except BaseException as exc:
         error = exc

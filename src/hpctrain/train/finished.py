@@ -16,6 +16,7 @@ from typing import Any
 from hpctrain.config.schema import ConfigBase
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.remote_ckpt import RemoteCheckpoints
 from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,13 @@ NOTE = "killed after its final save; closed by the next start"
 
 
 def complete_finished_run(
-    chain: ChainLog, store: CheckpointStore, run_dir: Path, state: TrainState, cfg: ConfigBase, digest: str
+    chain: ChainLog,
+    store: CheckpointStore,
+    run_dir: Path,
+    state: TrainState,
+    cfg: ConfigBase,
+    digest: str,
+    remote: RemoteCheckpoints,
 ) -> list[str]:
     """On rank 0 of a run found finished: repair what a kill after the final save left; returns what was done
     (empty when nothing was missing)."""
@@ -38,9 +45,11 @@ def complete_finished_run(
     if done or _stale(path, step, committed, len(chain.hops)):
         write_summary(run_dir, _summary(chain, state, reason, digest))
         done.append("wrote summary.json")
+    # a kill while the last upload ran leaves no other trace: check the remote copy (two small reads if whole)
+    remote.submit(store.folder)
     if done:
         store.prune()
-        _mirror(store, cfg.checkpoint.mirror_to)
+        _mirror(store, cfg.checkpoint.mirror_to, remote)
         log.warning("run %s was killed after its final save (update %d): %s", run_dir, step, "; ".join(done))
     return done
 
@@ -88,9 +97,9 @@ def _summary(chain: ChainLog, t: TrainState, reason: str, digest: str) -> dict[s
     }
 
 
-def _mirror(store: CheckpointStore, dest: str | None) -> None:
+def _mirror(store: CheckpointStore, dest: str | None, remote: RemoteCheckpoints) -> None:
     """The mirror copy after the final save may have been cut short too."""
-    if not dest:
+    if not dest or remote.takes(dest):
         return
     from hpctrain.remote.mirror import FolderMirror
 

@@ -50,7 +50,7 @@ def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
                 errors.append(f"{key}: {problem}")
     resume = cfg.checkpoint.resume
     # A file, or a run folder (its latest checkpoint).
-    if resume not in ("auto", "never") and not Path(resume).expanduser().exists():
+    if resume not in ("auto", "never") and not is_remote(resume) and not Path(resume).expanduser().exists():
         errors.append(
             f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
             "or auto | never)"

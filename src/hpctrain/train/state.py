@@ -28,6 +28,7 @@ from hpctrain.train.checkpoint import (
     read_checkpoint,
     strip_prefixes,
 )
+from hpctrain.train.remote_ckpt import RemoteCheckpoints, local_resume_path, pull_working_copy
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
 from hpctrain.train.train_state import TrainState
 
@@ -107,6 +108,7 @@ class StateKeeper:
         self.changes: dict[str, dict[str, list[Any]]] = {"accepted": {}, "allowed": {}}
         self.history: list[dict[str, Any]] = []
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
+        self.remote = RemoteCheckpoints(owner.cfg)  # pelican:// checkpoint.dir / mirror_to uploads
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -154,7 +156,9 @@ class StateKeeper:
                     f"{exc.strerror or exc}; the last complete checkpoint ({kept}) is kept: free space (or fix "
                     "the folder's permissions, or set run.out_dir elsewhere) and run the same command again"
                 ) from None
-            if self.t.cfg.checkpoint.mirror_to:
+            # pelican:// checkpoint.dir / mirror_to: in the background, the newest wins (else nothing)
+            self.remote.submit(path.parent)
+            if self.t.cfg.checkpoint.mirror_to and not self.remote.takes(self.t.cfg.checkpoint.mirror_to):
                 self._mirror_in_background(path.parent, self.t.cfg.checkpoint.mirror_to)
         self.last_saved_step = self.t.state.step
         dist.barrier()
@@ -247,6 +251,7 @@ class StateKeeper:
             )
         # The run folder's own checkpoints come first, also with resume=<path>: a requeued fine-tuning job
         # continues its own run instead of starting again from the given file.
+        pull_working_copy(t)  # a remote checkpoint.dir fills an empty working copy
         loaded = t.store.load_latest()
         if loaded is not None:
             return ("resume", str(loaded[1]), ""), loaded[0]
@@ -259,7 +264,7 @@ class StateKeeper:
             )
         if mode in ("auto", "never"):
             return ("fresh", None, ""), None
-        path, state = _given_checkpoint(mode)
+        path, state = _given_checkpoint(local_resume_path(t, mode))
         return ("restart" if t.cfg.checkpoint.restart else "finetune", str(path), mode), state
 
     def _previous_hop(self) -> str:

@@ -188,7 +188,13 @@ class Trainer:
             result = self._result("already_finished", "finished", EXIT_OK)
             if self.env.is_main:
                 complete_finished_run(
-                    self.chain, self.store, self.run_dir, self.state, self.cfg, result.params_sha256
+                    self.chain,
+                    self.store,
+                    self.run_dir,
+                    self.state,
+                    self.cfg,
+                    result.params_sha256,
+                    self.keeper.remote,
                 )
             return result
         self.chain.open_hop(
@@ -470,6 +476,7 @@ class Trainer:
     def close(self) -> None:
         try:
             self.keeper.close()
+            self.keeper.remote.finish(self.budget)  # the last upload, never past the walltime
             for close in reversed(self._closers):
                 close()
             self.trackers.close()

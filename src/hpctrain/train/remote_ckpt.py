@@ -1,0 +1,145 @@
+"""Checkpoints on a Pelican/OSDF federation: the token before anything starts, uploads after each commit, and
+resuming from the federation (`checkpoint.dir`, `checkpoint.resume: pelican://...`).
+
+The trainer calls four things, each a no-op without a Pelican destination:
+    prepare_tokens(cfg)               at start (entry.run): the OIDC login the run needs (data.pelican.auto_token)
+    RemoteCheckpoints.submit(folder)  after a commit: upload in the background (newest wins, retried)
+    RemoteCheckpoints.finish(budget)  at close: wait for the last upload, never past the walltime
+    pull_working_copy(t)              before resuming: an empty working copy gets the remote latest
+    local_resume_path(t, given)       checkpoint.resume=pelican://...: staged to scratch, then read as a file
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.errors import UserError
+from hpctrain.remote.pelican_write import PelicanWriter, RemoteWriteError, fetch_checkpoint, is_pelican
+
+if TYPE_CHECKING:
+    from hpctrain.remote.upload import Uploader
+    from hpctrain.runtime.budget import TimeBudget
+    from hpctrain.train.state import Owner
+
+log = logging.getLogger(__name__)
+_MARGIN = 5.0  # seconds kept after the last upload wait, for the exit itself
+
+
+def prepare_tokens(cfg: Any) -> None:
+    """With data.pelican.auto_token: make sure a cached (or, at a terminal, a new) login covers the run's
+    Pelican inputs and outputs; a batch job without one stops here with the login hint (exit 2)."""
+    pelican = cfg.data.pelican
+    if not pelican.auto_token:
+        return
+    from hpctrain.remote.oidc import ensure_login
+
+    ensure_login(pelican, *pelican_uris(cfg))
+
+
+def pelican_uris(cfg: Any) -> tuple[list[str], list[str]]:
+    """(URIs the run reads, URIs it writes): inputs and a remote resume; checkpoint and TensorBoard copies."""
+    reads = [str(p) for name in type(cfg.data).input_paths for p in _as_list(getattr(cfg.data, name))]
+    if is_pelican(cfg.checkpoint.resume):
+        reads.append(cfg.checkpoint.resume)
+    writes = [
+        d
+        for d in (cfg.checkpoint.dir, cfg.checkpoint.mirror_to, cfg.logging.tensorboard.mirror_to)
+        if is_pelican(d)
+    ]
+    return reads, writes
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, str) else list(value or ())
+
+
+def pelican_destinations(cfg: Any) -> list[str]:
+    """Where checkpoints go on the federation: checkpoint.dir itself, and `checkpoints/` under a pelican://
+    checkpoint.mirror_to (where the mirror puts them for any other destination too)."""
+    out = [str(cfg.checkpoint.dir)] if cfg.checkpoint.dir else []
+    if is_pelican(cfg.checkpoint.mirror_to):
+        out.append(str(cfg.checkpoint.mirror_to).rstrip("/") + "/checkpoints")
+    return out
+
+
+class RemoteCheckpoints:
+    """Rank 0's uploads of the checkpoint folder to the federation (no destination: does nothing)."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.dests = list(dict.fromkeys(pelican_destinations(cfg)))
+        self.pelican = cfg.data.pelican
+        self._uploaders: dict[str, Uploader] = {}
+        self._sent: dict[str, dict[str, tuple[int, int]]] = {d: {} for d in self.dests}
+
+    def takes(self, dest: str | None) -> bool:
+        """Whether `dest` (checkpoint.mirror_to) is uploaded here rather than by the plain mirror."""
+        return is_pelican(dest)
+
+    def submit(self, folder: Path) -> None:
+        from hpctrain.remote.pelican_write import sync_checkpoints
+        from hpctrain.remote.upload import Uploader
+
+        for dest in self.dests:
+            if dest not in self._uploaders:
+                self._uploaders[dest] = Uploader(f"checkpoints to {dest}")
+            writer = PelicanWriter(dest, self.pelican)
+            self._uploaders[dest].submit(
+                functools.partial(sync_checkpoints, folder, writer, self._sent[dest])
+            )
+
+    def finish(self, budget: TimeBudget | None) -> None:
+        """Wait for the last uploads, but never past the deadline (minus a margin for the exit)."""
+        from hpctrain.remote.upload import stop_by
+
+        remaining = budget.remaining() if budget is not None else None
+        timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
+        stop_by(None if timeout is None else time.monotonic() + timeout)  # TensorBoard's close too
+        for dest, uploader in self._uploaders.items():
+            if uploader.close(timeout):
+                log.info("checkpoints uploaded to %s", dest)
+        self._uploaders.clear()
+
+
+def pull_working_copy(t: Owner) -> None:
+    """An empty local working copy of a remote checkpoint.dir gets the remote latest (and its sidecar)."""
+    dest = t.cfg.checkpoint.dir
+    if not dest or t.cfg.checkpoint.resume == "never" or t.store.has_checkpoints():
+        return  # never: a new run, whose first upload replaces the remote `latest`
+    try:
+        got = fetch_checkpoint(dest, t.store.folder, t.cfg.data.pelican, log.info)
+    except RemoteWriteError as exc:
+        raise UserError(f"checkpoint.dir={dest}: cannot read the remote checkpoints: {exc}") from None
+    if got is not None:
+        from hpctrain.fsutil import atomic_write_text
+
+        atomic_write_text(t.store.folder / "latest", got.name + "\n")  # the pointer last, as in a commit
+
+
+def local_resume_path(t: Owner, given: str) -> str:
+    """checkpoint.resume as a local path: a pelican:// file or folder is staged first, to scratch on one node;
+    with several nodes into `<run folder>/resume-staged/` (the other ranks read the file rank 0 chose, and a
+    node's scratch is its own)."""
+    if not is_pelican(given):
+        return given
+    digest = hashlib.sha256(given.encode()).hexdigest()[:12]
+    if t.env.world_size > t.env.local_world_size:
+        dest = t.run_dir / "resume-staged" / digest
+    else:
+        scratch = (
+            t.cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+        )
+        dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
+    try:
+        got = fetch_checkpoint(given, dest, t.cfg.data.pelican, log.info)
+    except RemoteWriteError as exc:
+        raise UserError(f"checkpoint.resume={given}: {exc}") from None
+    if got is None:
+        raise UserError(f"checkpoint.resume={given}: no `latest` checkpoint in this remote folder")
+    return str(got)
