@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from hpctrain.config.remote import StagingConfig
-from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name, staging_root
+from hpctrain.data.staging import BadFileError, Stager, local_name, staging_root
+from hpctrain.errors import UserError
 from hpctrain.remote.expand import expand_paths
 
 
@@ -38,8 +39,8 @@ def test_staging_root_is_private_per_user_job_node(tmp_path: Path) -> None:
     for level in (root, root.parent, root.parent.parent):
         assert stat.S_IMODE(level.stat().st_mode) == 0o700
     assert staging_root(StagingConfig(dir=str(tmp_path)), env={}).parent.name == "job-local"
-    with pytest.raises(StagingError, match="does not exist"):
-        staging_root(StagingConfig(dir=str(tmp_path / "nope")), "1", env={})
+    with pytest.raises(UserError, match=f"does not exist .*nearest existing folder: {tmp_path}$"):
+        staging_root(StagingConfig(dir=str(tmp_path / "nope" / "deeper")), "1", env={})
 
 
 def test_local_inputs_pass_through(tmp_path: Path) -> None:
@@ -76,3 +77,21 @@ def test_staging_config_validation() -> None:
         StagingConfig(ahaed=2)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="local_rank"):
         Stager([], local_rank=2, local_world_size=2)
+
+
+def test_a_missing_staging_folder_is_one_line_before_anything_runs(tmp_path: Path) -> None:
+    from tests.conftest import ROOT, hpctrain
+
+    done = hpctrain(
+        "train",
+        "--config",
+        str(ROOT / "configs" / "muons.yaml"),
+        "data.paths=[pelican://127.0.0.1:9/ns/f.parquet]",
+        "data.val_paths=[]",
+        f"data.staging.dir={tmp_path / 'nope' / 'x'}",
+        cwd=tmp_path,
+    )
+    assert done.code == 2 and "Traceback" not in done.err
+    line = [x for x in done.err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and f"data.staging.dir={tmp_path / 'nope' / 'x'}: no such folder" in line[0]
+    assert f"(nearest existing folder: {tmp_path})" in line[0]

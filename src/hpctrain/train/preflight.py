@@ -37,6 +37,11 @@ def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
             if problem:
                 errors.append(f"data.{name}: {problem}")
     errors += _token_problems(data.pelican, remote)
+    scratch = data.staging.dir
+    if remote and scratch and not Path(scratch).expanduser().is_dir():
+        errors.append(
+            f"data.staging.dir={scratch}: no such folder{_nearest(scratch)}; remote inputs are staged there"
+        )
     if writable:
         run_dir = cfg.run.dir
         outputs = [("run.out_dir", run_dir)]

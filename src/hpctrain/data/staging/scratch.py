@@ -13,8 +13,8 @@ import socket
 from pathlib import Path
 
 from hpctrain.config.remote import StagingConfig
-from hpctrain.data.staging.errors import StagingError
-from hpctrain.fsutil import HOST, pid_alive, temp_writer
+from hpctrain.errors import UserError
+from hpctrain.fsutil import HOST, nearest_existing_folder, pid_alive, temp_writer
 
 log = logging.getLogger("hpctrain.staging")
 
@@ -24,7 +24,11 @@ def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, s
     env = dict(os.environ) if env is None else env
     base = Path(cfg.dir or env.get("SLURM_TMPDIR") or env.get("TMPDIR") or "/tmp").expanduser()
     if not base.is_dir():
-        raise StagingError(f"staging folder {base} does not exist (data.staging.dir, SLURM_TMPDIR or TMPDIR)")
+        # a setting the user fixes (a typo, a scratch volume not mounted on this node): one line, exit 2
+        raise UserError(
+            f"staging folder {base} does not exist (data.staging.dir, SLURM_TMPDIR or TMPDIR); nearest existing "
+            f"folder: {nearest_existing_folder(base)}"
+        )
     job = job_id or env.get("SLURM_JOB_ID") or "local"
     parts = [f"hpctrain-{getpass.getuser()}", f"job-{job}", socket.gethostname().split(".")[0]]
     path = base
@@ -34,7 +38,7 @@ def staging_root(cfg: StagingConfig, job_id: str | None = None, env: dict[str, s
         st = path.lstat()
         # in a shared /tmp someone else could have made the folder (or a symlink) first
         if path.is_symlink() or st.st_uid != os.getuid():
-            raise StagingError(f"staging folder {path} is not a folder owned by you; set data.staging.dir")
+            raise UserError(f"staging folder {path} is not a folder owned by you; set data.staging.dir")
         if st.st_mode & 0o077:
             os.chmod(path, 0o700)
     return path
