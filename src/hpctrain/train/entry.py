@@ -103,7 +103,6 @@ def _train(
         built.append(Trainer(cfg, task, env, run_dir, budget))
         trainer = built[0]
         trainer.build()
-    out.open(run_dir)  # the run folder is ours now (locked): every hop's lines go to its training.log too
     _describe(cfg, env, trainer, budget, run_dir, say)
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
@@ -112,6 +111,9 @@ def _train(
 
         # Only now: the run really starts with this config (a failed resume above left config.yaml alone).
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
+    # Like config.yaml, only once the resume succeeded (a refused one changes nothing in the folder): from here on
+    # every hop's lines also go to its training.log, the lines said so far first.
+    out.open(run_dir)
     say(resumed)
     trainer.start_tracking(out.file)
     result = trainer.fit()
