@@ -249,6 +249,16 @@ class ProfileConfig(Section):
     ranks: Literal["0", "all"] = Field("0", description="Which ranks profile: rank 0, or every rank.")
 
 
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+
+
+def as_compile_mode(value: Any) -> Any:
+    """true/false (the old boolean form) as default/off."""
+    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+        return "default" if value is True or str(value).lower() == "true" else "off"
+    return value
+
+
 class TrainConfig(Section):
     total_updates: int = Field(
         200,
@@ -277,7 +287,22 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
     )
-    compile: bool = Field(False, description="torch.compile the networks.", json_schema_extra=MAY_CHANGE)
+    compile: CompileMode | dict[str, CompileMode] = Field(
+        "off",
+        description="torch.compile mode of the networks: off, default, reduce-overhead or max-autotune (true = "
+        "default, false = off); a mapping network -> mode for workloads with several networks, e.g. "
+        "{generator: max-autotune, critic: off} (networks not named stay off).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    memory_budget: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of the activation memory to keep (the rest recomputed in backward): the compiler's "
+        "activation_memory_budget for compiled networks, explicit activation checkpointing (as "
+        "train.gradient_checkpointing) for the others. null = keep everything.",
+        json_schema_extra=MAY_CHANGE,
+    )
     profile: ProfileConfig | None = Field(
         None,
         description="Profile a window of updates with torch.profiler: a trace under <run>/profile/ that "
@@ -285,7 +310,10 @@ class TrainConfig(Section):
         json_schema_extra=MAY_CHANGE,
     )
     gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward.", json_schema_extra=MAY_CHANGE
+        False,
+        description="Recompute activations in backward (activation checkpointing of each network's blocks); "
+        "every workload honours it or refuses it naming itself.",
+        json_schema_extra=MAY_CHANGE,
     )
     allow_tf32: bool = Field(
         True, description="Allow TF32 matmuls on Ampere+ GPUs.", json_schema_extra=MAY_CHANGE
@@ -316,6 +344,13 @@ class TrainConfig(Section):
         "diverged, not a bad batch).",
         json_schema_extra=MAY_CHANGE,
     )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bools(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: as_compile_mode(mode) for name, mode in value.items()}
+        return as_compile_mode(value)
 
 
 class CheckpointConfig(Section):

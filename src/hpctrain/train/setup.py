@@ -14,6 +14,7 @@ from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
+from hpctrain.train.memory import check_compile_names, checkpoint_blocks, compile_network, recompute_wanted
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
@@ -53,16 +54,38 @@ class Setup:
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
     def wrap(self, raw: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start."""
+        train = self.cfg.train
+        check_compile_names(train.compile, list(raw), self.cfg.model.type)
         wrapped: dict[str, nn.Module] = {}
+        said: list[str] = []
         for name, module in raw.items():
             out: nn.Module = module
+            mode = self.task.compile_mode(name)
+            if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
+                blocks = self.task.activation_blocks(name, module)
+                if blocks is None:
+                    raise UserError(
+                        f"train.gradient_checkpointing (or train.memory_budget without compiling): the "
+                        f"{self.cfg.model.type} workload cannot recompute the activations of its network "
+                        f"{name!r}; set it to false"
+                    )
+                said.append(f"{name}: recomputes {checkpoint_blocks(blocks) or 'its own'} blocks")
             trainable = any(p.requires_grad for p in module.parameters())
             if dist.active() and trainable:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
-            if self.task.compile_module(name):
-                out = torch.compile(out)  # type: ignore[assignment]
+            if mode != "off":
+                out = compile_network(out, mode, train.memory_budget)
+                budget = (
+                    ""
+                    if train.memory_budget is None
+                    else f", activation memory budget {train.memory_budget:g}"
+                )
+                said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
+        if said and self.env.is_main:
+            print("networks: " + "; ".join(said), flush=True)
         return wrapped
 
     def optimizers(

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase, Section
+from hpctrain.config.schema import (
+    MAY_CHANGE,
+    CompileMode,
+    ConfigBase,
+    DataConfigBase,
+    ModelConfigBase,
+    Section,
+    as_compile_mode,
+)
 from hpctrain.workloads.registry import WorkloadSpec
 
 UNIT_EVENTS = (
@@ -108,10 +116,19 @@ class MultiplicitySettings(Section):
 
 
 class CompileSettings(Section):
-    generator: bool = Field(False, description="torch.compile the generator.")
-    critic: bool = Field(
-        False, description="torch.compile the critic (forced off, with a warning, when lambda_gp > 0)."
+    generator: CompileMode | None = Field(
+        None, description="torch.compile mode of the generator (true = default; null = train.compile)."
     )
+    critic: CompileMode | None = Field(
+        None,
+        description="torch.compile mode of the critic (null = train.compile); forced off, said once, when "
+        "lambda_gp > 0 (the gradient penalty needs double backward).",
+    )
+
+    @field_validator("generator", "critic", mode="before")
+    @classmethod
+    def _bools(cls, value: Any) -> Any:
+        return value if value is None else as_compile_mode(value)
 
 
 class MuonWGANConfig(ModelConfigBase):

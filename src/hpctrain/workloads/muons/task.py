@@ -88,16 +88,18 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         lr = self.cfg.model.generator_lr if name == "generator" else self.cfg.model.critic_lr
         return {} if lr is None else {"lr": lr}
 
-    def compile_module(self, name: str) -> bool:
+    def compile_mode(self, name: str) -> str:
         m = self.cfg.model
-        if name == "generator":
-            return bool(m.compile.generator)
-        if m.compile.critic and m.lambda_gp > 0:
-            log.warning(
-                "model.compile.critic ignored: the gradient penalty (lambda_gp > 0) needs double backward"
-            )
-            return False
-        return bool(m.compile.critic)
+        own = m.compile.generator if name == "generator" else m.compile.critic
+        mode = own if own is not None else super().compile_mode(name)
+        if name == "critic" and mode != "off" and m.lambda_gp > 0:
+            if self.env.is_main:  # wrap asks once per network: said once
+                log.warning(
+                    "compiling the critic is off: the gradient penalty (lambda_gp > 0) needs double backward, "
+                    "which torch.compile does not support"
+                )
+            return "off"
+        return mode
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
