@@ -40,6 +40,13 @@ def save_pause(seconds: float) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
 
 
+def fake_compile(log: Path) -> dict[str, str]:
+    """Environment for a subprocess whose torch.compile only records its arguments in `log` (JSON lines of mode,
+    activation-memory budget, network class): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_FAKE_COMPILE": str(log), "PYTHONPATH": path}
+
+
 @dataclass
 class Done:
     code: int

@@ -8,6 +8,7 @@ workload registry is visible, so this module stays below the workloads.
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
@@ -253,9 +254,12 @@ CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
 
 
 def as_compile_mode(value: Any) -> Any:
-    """true/false (the old boolean form) as default/off."""
-    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
-        return "default" if value is True or str(value).lower() == "true" else "off"
+    """A boolean (the old form, also typed as yes/no/1/0) as default/off."""
+    text = str(value).lower()
+    if text in ("true", "yes", "1"):
+        return "default"
+    if text in ("false", "no", "0"):
+        return "off"
     return value
 
 
@@ -350,7 +354,12 @@ class TrainConfig(Section):
     def _compile_bools(cls, value: Any) -> Any:
         if isinstance(value, dict):
             return {name: as_compile_mode(mode) for name, mode in value.items()}
-        return as_compile_mode(value)
+        value = as_compile_mode(value)
+        if value not in typing.get_args(CompileMode):
+            raise ValueError(
+                "must be off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
+            )
+        return value
 
 
 class CheckpointConfig(Section):

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch._functorch.config
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
