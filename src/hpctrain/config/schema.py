@@ -108,7 +108,15 @@ class DataConfigBase(Section):
     batch_size: int = Field(
         64,
         ge=1,
-        description="Samples (events, maps) per batch PER GPU/process.",
+        description="Samples (events, maps) per batch PER GPU/process (or give data.global_batch_size).",
+        json_schema_extra=IDENTITY,
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="The alternative to batch_size (set one of them): samples per update over ALL GPUs, split "
+        "over the world size and train.grad_accum_steps at start (refused when it does not divide). "
+        "optim.lr_scaling uses the global batch either way.",
         json_schema_extra=IDENTITY,
     )
     num_workers: int = Field(

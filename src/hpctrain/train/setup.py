@@ -32,6 +32,18 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
     return torch.device("cuda", index)
 
 
+def per_gpu_batch(global_batch: int, world_size: int, accumulation: int) -> int:
+    """data.global_batch_size split over the ranks and the accumulated micro-steps; it must divide."""
+    share = world_size * accumulation
+    if global_batch % share:
+        lower, upper = global_batch // share * share, (global_batch // share + 1) * share
+        raise UserError(
+            f"data.global_batch_size={global_batch} does not split over {world_size} processes x {accumulation} "
+            f"accumulation steps: use a multiple of {share} (e.g. {lower or share} or {upper})"
+        )
+    return global_batch // share
+
+
 class Setup:
     def __init__(self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv) -> None:
         self.cfg = cfg
@@ -47,6 +59,10 @@ class Setup:
             torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
             torch.backends.cudnn.allow_tf32 = train.allow_tf32
         dist.init(env, cfg.distributed.backend, self.device, cfg.distributed.timeout_seconds)
+        if cfg.data.global_batch_size is not None:
+            cfg.data.batch_size = per_gpu_batch(
+                cfg.data.global_batch_size, env.world_size, train.grad_accum_steps
+            )
 
     @property
     def global_batch(self) -> int:
