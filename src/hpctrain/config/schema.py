@@ -388,7 +388,9 @@ class CheckpointConfig(Section):
     resume: str = Field(
         "auto",
         description="auto (continue the run in its folder), never (start afresh; a previous run in the folder "
-        "is moved to old-<time>/), or a checkpoint file or run folder to start from while the folder has none.",
+        "is moved to old-<time>/), latest (continue; refused when the folder holds no checkpoint), best or "
+        "step_N (go back to this run's best.pt or its checkpoint of update N, once: later hops continue), or a "
+        "checkpoint file or run folder to start from while the folder has none.",
     )
     restart: bool = Field(
         True,
