@@ -16,7 +16,21 @@ pytest_plugins = ["tests.integration.slurm_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Variables that would leak the developer's or CI's settings into a test's configuration.
-_LEAKY = ("LR", "BATCH_SIZE", "TOTAL_UPDATES", "EPOCHS", "SEED", "RESULTS_DIR", "DATA_DIR", "WANDB_API_KEY")
+_LEAKY = (
+    "LR",
+    "BATCH_SIZE",
+    "GLOBAL_BATCH_SIZE",
+    "TOTAL_UPDATES",
+    "EPOCHS",
+    "SEED",
+    "GPUS",
+    "NODES",
+    "DATA_TYPE",
+    "TRAIN_SAMPLES",
+    "RESULTS_DIR",
+    "DATA_DIR",
+    "WANDB_API_KEY",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -32,12 +32,19 @@ from hpctrain.errors import UserError
 
 ENV_PREFIX = "HPCTRAIN_"
 # Short names the sbatch templates and users pass with `--export` (values go through validation like any other).
+# The cosmology scripts' names map to the workload's own data keys; a workload without the key refuses the
+# variable in one line (unknown key data.kind, from environment DATA_TYPE). slurm/common.sh lists the same names.
 ENV_ALIASES = {
     "LR": "optim.lr",
     "BATCH_SIZE": "data.batch_size",
+    "GLOBAL_BATCH_SIZE": "data.global_batch_size",
     "TOTAL_UPDATES": "train.total_updates",
     "EPOCHS": "train.epochs",
     "SEED": "run.seed",
+    "GPUS": "slurm.gpus_per_node",  # tasks per node follow (one per GPU) unless slurm.tasks_per_node is set
+    "NODES": "slurm.nodes",
+    "DATA_TYPE": "data.kind",
+    "TRAIN_SAMPLES": "data.n_train",
 }
 # Variables with a fixed key of their own (paths and the secrets' allowed routes), from the environment or .env.
 ENV_KEYS = {
