@@ -330,8 +330,11 @@ class TrainConfig(Section):
     allow_tf32: bool = Field(
         True, description="Allow TF32 matmuls on Ampere+ GPUs.", json_schema_extra=MAY_CHANGE
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto = CUDA when available.", json_schema_extra=MAY_CHANGE
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field(
+        "auto",
+        description="auto = CUDA when available, else CPU; mps = an Apple GPU, where this torch has it (one "
+        "process).",
+        json_schema_extra=MAY_CHANGE,
     )
     threads: int = Field(
         0,

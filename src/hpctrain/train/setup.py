@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(choice: str, env: ClusterEnv) -> torch.device:
+    if choice == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise UserError(
+                "train.device='mps' but this torch has no usable MPS (Apple GPU) backend; use auto"
+            )
+        if env.world_size > 1:
+            raise UserError(f"train.device='mps' runs one process, not {env.world_size}; use cuda or cpu")
+        return torch.device("mps")
     if choice == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device='cuda' but no CUDA device is visible (use auto or cpu)")
     if choice == "cpu" or not torch.cuda.is_available():

@@ -131,6 +131,26 @@ class CompileSettings(Section):
         return value if value is None else as_compile_mode(value)
 
 
+class AdaptiveCriticSettings(Section):
+    """Critic updates per generator update tuned by the critic's Wasserstein estimate (averaged over ranks, so
+    every rank takes the same number of steps): one more while it lags, one fewer while it dominates."""
+
+    min_steps: int = Field(1, ge=1, description="Fewest critic updates per generator update.")
+    max_steps: int = Field(10, ge=1, description="Most critic updates per generator update.")
+    lag_below: float = Field(
+        0.05, description="A Wasserstein estimate below this: the critic cannot tell real from fake: +1 step."
+    )
+    dominate_above: float = Field(
+        2.0, description="A Wasserstein estimate above this: the critic dominates the generator: -1 step."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptiveCriticSettings:
+        if self.min_steps > self.max_steps or self.lag_below >= self.dominate_above:
+            raise ValueError("need min_steps <= max_steps and lag_below < dominate_above")
+        return self
+
+
 class MuonWGANConfig(ModelConfigBase):
     """Conditional WGAN-GP generating muon bundles (see docs/muons.md)."""
 
@@ -150,6 +170,18 @@ class MuonWGANConfig(ModelConfigBase):
     )
     gp_max_pairs: int = Field(
         0, ge=0, description="At most this many (real, fake) muon pairs in the penalty (0 = all)."
+    )
+    gp_sample_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of the batch's muon pairs (drawn at random) in the penalty (1 = all; with "
+        "gp_max_pairs the smaller cap wins).",
+    )
+    adaptive_critic: AdaptiveCriticSettings | None = Field(
+        None,
+        description="Tune critic_steps while training (starting from it, within min_steps..max_steps; the "
+        "number is logged as critic_steps and checkpointed). null = fixed critic_steps.",
     )
     critic_output: Literal["none", "sqrt_batch_clamp", "tanh"] = Field(
         "none",

@@ -23,7 +23,7 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once (default 4096)")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
 
 
 def sample(args: argparse.Namespace, found: Found) -> int:
@@ -61,7 +61,7 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--n-events", type=int, default=10_000, help="truth events to compare (default 10000)")
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
 
 
