@@ -448,6 +448,11 @@ class TensorBoardConfig(Section):
     dir: str | None = Field(None, description="Enables TensorBoard: event files under <dir>/<run_name>.")
     run_name: str | None = Field(None, description="Subfolder name (default: a timestamp, kept across hops).")
     hist_every: int = Field(0, ge=0, description="Histograms every N updates (0 = off).")
+    hist_max_muons: int = Field(
+        8192,
+        ge=1,
+        description="Values per histogram at most (e.g. muons of a batch): a seeded random subset beyond it.",
+    )
     mirror_to: str | None = Field(None, description="Copy event files here after each checkpoint commit.")
 
 

@@ -28,7 +28,12 @@ def build_trackers(
 
         trackers.add(
             TensorBoardTracker(
-                tb.dir, tb.run_name, resume_step, state.get("tensorboard"), mirror_to=tb.mirror_to
+                tb.dir,
+                tb.run_name,
+                resume_step,
+                state.get("tensorboard"),
+                mirror_to=tb.mirror_to,
+                max_hist_values=tb.hist_max_muons,
             )
         )
     if cfg.logging.wandb.enabled:

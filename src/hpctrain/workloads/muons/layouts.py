@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
+from hpctrain.workloads.muons import file_cache
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
@@ -198,7 +199,7 @@ class ParquetReader:
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            self.file = pq.ParquetFile(path)
+            self.file = pq.ParquetFile(file_cache.source(path))  # data.memory_cache_mb: from memory
         except Exception as err:  # OSError, ArrowInvalid, ...: pyarrow raises many types for a bad file
             raise unreadable(path, err) from None
         with _closed_on_error(self.file, path):

@@ -35,6 +35,13 @@ class MuonData(DataConfigBase):
     val_paths: list[str] = Field(
         default_factory=list, description="Validation files (empty = no validation)."
     )
+    memory_cache_mb: int = Field(
+        0,
+        ge=0,
+        description="Keep up to this many MB of Parquet file bytes in memory per process (an LRU, one per "
+        "DataLoader worker): for few files read over many epochs. 0 = off.",
+        json_schema_extra=MAY_CHANGE,
+    )
     max_muons_per_batch: int = Field(
         0,
         ge=0,
