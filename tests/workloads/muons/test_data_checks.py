@@ -60,3 +60,28 @@ def test_cache_and_histogram_cap_through_the_cli(tmp_path: Path) -> None:
     assert tags, "no histogram written"
     assert all(h.histogram_value.num <= 5 for tag in tags for h in acc.Histograms(tag))
     assert any(h.histogram_value.num == 5 for tag in tags for h in acc.Histograms(tag))
+
+
+def test_first_batch_report_names_each_file_once_and_differs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    write_set(data / "train", files=2, events=64, row_group=32, seed=3)
+    write_set(data / "val", files=1, events=32, row_group=32, seed=4)
+    args = [*wgan_overrides(data, tmp_path / "out"), "train.total_updates=6", "logging.gpu_every_seconds=0"]
+    done = hpctrain("train", *args, "data.report_first_batch=true", cwd=tmp_path)
+    assert done.code == 0, done.err
+    lines = [
+        line.split("first batch of ", 1)[1]
+        for line in (done.out + done.err).splitlines()
+        if "first batch of" in line
+    ]
+    paths = sorted(line.split(" (pid")[0] for line in lines)
+    expected = [
+        str(data / "train" / "f0.parquet"),
+        str(data / "train" / "f1.parquet"),
+        str(data / "val" / "f0.parquet"),
+    ]
+    assert paths == sorted(expected), lines  # each file once (one process: num_workers=0)
+    figures = {line.split("): ", 1)[1] for line in lines}
+    assert len(figures) == 3, lines  # the files' figures differ
+    quiet = hpctrain("train", *args, "run.name=quiet", cwd=tmp_path)
+    assert quiet.code == 0 and "first batch of" not in quiet.out + quiet.err

@@ -35,6 +35,12 @@ class MuonData(DataConfigBase):
     val_paths: list[str] = Field(
         default_factory=list, description="Validation files (empty = no validation)."
     )
+    report_first_batch: bool = Field(
+        False,
+        description="Say, once per file and process, a summary of the first non-empty events read from it "
+        "(counts, mean energies, first ids): proof that the data changes across files.",
+        json_schema_extra=MAY_CHANGE,
+    )
     memory_cache_mb: int = Field(
         0,
         ge=0,
