@@ -26,6 +26,22 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
 
 
+def usable_device(name: str | None) -> str | None:
+    """--device, refused in one line when this machine has no such device (cuda, mps)."""
+    import torch
+
+    if name is None or name == "cpu":
+        return name
+    kind = name.split(":")[0]
+    mps = getattr(torch.backends, "mps", None)
+    present = {"cuda": torch.cuda.is_available(), "mps": mps is not None and mps.is_available()}
+    if kind not in present:
+        raise UserError(f"--device {name}: choose cpu, cuda or mps")
+    if not present[kind]:
+        raise UserError(f"--device {name}: this machine (or this torch build) has no {kind} device; use cpu")
+    return name
+
+
 def sample(args: argparse.Namespace, found: Found) -> int:
     """Generate muon bundles with a muon_wgan model; writes the current Parquet layout."""
     if args.n_events is not None and args.n_events < 1:
@@ -40,7 +56,7 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.muons import layouts, sampling
 
     start = time.perf_counter()
-    model = sampling.load_model(args.model, args.device, found)
+    model = sampling.load_model(args.model, usable_device(args.device), found)
     if args.primaries:
         primaries, ids = sampling.read_primaries(args.primaries)
     else:
@@ -76,7 +92,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
 
     from hpctrain.workloads.muons import evaluate, sampling
 
-    model = sampling.load_model(args.model, args.device, found)
+    model = sampling.load_model(args.model, usable_device(args.device), found)
     result = evaluate.evaluate_model(model, args.n_events, args.seed, args.batch_size)
     if args.out:
         out = Path(args.out)
