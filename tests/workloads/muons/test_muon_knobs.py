@@ -64,7 +64,8 @@ def test_adaptive_critic_is_bounded_logged_and_checkpointed(data: Path, tmp_path
     assert steps == {1: 2.0, 2: 1.0, 3: 1.0, 4: 1.0}
     bad = hpctrain("train", *args, "run.name=bad", "model.adaptive_critic.min_steps=5", cwd=tmp_path)
     assert bad.code == 2 and "min_steps <= max_steps" in bad.err and len(bad.err.strip().splitlines()) == 1
-    if not torch.backends.mps.is_available():  # the model verbs take --device mps too, or refuse it in one line
+    # the model verbs take --device mps too, or refuse it in one line
+    if not torch.backends.mps.is_available():
         refused = hpctrain("evaluate", str(tmp_path / "out" / "t"), "--device", "mps", cwd=tmp_path)
         assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1, refused.err
         assert "--device mps: this machine (or this torch build) has no mps device" in refused.err
