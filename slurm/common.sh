@@ -63,6 +63,21 @@ hpctrain_parse_args() {
     fi
 }
 
+# The short names hpctrain reads (config/loading.py ENV_ALIASES and ENV_KEYS, and DATA_DIR; a test keeps the two
+# lists equal). HPCTRAIN_SECTION__KEY names and the libraries' own variables pass too; any other name would be
+# silently ignored by the training, so it is refused.
+HPCTRAIN_EXPORT_NAMES="LR BATCH_SIZE GLOBAL_BATCH_SIZE TOTAL_UPDATES EPOCHS SEED GPUS NODES DATA_TYPE TRAIN_SAMPLES"
+HPCTRAIN_EXPORT_NAMES+=" RESULTS_DIR DATA_DIR WANDB_API_KEY BEARER_TOKEN"
+
+hpctrain_known_export() {
+    case " $HPCTRAIN_EXPORT_NAMES " in *" $1 "*) return 0 ;; esac
+    case "$1" in
+        HPCTRAIN_* | NCCL_* | CUDA_* | TORCH_* | OMP_* | MKL_* | WANDB_* | PYTHON* | UCX_* | FI_* | GLOO_*) return 0 ;;
+        HF_* | TMPDIR | PATH | LD_LIBRARY_PATH) return 0 ;;
+    esac
+    return 1
+}
+
 hpctrain_export_list() {
     local item items
     IFS=',' read -r -a items <<<"$1"
@@ -72,6 +87,10 @@ hpctrain_export_list() {
             *=*)
                 if [[ ! "${item%%=*}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
                     hpctrain_log "error: --export item '$item': '${item%%=*}' is not a variable name"
+                    return 2
+                fi
+                if ! hpctrain_known_export "${item%%=*}"; then
+                    hpctrain_log "error: --export ${item%%=*}: not a name hpctrain reads (known: ${HPCTRAIN_EXPORT_NAMES// /, }; or HPCTRAIN_SECTION__KEY, e.g. HPCTRAIN_OPTIM__LR; or key=value after the script)"
                     return 2
                 fi
                 export "${item?}"

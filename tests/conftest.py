@@ -16,7 +16,21 @@ pytest_plugins = ["tests.integration.slurm_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Variables that would leak the developer's or CI's settings into a test's configuration.
-_LEAKY = ("LR", "BATCH_SIZE", "TOTAL_UPDATES", "EPOCHS", "SEED", "RESULTS_DIR", "DATA_DIR", "WANDB_API_KEY")
+_LEAKY = (
+    "LR",
+    "BATCH_SIZE",
+    "GLOBAL_BATCH_SIZE",
+    "TOTAL_UPDATES",
+    "EPOCHS",
+    "SEED",
+    "GPUS",
+    "NODES",
+    "DATA_TYPE",
+    "TRAIN_SAMPLES",
+    "RESULTS_DIR",
+    "DATA_DIR",
+    "WANDB_API_KEY",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -38,6 +52,13 @@ def save_pause(seconds: float) -> dict[str, str]:
     fault test kills in, or a way to make hops last): see tests/faulthook/sitecustomize.py."""
     path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
     return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+
+
+def fake_compile(log: Path) -> dict[str, str]:
+    """Environment for a subprocess whose torch.compile only records its arguments in `log` (JSON lines of mode,
+    activation-memory budget, network class): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_FAKE_COMPILE": str(log), "PYTHONPATH": path}
 
 
 @dataclass

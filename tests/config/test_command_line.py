@@ -130,7 +130,7 @@ def test_values_are_typed_by_their_field(tmp_path: Path) -> None:
     )
     assert cfg["run"]["name"] == "2024" and cfg["logging"]["wandb"]["group"] == "007"
     assert (cfg["train"]["compile"], cfg["train"]["allow_tf32"], cfg["data"]["shuffle"]) == (
-        True,
+        "default",
         False,
         False,
     )

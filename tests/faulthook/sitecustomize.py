@@ -20,3 +20,21 @@ if _pause:
             time.sleep(float(_pause))
 
     fsutil.before_commit = _pause_before_commit
+
+# `_HPCTRAIN_TEST_FAKE_COMPILE=FILE`: torch.compile returns the network unchanged and appends what it was asked
+# (mode, the compiler's activation-memory budget at that moment, the network's class) to FILE as JSON lines:
+# compiling for real on CPU takes minutes. See tests.conftest.fake_compile(FILE).
+_compile_log = os.environ.get("_HPCTRAIN_TEST_FAKE_COMPILE")
+if _compile_log:
+    import json
+
+    import torch
+    import torch._functorch.config
+
+    def _fake_compile(model, *, mode=None, **kwargs):  # type: ignore[no-untyped-def]
+        budget = torch._functorch.config.activation_memory_budget
+        with open(_compile_log, "a") as out:
+            out.write(json.dumps({"mode": mode, "budget": budget, "network": type(model).__name__}) + "\n")
+        return model
+
+    torch.compile = _fake_compile

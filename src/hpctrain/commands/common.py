@@ -23,7 +23,23 @@ class ArgParser(argparse.ArgumentParser):
     ) -> argparse.Namespace:
         if self._subparsers is not None:  # argparse cannot intermix around sub-commands
             return super().parse_args(args, namespace)
-        return self.parse_intermixed_args(args, namespace)
+        return _sized(self.parse_intermixed_args(args, namespace))
+
+
+def _sized(args: argparse.Namespace) -> argparse.Namespace:
+    """`--gpus N` and `--nodes N` (the size a preset takes) as the first command-line overrides, so that a
+    key=value typed after them still wins: `--preset multi_gpu --gpus 8` is 8 GPUs (and tasks) per node."""
+    sizes = [
+        f"{key}={value}"
+        for key, value in (
+            ("slurm.gpus_per_node", getattr(args, "gpus", None)),
+            ("slurm.nodes", getattr(args, "nodes", None)),
+        )
+        if value is not None
+    ]
+    if sizes:
+        args.overrides = [*sizes, *args.overrides]
+    return args
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +48,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset", help="debug | single_gpu | multi_gpu | multi_node | none (names the run folder too)"
     )
     parser.add_argument("--env-file", default=".env", help="file with paths and secrets (default .env)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="GPUs (and tasks) per node: slurm.gpus_per_node, e.g. with a preset",
+    )
+    parser.add_argument(
+        "--nodes", type=int, metavar="N", help="nodes per job: slurm.nodes, e.g. --preset multi_node"
+    )
     parser.add_argument(
         "overrides",
         nargs="*",

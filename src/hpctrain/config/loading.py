@@ -32,12 +32,19 @@ from hpctrain.errors import UserError
 
 ENV_PREFIX = "HPCTRAIN_"
 # Short names the sbatch templates and users pass with `--export` (values go through validation like any other).
+# The cosmology scripts' names map to the workload's own data keys; a workload without the key refuses the
+# variable in one line (unknown key data.kind, from environment DATA_TYPE). slurm/common.sh lists the same names.
 ENV_ALIASES = {
     "LR": "optim.lr",
     "BATCH_SIZE": "data.batch_size",
+    "GLOBAL_BATCH_SIZE": "data.global_batch_size",
     "TOTAL_UPDATES": "train.total_updates",
     "EPOCHS": "train.epochs",
     "SEED": "run.seed",
+    "GPUS": "slurm.gpus_per_node",  # tasks per node follow (one per GPU) unless slurm.tasks_per_node is set
+    "NODES": "slurm.nodes",
+    "DATA_TYPE": "data.kind",
+    "TRAIN_SAMPLES": "data.n_train",
 }
 # Variables with a fixed key of their own (paths and the secrets' allowed routes), from the environment or .env.
 ENV_KEYS = {
@@ -457,12 +464,40 @@ def resolve_config(
         origins[key] = shown
         sources.add(key, value, "command line")
 
+    _one_batch_form(tree, origins, request.config_path)
     run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
     if isinstance(run, dict) and not run.get("name"):
         run["name"] = default_run_name(request.config_path, request.preset)
     if prepare is not None:
         prepare(tree)
     return validate(cls, tree, origins), sources
+
+
+_LAYERS = ("preset", ".env", "environment", "override")  # after the config file, in the order they win
+
+
+def _one_batch_form(tree: dict[str, Any], origins: Mapping[str, str], config_path: str | None) -> None:
+    """data.batch_size (per GPU) and data.global_batch_size are one setting in two forms: the later layer's
+    wins, as for any key; both in one layer are refused."""
+    data = tree.get("data")
+    if not isinstance(data, dict) or "batch_size" not in data or "global_batch_size" not in data:
+        return
+    if data["global_batch_size"] is None:
+        del data["global_batch_size"]
+        return
+
+    def layer(key: str) -> int:
+        source = origins.get(key, "")
+        return next((i + 1 for i, name in enumerate(_LAYERS) if source.startswith(name)), 0)
+
+    per_gpu, whole = layer("data.batch_size"), layer("data.global_batch_size")
+    if per_gpu == whole:
+        where = origins.get("data.batch_size") or f"config file {config_path}"
+        raise UserError(
+            f"data.batch_size and data.global_batch_size are both set ({where}): set one, the per-GPU batch "
+            "or the global batch split over the GPUs"
+        )
+    del data["batch_size" if per_gpu < whole else "global_batch_size"]
 
 
 def default_run_name(config_path: str | None, preset: str | None) -> str:

@@ -8,6 +8,7 @@ workload registry is visible, so this module stays below the workloads.
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
@@ -107,7 +108,15 @@ class DataConfigBase(Section):
     batch_size: int = Field(
         64,
         ge=1,
-        description="Samples (events, maps) per batch PER GPU/process.",
+        description="Samples (events, maps) per batch PER GPU/process (or give data.global_batch_size).",
+        json_schema_extra=IDENTITY,
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="The alternative to batch_size (set one of them): samples per update over ALL GPUs, split "
+        "over the world size and train.grad_accum_steps at start (refused when it does not divide). "
+        "optim.lr_scaling uses the global batch either way.",
         json_schema_extra=IDENTITY,
     )
     num_workers: int = Field(
@@ -249,6 +258,19 @@ class ProfileConfig(Section):
     ranks: Literal["0", "all"] = Field("0", description="Which ranks profile: rank 0, or every rank.")
 
 
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+
+
+def as_compile_mode(value: Any) -> Any:
+    """A boolean (the old form, also typed as yes/no/1/0) as default/off."""
+    text = str(value).lower()
+    if text in ("true", "yes", "1"):
+        return "default"
+    if text in ("false", "no", "0"):
+        return "off"
+    return value
+
+
 class TrainConfig(Section):
     total_updates: int = Field(
         200,
@@ -277,7 +299,22 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
     )
-    compile: bool = Field(False, description="torch.compile the networks.", json_schema_extra=MAY_CHANGE)
+    compile: CompileMode | dict[str, CompileMode] = Field(
+        "off",
+        description="torch.compile mode of the networks: off, default, reduce-overhead or max-autotune (true = "
+        "default, false = off); a mapping network -> mode for workloads with several networks, e.g. "
+        "{generator: max-autotune, critic: off} (networks not named stay off).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    memory_budget: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of the activation memory to keep (the rest recomputed in backward): the compiler's "
+        "activation_memory_budget for compiled networks, explicit activation checkpointing (as "
+        "train.gradient_checkpointing) for the others. null = keep everything.",
+        json_schema_extra=MAY_CHANGE,
+    )
     profile: ProfileConfig | None = Field(
         None,
         description="Profile a window of updates with torch.profiler: a trace under <run>/profile/ that "
@@ -285,13 +322,19 @@ class TrainConfig(Section):
         json_schema_extra=MAY_CHANGE,
     )
     gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward.", json_schema_extra=MAY_CHANGE
+        False,
+        description="Recompute activations in backward (activation checkpointing of each network's blocks); "
+        "every workload honours it or refuses it naming itself.",
+        json_schema_extra=MAY_CHANGE,
     )
     allow_tf32: bool = Field(
         True, description="Allow TF32 matmuls on Ampere+ GPUs.", json_schema_extra=MAY_CHANGE
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto = CUDA when available.", json_schema_extra=MAY_CHANGE
+    device: Literal["auto", "cpu", "cuda", "mps"] = Field(
+        "auto",
+        description="auto = CUDA when available, else CPU; mps = an Apple GPU, where this torch has it (one "
+        "process).",
+        json_schema_extra=MAY_CHANGE,
     )
     threads: int = Field(
         0,
@@ -317,6 +360,18 @@ class TrainConfig(Section):
         json_schema_extra=MAY_CHANGE,
     )
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_bools(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: as_compile_mode(mode) for name, mode in value.items()}
+        value = as_compile_mode(value)
+        if value not in typing.get_args(CompileMode):
+            raise ValueError(
+                "must be off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
+            )
+        return value
+
 
 class CheckpointConfig(Section):
     every: int = Field(
@@ -336,9 +391,10 @@ class CheckpointConfig(Section):
     resume: str = Field(
         "auto",
         description="auto (continue the run in its folder), never (start afresh; a previous run in the folder "
-        "is moved to old-<time>/), or a checkpoint file or run folder to start from while the folder has none "
-        "(also pelican:// or osdf://: staged to scratch and checked against its SHA-256 sidecar; a remote "
-        "folder's `latest` is read).",
+        "is moved to old-<time>/), latest (continue; refused when the folder holds no checkpoint), best or "
+        "step_N (go back to this run's best.pt or its checkpoint of update N, once: later hops continue), or a "
+        "checkpoint file or run folder to start from while the folder has none (also pelican:// or osdf://: "
+        "staged to scratch and checked against its SHA-256 sidecar; a remote folder's `latest` is read).",
     )
     restart: bool = Field(
         True,
@@ -413,6 +469,11 @@ class TensorBoardConfig(Section):
         None, description="Subfolder name (default: <run.name>-<first hop's time>, kept across hops)."
     )
     hist_every: int = Field(0, ge=0, description="Histograms every N updates (0 = off).")
+    hist_max_muons: int = Field(
+        8192,
+        ge=1,
+        description="Values per histogram at most (e.g. muons of a batch): a seeded random subset beyond it.",
+    )
     mirror_to: str | None = Field(
         None,
         description="Copy event files here after each checkpoint commit (a folder or URL; pelican:// and "

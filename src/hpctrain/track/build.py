@@ -36,6 +36,7 @@ def build_trackers(
                 run=cfg.run.name,
                 mirror_every=tb.mirror_every_seconds,
                 pelican=cfg.data.pelican,
+                max_hist_values=tb.hist_max_muons,
             )
         )
     if cfg.logging.wandb.enabled:

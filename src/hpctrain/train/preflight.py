@@ -20,6 +20,7 @@ from typing import Any
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.fsutil import nearest_existing_folder
+from hpctrain.train.resume_forms import resume_form
 
 
 def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
@@ -54,11 +55,15 @@ def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
             if problem:
                 errors.append(f"{key}: {problem}")
     resume = cfg.checkpoint.resume
-    # A file, or a run folder (its latest checkpoint).
-    if resume not in ("auto", "never") and not is_remote(resume) and not Path(resume).expanduser().exists():
+    # A file, or a run folder (its latest checkpoint); the other forms are checked against the run folder.
+    if (
+        resume_form(resume).kind == "given"
+        and not is_remote(resume)
+        and not Path(resume).expanduser().exists()
+    ):
         errors.append(
             f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
-            "or auto | never)"
+            "or auto | never | latest | best | step_N)"
         )
     return errors
 

@@ -319,7 +319,15 @@ def _names(path: Path, fd: int) -> bool:
 
 # Files of a run besides its checkpoints/ folder that belong to that run alone.
 # Files and folders of a run's history (trackers included: an offline W&B run of the old run is not the new one's).
-RUN_FILES = ("metrics.jsonl", "chain.json", "summary.json", "wandb.json", "wandb", "bad_files.txt")
+RUN_FILES = (
+    "metrics.jsonl",
+    "chain.json",
+    "summary.json",
+    "wandb.json",
+    "wandb",
+    "bad_files.txt",
+    "resume_applied.json",
+)
 
 
 def previous_run_files(run_dir: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
+from hpctrain.train.memory import check_compile_names, checkpoint_blocks, compile_network, recompute_wanted
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
@@ -22,6 +23,15 @@ log = logging.getLogger(__name__)
 
 
 def pick_device(choice: str, env: ClusterEnv) -> torch.device:
+    if choice == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise UserError(
+                "train.device='mps' but this torch has no usable MPS (Apple GPU) backend; use auto"
+            )
+        if env.world_size > 1:
+            raise UserError(f"train.device='mps' runs one process, not {env.world_size}; use cuda or cpu")
+        return torch.device("mps")
     if choice == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device='cuda' but no CUDA device is visible (use auto or cpu)")
     if choice == "cpu" or not torch.cuda.is_available():
@@ -29,6 +39,18 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
     index = env.local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def per_gpu_batch(global_batch: int, world_size: int, accumulation: int) -> int:
+    """data.global_batch_size split over the ranks and the accumulated micro-steps; it must divide."""
+    share = world_size * accumulation
+    if global_batch % share:
+        lower, upper = global_batch // share * share, (global_batch // share + 1) * share
+        raise UserError(
+            f"data.global_batch_size={global_batch} does not split over {world_size} processes x {accumulation} "
+            f"accumulation steps: use a multiple of {share} (e.g. {lower or share} or {upper})"
+        )
+    return global_batch // share
 
 
 class Setup:
@@ -46,6 +68,10 @@ class Setup:
             torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
             torch.backends.cudnn.allow_tf32 = train.allow_tf32
         dist.init(env, cfg.distributed.backend, self.device, cfg.distributed.timeout_seconds)
+        if cfg.data.global_batch_size is not None:
+            cfg.data.batch_size = per_gpu_batch(
+                cfg.data.global_batch_size, env.world_size, train.grad_accum_steps
+            )
 
     @property
     def global_batch(self) -> int:
@@ -53,16 +79,38 @@ class Setup:
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
     def wrap(self, raw: dict[str, nn.Module]) -> dict[str, nn.Module]:
+        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start."""
+        train = self.cfg.train
+        check_compile_names(train.compile, list(raw), self.cfg.model.type)
         wrapped: dict[str, nn.Module] = {}
+        said: list[str] = []
         for name, module in raw.items():
             out: nn.Module = module
+            mode = self.task.compile_mode(name)
+            if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
+                blocks = self.task.activation_blocks(name, module)
+                if blocks is None:
+                    raise UserError(
+                        f"train.gradient_checkpointing (or train.memory_budget without compiling): the "
+                        f"{self.cfg.model.type} workload cannot recompute the activations of its network "
+                        f"{name!r}; set it to false"
+                    )
+                said.append(f"{name}: recomputes {checkpoint_blocks(blocks) or 'its own'} blocks")
             trainable = any(p.requires_grad for p in module.parameters())
             if dist.active() and trainable:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
-            if self.task.compile_module(name):
-                out = torch.compile(out)  # type: ignore[assignment]
+            if mode != "off":
+                out = compile_network(out, mode, train.memory_budget)
+                budget = (
+                    ""
+                    if train.memory_budget is None
+                    else f", activation memory budget {train.memory_budget:g}"
+                )
+                said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
+        if said and self.env.is_main:
+            print("networks: " + "; ".join(said), flush=True)
         return wrapped
 
     def optimizers(

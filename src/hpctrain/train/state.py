@@ -29,6 +29,7 @@ from hpctrain.train.checkpoint import (
     strip_prefixes,
 )
 from hpctrain.train.remote_ckpt import RemoteCheckpoints, local_resume_path, pull_working_copy
+from hpctrain.train.resume_forms import note_rewind, resume_form, rewind_target
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
 from hpctrain.train.train_state import TrainState
 
@@ -221,6 +222,11 @@ class StateKeeper:
         if kind == "resume":
             self._restore_full(state, path, f"checkpoint {path}", _FRESH_HINT)
             return f"resumed from {path} at update {t.state.step}{self._previous_hop()}"
+        if kind == "rewind":
+            self._restore_full(state, path, f"checkpoint.resume={note}", _FRESH_HINT)
+            if t.env.is_main:
+                note_rewind(t.run_dir, resume_form(note), path, t.state.step)
+            return f"went back to {path} (checkpoint.resume={note}) at update {t.state.step}"
         given = f"checkpoint.resume={note}"
         if kind == "restart":
             self._restore_full(state, path, given, _OTHER_HINT)
@@ -249,6 +255,14 @@ class StateKeeper:
                 "requeued): continuing it",
                 t.env.job_id,
             )
+        form = resume_form(mode)
+        if form.kind == "rewind":  # best / step_N: this run goes back to one of its own checkpoints, once
+            target = rewind_target(form, t.store, t.run_dir)
+            if target is not None:
+                try:
+                    return ("rewind", str(target), mode), read_checkpoint(target)
+                except Unreadable as exc:
+                    raise UserError(f"checkpoint.resume={mode}: cannot be used: {exc}") from None
         # The run folder's own checkpoints come first, also with resume=<path>: a requeued fine-tuning job
         # continues its own run instead of starting again from the given file.
         pull_working_copy(t)  # a remote checkpoint.dir fills an empty working copy
@@ -262,7 +276,12 @@ class StateKeeper:
                 f"{t.store.folder} holds none; nothing was changed: if the file system is having trouble, try "
                 "again later; to start afresh use checkpoint.resume=never (the old run is moved aside)"
             )
-        if mode in ("auto", "never"):
+        if form.kind == "latest":
+            raise UserError(
+                f"checkpoint.resume=latest: {t.store.folder} holds no checkpoint to continue from; use auto to "
+                "start afresh when there is none"
+            )
+        if form.kind != "given":
             return ("fresh", None, ""), None
         path, state = _given_checkpoint(local_resume_path(t, mode))
         return ("restart" if t.cfg.checkpoint.restart else "finetune", str(path), mode), state
@@ -403,7 +422,7 @@ class StateKeeper:
         """Whose configuration differs, and how to start a run of one's own instead."""
         t = self.t
         mode = t.cfg.checkpoint.resume
-        if mode not in ("auto", "never"):
+        if resume_form(mode).kind == "given":
             return f"checkpoint {mode}", "start from its weights alone with checkpoint.restart=false"
         name, n = t.cfg.run.name, 2
         while (t.run_dir.parent / f"{name}-{n}").exists():
@@ -448,7 +467,7 @@ def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
     if not path.exists():
         raise UserError(
             f"checkpoint.resume={given}: no such file or folder (give a checkpoint file or a run folder, or "
-            "auto | never)"
+            "auto | never | latest | best | step_N)"
         )
     try:
         if path.is_dir():

@@ -18,6 +18,7 @@ from torch import nn
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.memory import blocks_of, compile_mode_of
 
 
 @runtime_checkable
@@ -93,9 +94,16 @@ class Task(ABC, Generic[C]):
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
 
-    def compile_module(self, name: str) -> bool:
-        """Whether to wrap network `name` in torch.compile (default: train.compile, for every network)."""
-        return bool(self.cfg.train.compile)
+    def compile_mode(self, name: str) -> str:
+        """torch.compile mode of network `name`, "off" = not compiled (default: train.compile, one mode for every
+        network or a mode per network)."""
+        return compile_mode_of(self.cfg.train.compile, name)
+
+    def activation_blocks(self, name: str, module: nn.Module) -> list[nn.Module] | None:
+        """The blocks of network `name` that recompute their activations in backward under
+        train.gradient_checkpointing (default: its outermost nn.Sequential blocks); [] when the network does it
+        itself; None when this workload cannot (the run is refused, naming it)."""
+        return blocks_of(module)
 
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         """Optimizer name -> the networks it updates. One optimizer over everything by default."""

@@ -38,6 +38,23 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sigma-8", type=_pair, default=(0.6, 1.0), help="prior box LO,HI (default 0.6,1.0)")
     g.add_argument("--format", choices=("hdf5", "npy"), default="hdf5", help="shard format (default hdf5)")
     g.add_argument("--shard-size", type=int, default=1024, help="maps per shard (default 1024)")
+    g.add_argument(
+        "--share",
+        type=_share,
+        default=(0, 1),
+        metavar="K/N",
+        help="write only the shards whose number is K modulo N (array task K of N; slurm/generate_data.sh)",
+    )
+
+
+def _share(text: str) -> tuple[int, int]:
+    try:
+        task, tasks = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N") from None
+    if not 0 <= task < tasks:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= K < N")
+    return task, tasks
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -66,11 +83,16 @@ def generate(args: argparse.Namespace) -> int:
             prior=prior,
             fmt=args.format,
             shard_size=args.shard_size,
+            share=args.share,
         )
         seconds = time.perf_counter() - start
+        task, tasks = args.share
+        mine = [i for i in range(len(meta["shards"])) if i % tasks == task]
+        part = f" (share {task}/{tasks}: shards {', '.join(map(str, mine)) or 'none'})" if tasks > 1 else ""
+        waiting = "" if meta["complete"] else "; meta.json follows from the task that writes the last shard"
         print(
             f"{split}: {n} {args.kind_of_field} maps {args.size}x{args.size} in {len(meta['shards'])} "
-            f"{args.format} shards -> {out / split} ({n / seconds:.0f} maps/s)",
+            f"{args.format} shards{part} -> {out / split} ({n / seconds:.0f} maps/s){waiting}",
             flush=True,
         )
     return 0

@@ -263,8 +263,13 @@ def write_split(
     fmt: str = "hdf5",
     shard_size: int = 1024,
     batch: int = 256,
+    share: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
-    """Write maps 0..n-1 of a split as shards in out/<split>/ and meta.json (written last); returns it."""
+    """Write maps 0..n-1 of a split as shards in out/<split>/ and meta.json (written last); returns it.
+
+    share=(k, K): write only the shards whose number is k modulo K (array task k of K). A shard is the same
+    whichever task writes it (map streams depend on (seed, split, index) only); meta.json is written by the task
+    that finds every shard present, so a reader sees the split only once it is whole (meta["complete"])."""
     if fmt not in ("hdf5", "npy"):
         raise ValueError(f"format={fmt!r}: choose hdf5 or npy")
     folder = out / split
@@ -281,8 +286,13 @@ def write_split(
         "n": n,
         "shards": [],
     }
+    task, tasks = share
     for number, start in enumerate(range(0, n, shard_size)):
         stop = min(start + shard_size, n)
+        name = f"shard-{number:05d}"
+        if number % tasks != task:
+            meta["shards"].append({"files": _shard_files(name, fmt), "n": stop - start, "first_index": start})
+            continue
         maps = np.empty((stop - start, size, size), dtype=np.float32)
         params = np.empty((stop - start, len(PARAMETERS)), dtype=np.float32)
         for lo in range(start, stop, batch):
@@ -290,11 +300,19 @@ def write_split(
             maps[lo - start : hi - start], params[lo - start : hi - start] = generate_maps(
                 kind, range(lo, hi), seed, split, size, box_size, prior
             )
-        name = f"shard-{number:05d}"
         files = _write_shard(folder, name, fmt, maps, params, np.arange(start, stop), meta)
         meta["shards"].append({"files": files, "n": stop - start, "first_index": start})
-    atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))  # last: it names complete shards
-    return meta
+    complete = all((folder / f).exists() for shard in meta["shards"] for f in shard["files"].values())
+    if complete:  # last: it names complete shards (two tasks finishing together write the same text)
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
+    return {**meta, "complete": complete}
+
+
+def _shard_files(name: str, fmt: str) -> dict[str, str]:
+    """The file names of shard `name` (what _write_shard returns), for shards another task writes."""
+    if fmt == "hdf5":
+        return {"maps": f"{name}.h5"}
+    return {key: f"{name}-{key}.npy" for key in ("maps", "params", "index")}
 
 
 def _write_shard(

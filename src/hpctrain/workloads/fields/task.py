@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from hpctrain.data.loader import IndexedStream, as_batch
 from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.memory import recompute_wanted
 from hpctrain.train.task import SupervisedTask, UpdateContext
 from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardFields, eval_batches
 from hpctrain.workloads.fields.generate import PARAMETERS
@@ -110,13 +111,20 @@ class FieldTask(SupervisedTask[FieldsRun]):
             m.groups,
             m.head_hidden,
             len(self.targets) * (2 if self.nll else 1),
-            gradient_checkpointing=self.cfg.train.gradient_checkpointing,
+            gradient_checkpointing=recompute_wanted(
+                self.cfg.train.gradient_checkpointing,
+                self.cfg.train.memory_budget,
+                self.compile_mode("model"),
+            ),
             channels_last=m.channels_last and on_gpu,
             stem_stride=m.stem_stride,
         )
         if model.channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         return {"model": model}
+
+    def activation_blocks(self, name: str, module: nn.Module) -> list[nn.Module] | None:
+        return []  # FieldCNN checkpoints each residual block itself (gradient_checkpointing above)
 
     def scale(self, params: torch.Tensor) -> torch.Tensor:
         """Physical parameters (B, 2) -> the targets (B, T) in [-1, 1] over the prior box."""

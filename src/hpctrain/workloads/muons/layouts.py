@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
+from hpctrain.workloads.muons import file_cache, first_batch
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
@@ -198,7 +199,7 @@ class ParquetReader:
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            self.file = pq.ParquetFile(path)
+            self.file = pq.ParquetFile(file_cache.source(path))  # data.memory_cache_mb: from memory
         except Exception as err:  # OSError, ArrowInvalid, ...: pyarrow raises many types for a bad file
             raise unreadable(path, err) from None
         with _closed_on_error(self.file, path):
@@ -246,11 +247,13 @@ class ParquetReader:
         if self.layout == "empty":
             return concat_events([])
         try:
-            return self._read_unit(i)
+            events = self._read_unit(i)
         except LayoutError:
             raise
         except Exception as err:  # a corrupt page or row group: pyarrow raises many types
             raise unreadable(self.path, err, f"row group {i} cannot be read") from None
+        first_batch.note(self.path, events)  # data.report_first_batch
+        return events
 
     def _read_unit(self, i: int) -> Events:
         table = self.file.read_row_group(i, columns=self._columns)
@@ -341,7 +344,9 @@ class HDF5Reader:
             raw_muons = np.asarray(self.file["muons"][self.offsets[a] : self.offsets[b]], dtype=np.float32)
         except Exception as err:  # a corrupt chunk: h5py raises OSError and others
             raise unreadable(self.path, err, f"events {a}..{b - 1} cannot be read") from None
-        return _select("hdf5", raw_prim, raw_muons, self.counts[a:b].copy(), None)
+        events = _select("hdf5", raw_prim, raw_muons, self.counts[a:b].copy(), None)
+        first_batch.note(self.path, events)  # data.report_first_batch
+        return events
 
     def close(self) -> None:
         self.file.close()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from hpctrain.config.schema import MAY_CHANGE, ConfigBase, DataConfigBase, ModelConfigBase, Section
+from hpctrain.config.schema import (
+    MAY_CHANGE,
+    CompileMode,
+    ConfigBase,
+    DataConfigBase,
+    ModelConfigBase,
+    Section,
+    as_compile_mode,
+)
 from hpctrain.workloads.registry import WorkloadSpec
 
 UNIT_EVENTS = (
@@ -26,6 +34,19 @@ class MuonData(DataConfigBase):
     )
     val_paths: list[str] = Field(
         default_factory=list, description="Validation files (empty = no validation)."
+    )
+    report_first_batch: bool = Field(
+        False,
+        description="Say, once per file and process, a summary of the first non-empty events read from it "
+        "(counts, mean energies, first ids): proof that the data changes across files.",
+        json_schema_extra=MAY_CHANGE,
+    )
+    memory_cache_mb: int = Field(
+        0,
+        ge=0,
+        description="Keep up to this many MB of Parquet file bytes in memory per process (an LRU, one per "
+        "DataLoader worker): for few files read over many epochs. 0 = off.",
+        json_schema_extra=MAY_CHANGE,
     )
     max_muons_per_batch: int = Field(
         0,
@@ -108,10 +129,39 @@ class MultiplicitySettings(Section):
 
 
 class CompileSettings(Section):
-    generator: bool = Field(False, description="torch.compile the generator.")
-    critic: bool = Field(
-        False, description="torch.compile the critic (forced off, with a warning, when lambda_gp > 0)."
+    generator: CompileMode | None = Field(
+        None, description="torch.compile mode of the generator (true = default; null = train.compile)."
     )
+    critic: CompileMode | None = Field(
+        None,
+        description="torch.compile mode of the critic (null = train.compile); forced off, said once, when "
+        "lambda_gp > 0 (the gradient penalty needs double backward).",
+    )
+
+    @field_validator("generator", "critic", mode="before")
+    @classmethod
+    def _bools(cls, value: Any) -> Any:
+        return value if value is None else as_compile_mode(value)
+
+
+class AdaptiveCriticSettings(Section):
+    """Critic updates per generator update tuned by the critic's Wasserstein estimate (averaged over ranks, so
+    every rank takes the same number of steps): one more while it lags, one fewer while it dominates."""
+
+    min_steps: int = Field(1, ge=1, description="Fewest critic updates per generator update.")
+    max_steps: int = Field(10, ge=1, description="Most critic updates per generator update.")
+    lag_below: float = Field(
+        0.05, description="A Wasserstein estimate below this: the critic cannot tell real from fake: +1 step."
+    )
+    dominate_above: float = Field(
+        2.0, description="A Wasserstein estimate above this: the critic dominates the generator: -1 step."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptiveCriticSettings:
+        if self.min_steps > self.max_steps or self.lag_below >= self.dominate_above:
+            raise ValueError("need min_steps <= max_steps and lag_below < dominate_above")
+        return self
 
 
 class MuonWGANConfig(ModelConfigBase):
@@ -133,6 +183,18 @@ class MuonWGANConfig(ModelConfigBase):
     )
     gp_max_pairs: int = Field(
         0, ge=0, description="At most this many (real, fake) muon pairs in the penalty (0 = all)."
+    )
+    gp_sample_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Share of the batch's muon pairs (drawn at random) in the penalty (1 = all; with "
+        "gp_max_pairs the smaller cap wins).",
+    )
+    adaptive_critic: AdaptiveCriticSettings | None = Field(
+        None,
+        description="Tune critic_steps while training (starting from it, within min_steps..max_steps; the "
+        "number is logged as critic_steps and checkpointed). null = fixed critic_steps.",
     )
     critic_output: Literal["none", "sqrt_batch_clamp", "tanh"] = Field(
         "none",

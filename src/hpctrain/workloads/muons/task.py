@@ -9,12 +9,14 @@ Nothing in the step reads a value back to the host: shapes come from the batch (
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
@@ -59,10 +61,20 @@ class _Prepared:
     real: torch.Tensor  # (M, 3) the real muons in the networks' scale (MuonScaler)
 
 
+def gp_pair_cap(max_pairs: int, fraction: float, muons: int) -> int:
+    """Most (real, fake) pairs in the gradient penalty: gp_max_pairs and gp_sample_fraction of the batch's
+    muons, the smaller (0 = all)."""
+    if fraction >= 1:
+        return max_pairs
+    share = max(1, math.ceil(fraction * muons))
+    return min(max_pairs, share) if max_pairs else share
+
+
 class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def __init__(self, cfg: MuonWGANRun, env: ClusterEnv) -> None:
         super().__init__(cfg, env)
         self.critic_updates = 0  # counts critic updates over the whole run (gp_every); checkpointed
+        self.critic_steps = cfg.model.critic_steps  # per generator update; tuned by model.adaptive_critic
         self.scaler_ready = False  # the generator's MuonScaler statistics were set (checkpointed)
         self._generator: Generator | None = None
         self._last_fake: torch.Tensor | None = None
@@ -88,19 +100,22 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         lr = self.cfg.model.generator_lr if name == "generator" else self.cfg.model.critic_lr
         return {} if lr is None else {"lr": lr}
 
-    def compile_module(self, name: str) -> bool:
+    def compile_mode(self, name: str) -> str:
         m = self.cfg.model
-        if name == "generator":
-            return bool(m.compile.generator)
-        if m.compile.critic and m.lambda_gp > 0:
-            log.warning(
-                "model.compile.critic ignored: the gradient penalty (lambda_gp > 0) needs double backward"
-            )
-            return False
-        return bool(m.compile.critic)
+        own = m.compile.generator if name == "generator" else m.compile.critic
+        mode = own if own is not None else super().compile_mode(name)
+        if name == "critic" and mode != "off" and m.lambda_gp > 0:
+            if self.env.is_main:  # wrap asks once per network: said once
+                log.warning(
+                    "compiling the critic is off: the gradient penalty (lambda_gp > 0) needs double backward, "
+                    "which torch.compile does not support"
+                )
+            return "off"
+        return mode
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
+        state["critic_steps"] = self.critic_steps
         rng = self._rng.get_state() if self._rng is not None else self._rng_state
         if rng is not None:
             state["rng"] = rng
@@ -108,6 +123,8 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.critic_updates = int(state.get("critic_updates", 0))
+        if self.cfg.model.adaptive_critic is not None:  # else critic_steps is the config's, as it may change
+            self.critic_steps = int(state.get("critic_steps", self.cfg.model.critic_steps))
         self.scaler_ready = bool(state.get("scaler_ready", False))
         self._rng_state = state.get("rng")
         if self._rng is not None and self._rng_state is not None:
@@ -148,6 +165,9 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             for mb in micro_batches
         ]
         critic_out = self._critic_updates(prepared, ctx)
+        if self.cfg.model.adaptive_critic is not None:
+            critic_out["critic_steps"] = torch.tensor(float(self.critic_steps), device=ctx.device)
+            self._tune_critic(critic_out["wasserstein"])
         gen_out = self._generator_update(prepared, ctx)
         metrics = {**critic_out, **gen_out}
         samples = sum(mb.samples for mb in micro_batches)
@@ -162,7 +182,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         rng = self.rng(ctx.device)
         zero = torch.zeros((), device=ctx.device)
         loss_total, distance, penalty = zero, zero, zero
-        for _ in range(m.critic_steps):
+        for _ in range(self.critic_steps):
             self.critic_updates += 1
             use_gp = m.lambda_gp > 0 and self.critic_updates % m.gp_every == 0
             loss_total, distance, penalty = zero.clone(), zero.clone(), zero.clone()
@@ -178,9 +198,8 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                             self._scores(critic, p.real, p), self._scores(critic, fake, p)
                         )
                         if use_gp:
-                            pairs = pair_muons(
-                                b.counts, b.counts, m.gp_max_pairs, True, b.num_muons, generator=rng
-                            )
+                            cap = gp_pair_cap(m.gp_max_pairs, m.gp_sample_fraction, b.num_muons)
+                            pairs = pair_muons(b.counts, b.counts, cap, True, b.num_muons, generator=rng)
                             gp = gradient_penalty(
                                 critic, p.real, fake, b.primaries, b.counts, b.counts, pairs,
                                 m.critic_output, m.critic_clamp, rng,
@@ -192,6 +211,26 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                 distance = distance + dist.detach().float() * p.weight
             ctx.optimizer_step("critic")
         return {"critic_loss": loss_total, "wasserstein": distance, "gradient_penalty": penalty}
+
+    def _tune_critic(self, wasserstein: torch.Tensor) -> None:
+        """model.adaptive_critic: the next update's critic steps from this one's Wasserstein estimate, averaged
+        over ranks (one collective) so that every rank takes the same number of steps."""
+        tuning = self.cfg.model.adaptive_critic
+        assert tuning is not None
+        estimate = float(dist.sum_tensors({"w": wasserstein.detach()})["w"]) / self.env.world_size
+        before = self.critic_steps
+        if estimate < tuning.lag_below:
+            self.critic_steps = min(before + 1, tuning.max_steps)
+        elif estimate > tuning.dominate_above:
+            self.critic_steps = max(before - 1, tuning.min_steps)
+        if self.critic_steps != before and self.env.is_main:
+            log.info(
+                "adaptive critic: %d -> %d critic steps per update (Wasserstein estimate %.4g, %s)",
+                before,
+                self.critic_steps,
+                estimate,
+                "the critic lags" if self.critic_steps > before else "the critic dominates",
+            )
 
     def _generator_update(self, prepared: list[_Prepared], ctx: UpdateContext) -> dict[str, torch.Tensor]:
         m = self.cfg.model

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from hpctrain.train.task import MicroBatch, Task
+from hpctrain.workloads.muons import file_cache, first_batch
 from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.stream import EventStream, resolve_files
 
@@ -46,6 +47,8 @@ class MuonTaskBase(Task[M]):
         return self.cfg.run.dir  # type: ignore[no-any-return]
 
     def build_data(self, split: str, seed: int) -> Any:
+        file_cache.configure(self.cfg.data.memory_cache_mb)  # before workers fork: they inherit the bound
+        first_batch.configure(self.cfg.data.report_first_batch)
         if split == "train":
             self._train_stream = EventStream.from_config(self.cfg.data, seed, self.env, self.run_dir, "train")
             return self._train_stream

@@ -23,7 +23,23 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once (default 4096)")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
+
+
+def usable_device(name: str | None) -> str | None:
+    """--device, refused in one line when this machine has no such device (cuda, mps)."""
+    import torch
+
+    if name is None or name == "cpu":
+        return name
+    kind = name.split(":")[0]
+    mps = getattr(torch.backends, "mps", None)
+    present = {"cuda": torch.cuda.is_available(), "mps": mps is not None and mps.is_available()}
+    if kind not in present:
+        raise UserError(f"--device {name}: choose cpu, cuda or mps")
+    if not present[kind]:
+        raise UserError(f"--device {name}: this machine (or this torch build) has no {kind} device; use cpu")
+    return name
 
 
 def sample(args: argparse.Namespace, found: Found) -> int:
@@ -40,7 +56,7 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.muons import layouts, sampling
 
     start = time.perf_counter()
-    model = sampling.load_model(args.model, args.device, found)
+    model = sampling.load_model(args.model, usable_device(args.device), found)
     if args.primaries:
         primaries, ids = sampling.read_primaries(args.primaries)
     else:
@@ -61,7 +77,7 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--n-events", type=int, default=10_000, help="truth events to compare (default 10000)")
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
 
 
@@ -76,7 +92,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
 
     from hpctrain.workloads.muons import evaluate, sampling
 
-    model = sampling.load_model(args.model, args.device, found)
+    model = sampling.load_model(args.model, usable_device(args.device), found)
     result = evaluate.evaluate_model(model, args.n_events, args.seed, args.batch_size)
     if args.out:
         out = Path(args.out)

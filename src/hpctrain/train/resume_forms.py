@@ -1,0 +1,69 @@
+"""The forms of `checkpoint.resume`, read in one place.
+
+auto    continue this run folder's latest checkpoint, or start afresh when it holds none
+never   start afresh (a previous run in the folder is moved aside)
+latest  continue this run folder's latest checkpoint; refused when it holds none (a job that must not restart)
+best    go back to this run folder's best.pt, once: later hops (requeue, chained jobs) continue the run
+step_N  go back to this run folder's checkpoint of update N, once (as best)
+else    a checkpoint file or a run folder to start from while this folder holds none
+
+Going back needs no deletion: the store orders checkpoints by the order they were written, so the saves after a
+rewind are the newest even where older files hold higher update numbers (they are pruned as they age). That the
+rewind was applied is kept in <run>/resume_applied.json, so a requeued hop does not go back again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_write_json
+from hpctrain.track.chain import read_json
+
+if TYPE_CHECKING:  # resume_form is read by `submit --check` on login nodes, without torch
+    from hpctrain.train.checkpoint import CheckpointStore
+
+APPLIED = "resume_applied.json"
+_REWIND = re.compile(r"^(?:best|step_0*(\d+))$")
+
+
+@dataclass(frozen=True)
+class ResumeForm:
+    kind: Literal["auto", "never", "latest", "rewind", "given"]
+    text: str
+    step: int | None = None  # step_N: N; best: None
+
+
+def resume_form(text: str) -> ResumeForm:
+    """What `checkpoint.resume=<text>` asks for."""
+    if text in ("auto", "never", "latest"):
+        return ResumeForm(text, text)  # type: ignore[arg-type]
+    match = _REWIND.match(text)
+    if match:
+        return ResumeForm("rewind", text, int(match.group(1)) if match.group(1) else None)
+    return ResumeForm("given", text)
+
+
+def rewind_target(form: ResumeForm, store: CheckpointStore, run_dir: Path) -> Path | None:
+    """The checkpoint a best/step_N form goes back to, or None when this run already went back with it."""
+    if read_json(run_dir / APPLIED, {}).get("form") == form.text:
+        return None
+    path = store.folder / "best.pt" if form.step is None else store.path_for(form.step)
+    if not path.exists():
+        steps = sorted(int(p.stem[5:]) for p in store.folder.glob("step_*.pt") if p.stem[5:].isdigit())
+        held = ", ".join(f"step_{s}" for s in steps) + (
+            ", best" if (store.folder / "best.pt").exists() else ""
+        )
+        raise UserError(
+            f"checkpoint.resume={form.text}: no {path.name} in {store.folder} (it holds: {held or 'nothing'}); "
+            "give one of those, latest or auto"
+        )
+    return path
+
+
+def note_rewind(run_dir: Path, form: ResumeForm, path: Path, step: int) -> None:
+    """Remember that this run went back with `form`: later hops with the same setting continue instead."""
+    atomic_write_json(run_dir / APPLIED, {"form": form.text, "file": str(path), "step": step})
