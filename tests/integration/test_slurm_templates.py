@@ -204,3 +204,39 @@ def test_every_documented_sbatch_line_is_accepted(slurm_cluster: SlurmCluster, p
             assert done.returncode == 0 and "to start at" in done.stderr, f"{line}\n{done.stderr}"
     finally:
         subprocess.run(["scancel", held], env=slurm_cluster.env, timeout=30, check=False)
+
+
+def test_fields_data_as_an_array_job_and_unknown_exports_refused(
+    slurm_cluster: SlurmCluster, project: Path
+) -> None:
+    """generate_data.sh for the fields workload as a real array job (3 tasks, disjoint shares, meta.json once the
+    split is whole), and a job given an --export name nobody reads fails in one line listing the known ones."""
+    out = project / "fields"
+    args = [
+        "--kind",
+        "fields",
+        "--n",
+        "40",
+        "--n-val",
+        "8",
+        "--n-test",
+        "0",
+        "--shard-size",
+        "8",
+        "--size",
+        "16",
+    ]
+    array = submit(
+        slurm_cluster, project, ["--array=0-2", "slurm/generate_data.sh", *args, "--out", str(out)]
+    )
+    bad = submit(slurm_cluster, project, ["slurm/single_gpu.sh", "--export=LRR=2e-5", *DEBUG, "run.name=bad"])
+    for task in range(3):
+        assert wait_done(slurm_cluster, project, f"{array}_{task}", timeout=120) == "COMPLETED"
+    assert sorted(p.name for p in (out / "train").glob("shard-*.h5")) == [
+        f"shard-{i:05d}.h5" for i in range(5)
+    ]
+    meta = read_json(out / "train" / "meta.json", {})
+    assert meta.get("n") == 40 and sum(shard["n"] for shard in meta["shards"]) == 40, meta
+    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", log_of(project, bad)
+    lines = [x for x in log_of(project, bad).splitlines() if "LRR" in x]
+    assert lines and "LR" in lines[0] and "Traceback" not in log_of(project, bad), lines
