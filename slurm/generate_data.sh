@@ -11,7 +11,7 @@
 # Submit from the project folder (mkdir -p logs/slurm first):
 #   sbatch [--array=0-K-1] slurm/generate_data.sh --out DIR --files N [--events-per-file M] [--layout parquet]
 #          [--seed S] [--kind muons]
-#   sbatch [--array=0-K-1] slurm/generate_data.sh --kind fields --out DIR [--n N] [--shard-size S] [...]
+#   sbatch [--array=0-K-1] slurm/generate_data.sh --kind fields --out DIR [--maps N] [--shard-size S] [...]
 # muons: task k writes a contiguous range of the --files; fields: the shards whose number is k modulo K, and the
 # task that finds every shard present writes each split's meta.json. A file or shard is the same whichever task
 # writes it (its random stream is (seed, index)), so any --array gives the data set a single `hpctrain data

@@ -28,15 +28,28 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("fields")
     g.add_argument("--out", required=True, help="output folder (gets train/, val/, test/ with meta.json)")
     g.add_argument("--kind-of-field", choices=KINDS, default="gaussian", help="generator (default gaussian)")
-    g.add_argument("--n", type=int, default=4096, help="training maps (default 4096)")
-    g.add_argument("--n-val", type=int, default=512, help="validation maps (default 512)")
-    g.add_argument("--n-test", type=int, default=512, help="test maps (default 512)")
+    # --maps/--val-maps/--test-maps name what is counted (--n, --n-val, --n-test, the old names, still work)
+    g.add_argument("--maps", "--n", dest="n", type=int, default=4096, help="training maps (default 4096)")
+    g.add_argument(
+        "--val-maps", "--n-val", dest="n_val", type=int, default=512, help="validation maps (default 512)"
+    )
+    g.add_argument(
+        "--test-maps", "--n-test", dest="n_test", type=int, default=512, help="test maps (default 512)"
+    )
     g.add_argument("--size", type=int, default=64, help="map side in pixels, even (default 64)")
     g.add_argument("--box-size", type=float, default=1000.0, help="map side in Mpc/h (default 1000)")
     g.add_argument("--seed", type=int, default=2024, help="data seed (default 2024, as data.data_seed)")
     g.add_argument("--omega-m", type=_pair, default=(0.1, 0.5), help="prior box LO,HI (default 0.1,0.5)")
     g.add_argument("--sigma-8", type=_pair, default=(0.6, 1.0), help="prior box LO,HI (default 0.6,1.0)")
-    g.add_argument("--format", choices=("hdf5", "npy"), default="hdf5", help="shard format (default hdf5)")
+    # --layout as for the muon files (--format, its old name, still works)
+    g.add_argument(
+        "--layout",
+        "--format",
+        dest="format",
+        choices=("hdf5", "npy"),
+        default="hdf5",
+        help="shard layout (default hdf5)",
+    )
     g.add_argument("--shard-size", type=int, default=1024, help="maps per shard (default 1024)")
     g.add_argument(
         "--share",
