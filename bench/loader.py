@@ -18,7 +18,9 @@ workers), which shows where a figure is bounded by the cores. Phases:
 The LAST line printed is one JSON object, medians over the rounds (each with a `*_spread` [min, max]):
 ratio_vs_raw (loader, 0 workers, shuffled, over raw decode, in muons/s; goal >= 0.95), ordered_ratio_vs_raw,
 workers1_ratio_vs_raw, workers2_over_1_ratio (goal >= 1.7), ratio_vs_upstream (loader, 0 workers, over the
-upstream reader, in muons/s; goal >= 50), and the load average before and after.
+upstream reader, in muons/s; goal >= 50), the same per CPU second (cpu_ratio_vs_raw, workers1_cpu_ratio_vs_raw,
+cpu_ratio_vs_upstream: what each costs, less bent by other processes than wall time) and the load average
+before and after.
 """
 
 from __future__ import annotations
@@ -150,6 +152,10 @@ RATIOS = {  # name: (ours, baseline, unit)
     "workers1_ratio_vs_raw": ("loader1", "raw", "muons_per_s"),
     "workers2_over_1_ratio": ("loader2", "loader1", "muons_per_s"),
     "ratio_vs_upstream": ("loader0", "upstream", "muons_per_s"),
+    # per CPU second (own process, threads, workers): what the loader costs, less bent by a loaded machine
+    "cpu_ratio_vs_raw": ("loader0", "raw", "muons_per_cpu_s"),
+    "workers1_cpu_ratio_vs_raw": ("loader1", "raw", "muons_per_cpu_s"),
+    "cpu_ratio_vs_upstream": ("loader0", "upstream", "muons_per_cpu_s"),
 }
 
 
@@ -176,6 +182,7 @@ def _run_phase(args: argparse.Namespace, name: str) -> dict[str, float]:
     run: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     run["events_per_s"] = run["events"] / run["seconds"]
     run["muons_per_s"] = run["muons"] / run["seconds"]
+    run["muons_per_cpu_s"] = run["muons"] / run["cpu_s"]
     return run
 
 
