@@ -103,7 +103,9 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             self._readers.move_to_end(f)
             return self._readers[f]
         path = self.index.files[f] if self._paths is None else self._paths[f]
-        reader = layouts.open_reader(path, self.read.hdf5_unit_events)
+        # the layout the index found (remote files: only the family is known before staging: detect it)
+        known = None if self.index.remote[f] else self.index.layouts[f]
+        reader = layouts.open_reader(path, self.read.hdf5_unit_events, known)
         expected = self.index.expected_rows[f]
         if list(reader.unit_rows) != expected:
             reader.close()
