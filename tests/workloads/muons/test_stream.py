@@ -242,3 +242,19 @@ def test_the_fast_muon_check_misses_no_bad_value(rows: int) -> None:
                 muons = good.copy()
                 muons[row, col if col == 0 else 2 - row % 2] = value
                 assert not _muons_fine(muons), (col, value, row)
+
+
+@pytest.mark.parametrize(("first", "then"), [("parquet", "parquet-legacy"), ("parquet-legacy", "parquet")])
+def test_a_file_rewritten_in_another_layout_is_one_line(tmp_path: Path, first: str, then: str) -> None:
+    """Readers opened while training take the layout the index found (not detected again): a file rewritten in
+    another layout with the same row groups still fails with one line naming it, never a wrong read."""
+    path = tmp_path / "f.parquet"
+    events = synthetic_events(200, 1, 0)
+    layouts.write_events(str(path), events, first, 100)
+    stream = event_stream([str(path)], 50, seed=0)
+    try:
+        layouts.write_events(str(path), events, then, 100)
+        with pytest.raises(UserError, match=r"f\.parquet: .*on_bad_file=skip"):
+            take(stream, 1)
+    finally:
+        stream.close()
