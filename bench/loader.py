@@ -1,13 +1,26 @@
-"""Muon loader throughput against raw pyarrow decode and a per-row Python decode, measured in one run.
+"""Muon loader throughput against raw pyarrow decode and the upstream per-row reader, side by side in one run.
 
-    python bench/loader.py [--files 8] [--events-per-file 50000] [--repeat 3] [--dir DIR]
+    python bench/loader.py [--files 4] [--events-per-file 25000] [--rounds 5] [--dir DIR]
 
-Each measurement runs in a fresh subprocess (so peak RSS is its own), `--repeat` times; the fastest run counts
-(the machine is shared: slower runs are interference, not the code). Each phase also reports its CPU seconds
-(its own process, threads and workers), which shows where a ratio is bounded by the cores. The LAST line
-printed is one JSON object:
-ratio_vs_raw (loader, 0 workers, over raw decode; goal >= 0.9), workers2_over_1_ratio (goal >= 1.7),
-ratio_vs_per_row (loader, 0 workers, over the per-row decode; goal >= 10).
+Every measurement runs in a fresh subprocess (so peak RSS and CPU seconds are its own). The phases run in
+ROUNDS: each round measures every phase once, one after the other, so a change in the machine's load hits all
+phases of a round alike; each ratio is computed within a round, and the figures given are the median and the
+spread (min..max) over the rounds. Each phase also reports its CPU seconds (its own process, threads and
+workers), which shows where a figure is bounded by the cores. Phases:
+
+- raw: pyarrow row groups -> flat NumPy muons and counts from the offsets (no shuffle, no checks): the limit;
+- loader0 / loader0_ordered / loader1 / loader2: EventStream with 0, 1, 2 DataLoader workers (shuffled), and
+  with 0 workers in file order;
+- upstream: the physicists' reader (cr_muons `ParquetBatchIterableDataset`) on their schema: `list<float>`
+  primaries and `list<list<float>>` muons are not fixed-size lists, so it takes its per-row fallback (each
+  row's `as_py()`, one NumPy array per event, then one concatenation), over the whole first file.
+
+The LAST line printed is one JSON object, medians over the rounds (each with a `*_spread` [min, max]):
+ratio_vs_raw (loader, 0 workers, shuffled, over raw decode, in muons/s; goal >= 0.95), ordered_ratio_vs_raw,
+workers1_ratio_vs_raw, workers2_over_1_ratio (goal >= 1.7), ratio_vs_upstream (loader, 0 workers, over the
+upstream reader, in muons/s; goal >= 50), the same per CPU second (cpu_ratio_vs_raw, workers1_cpu_ratio_vs_raw,
+cpu_ratio_vs_upstream: what each costs, less bent by other processes than wall time) and the load average
+before and after.
 """
 
 from __future__ import annotations
@@ -64,18 +77,34 @@ def loader(files: list[str], workers: int, batch_size: int, shuffle: bool = True
     return events, muons
 
 
-def per_row(files: list[str], limit: int) -> tuple[int, int]:
-    """What the old code did: a Python list per event, then NumPy per event (the first `limit` events)."""
+def upstream(files: list[str], batch_size: int, limit: int) -> tuple[int, int]:
+    """The upstream reader's per-row fallback (cr_muons ParquetBatchIterableDataset, unshuffled path) over the
+    first file (its first `limit` events, 0 = all): record batches of `batch_size`; primaries and muons are
+    variable-size lists, so each row becomes a Python list (`as_py`) and then a tensor / an array; counts from
+    the offsets; the muons of a batch concatenated; the event index of each muon repeated out."""
+    import pyarrow as pa
+    import torch
+
     events = muons = 0
     pf = pq.ParquetFile(files[0])
-    for i in range(pf.num_row_groups):
-        table = pf.read_row_group(i, columns=["primary", "muons"])
-        for prim, mu in zip(table.column("primary").to_pylist(), table.column("muons").to_pylist()):
-            np.asarray(prim, dtype=np.float32)
-            arr = np.asarray(mu, dtype=np.float32).reshape(-1, 3)
-            events += 1
-            muons += len(arr)
-        if events >= limit:
+    for rb in pf.iter_batches(batch_size=batch_size, columns=["primary", "muons"]):
+        n = rb.num_rows
+        prim_col, mu_col = rb.column(0), rb.column(1)
+        assert not pa.types.is_fixed_size_list(
+            prim_col.type
+        )  # their vectorised branch needs fixed-size lists
+        prims = torch.stack([torch.as_tensor(prim_col[i].as_py(), dtype=torch.float32) for i in range(n)])
+        counts = torch.as_tensor(np.diff(mu_col.offsets.to_numpy().astype(np.int64)))
+        rows = [mu_col[i].as_py() for i in range(n)]
+        arrays = [
+            np.asarray(r, dtype=np.float32).reshape(-1, 3) if r else np.zeros((0, 3), np.float32)
+            for r in rows
+        ]
+        flat = torch.as_tensor(np.concatenate(arrays), dtype=torch.float32)
+        torch.repeat_interleave(torch.arange(n), counts)  # their batch_idx
+        events += len(prims)
+        muons += len(flat)
+        if limit and events >= limit:
             break
     return events, muons
 
@@ -93,8 +122,8 @@ def phase(args: argparse.Namespace) -> None:
     start, cpu = time.perf_counter(), _cpu_s()
     if args.phase == "raw":
         events, muons = raw(files)
-    elif args.phase == "per_row":
-        events, muons = per_row(files, args.per_row_events)
+    elif args.phase == "upstream":
+        events, muons = upstream(files, args.batch_size, args.upstream_events)
     elif args.phase == "loader0_ordered":
         events, muons = loader(files, 0, args.batch_size, shuffle=False)
     else:
@@ -108,13 +137,62 @@ def phase(args: argparse.Namespace) -> None:
     )
 
 
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _median_spread(values: list[float]) -> tuple[float, list[float]]:
+    return float(np.median(values)), [min(values), max(values)]
+
+
+PHASES = ("raw", "loader0", "loader0_ordered", "loader1", "loader2", "upstream")
+RATIOS = {  # name: (ours, baseline, unit)
+    "ratio_vs_raw": ("loader0", "raw", "muons_per_s"),
+    "ordered_ratio_vs_raw": ("loader0_ordered", "raw", "muons_per_s"),
+    "workers1_ratio_vs_raw": ("loader1", "raw", "muons_per_s"),
+    "workers2_over_1_ratio": ("loader2", "loader1", "muons_per_s"),
+    "ratio_vs_upstream": ("loader0", "upstream", "muons_per_s"),
+    # per CPU second (own process, threads, workers): what the loader costs, less bent by a loaded machine
+    "cpu_ratio_vs_raw": ("loader0", "raw", "muons_per_cpu_s"),
+    "workers1_cpu_ratio_vs_raw": ("loader1", "raw", "muons_per_cpu_s"),
+    "cpu_ratio_vs_upstream": ("loader0", "upstream", "muons_per_cpu_s"),
+}
+
+
+def _generate(args: argparse.Namespace) -> None:
+    gen = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "data",
+        "generate",
+        "--out",
+        args.dir,
+        "--files",
+        str(args.files),
+    ]
+    gen += ["--events-per-file", str(args.events_per_file), "--row-group-size", "8192", "--seed", "1"]
+    subprocess.run(gen, check=True)
+
+
+def _run_phase(args: argparse.Namespace, name: str) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--dir", args.dir, "--phase", name, "--batch-size", str(args.batch_size)]
+    cmd += ["--upstream-events", str(args.upstream_events)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    run: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    run["events_per_s"] = run["events"] / run["seconds"]
+    run["muons_per_s"] = run["muons"] / run["seconds"]
+    run["muons_per_cpu_s"] = run["muons"] / run["cpu_s"]
+    return run
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=8)
-    parser.add_argument("--events-per-file", type=int, default=50_000)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--events-per-file", type=int, default=25_000)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--per-row-events", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best counts")
+    parser.add_argument("--upstream-events", type=int, default=0, help="0 = the whole first file")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of every phase; medians are reported")
     parser.add_argument("--dir", help="existing data folder (default: generate into a temporary one)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -125,63 +203,40 @@ def main() -> int:
     if args.dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="hpctrain-bench-")
         args.dir = tmp.name
-        gen = [
-            sys.executable,
-            "-m",
-            "hpctrain",
-            "data",
-            "generate",
-            "--out",
-            args.dir,
-            "--files",
-            str(args.files),
-            "--events-per-file",
-            str(args.events_per_file),
-            "--row-group-size",
-            "8192",
-            "--seed",
-            "1",
-        ]
-        subprocess.run(gen, check=True)
-    results = {}
+        _generate(args)
+    load_before = _load()
+    rounds: list[dict[str, dict[str, float]]] = []
     try:
-        for name in ("raw", "loader0", "loader0_ordered", "loader1", "loader2", "per_row"):
-            runs = []
-            for _ in range(args.repeat if name != "per_row" else 1):
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--dir",
-                    args.dir,
-                    "--phase",
-                    name,
-                    "--batch-size",
-                    str(args.batch_size),
-                    "--per-row-events",
-                    str(args.per_row_events),
-                ]
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                runs.append(json.loads(out.strip().splitlines()[-1]))
-            best = min(runs, key=lambda r: r["seconds"])
-            best["events_per_s"] = best["events"] / best["seconds"]
-            best["muons_per_s"] = best["muons"] / best["seconds"]
-            results[name] = best
-            print(
-                f"{name:8s} {best['events_per_s']:12,.0f} events/s {best['muons_per_s']:14,.0f} muons/s "
-                f"peak RSS {best['peak_rss_mb']:7.0f} MB ({best['events']} events, {best['seconds']:.2f} s, "
-                f"{best['cpu_s']:.2f} CPU s)",
-                flush=True,
-            )
+        for r in range(args.rounds):
+            runs = {name: _run_phase(args, name) for name in PHASES}
+            rounds.append(runs)
+            line = ", ".join(f"{n} {runs[n]['muons_per_s'] / 1e6:.2f}" for n in PHASES)
+            print(f"round {r + 1}: M muons/s {line} (load {_load()[0]})", flush=True)
     finally:
         if tmp is not None:
             tmp.cleanup()
-    summary = {
-        "results": results,
-        "ratio_vs_raw": results["loader0"]["muons_per_s"] / results["raw"]["muons_per_s"],
-        "ordered_ratio_vs_raw": results["loader0_ordered"]["muons_per_s"] / results["raw"]["muons_per_s"],
-        "workers2_over_1_ratio": results["loader2"]["muons_per_s"] / results["loader1"]["muons_per_s"],
-        "ratio_vs_per_row": results["loader0"]["events_per_s"] / results["per_row"]["events_per_s"],
+    results = {}
+    for name in PHASES:
+        runs = [rnd[name] for rnd in rounds]
+        med = {k: float(np.median([run[k] for run in runs])) for k in runs[0]}
+        results[name] = med
+        print(
+            f"{name:16s} {med['events_per_s']:11,.0f} events/s {med['muons_per_s']:13,.0f} muons/s "
+            f"(median of {len(runs)}; muons/s {min(r['muons_per_s'] for r in runs):,.0f}.."
+            f"{max(r['muons_per_s'] for r in runs):,.0f}) peak RSS {med['peak_rss_mb']:6.0f} MB, "
+            f"{med['cpu_s']:.2f} CPU s in {med['seconds']:.2f} s ({int(med['events'])} events)",
+            flush=True,
+        )
+    summary: dict[str, object] = {"results": results}
+    for key, (ours, base, unit) in RATIOS.items():
+        median, spread = _median_spread([rnd[ours][unit] / rnd[base][unit] for rnd in rounds])
+        summary[key], summary[key + "_spread"] = median, spread
+        print(f"{key:24s} {median:8.3f}  ({spread[0]:.3f}..{spread[1]:.3f})")
+    summary |= {
+        "rounds": args.rounds,
         "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": _load(),
     }
     print(json.dumps(summary))
     return 0

@@ -4,7 +4,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hpctrain.data.ragged import fixed_list, fixed_rows, gather_ragged, list_of_lists, nested_rows
+from hpctrain.data.ragged import (
+    BLOCK_ROWS,
+    fixed_list,
+    fixed_rows,
+    gather_ragged,
+    list_of_lists,
+    nested_rows,
+    take_ragged,
+    take_rows,
+)
 
 
 def _events() -> tuple[np.ndarray, np.ndarray]:
@@ -44,3 +53,21 @@ def test_fixed_rows_and_gather() -> None:
     idx, sel_counts = gather_ragged(offsets, np.array([3, 0, 1, 2]))
     assert np.array_equal(sel_counts, [1, 2, 0, 3])
     assert np.array_equal(values[idx], np.concatenate([values[5:6], values[0:2], values[2:5]]))
+
+
+def test_take_ragged_equals_the_row_gather() -> None:
+    """Big events copied as blocks, small ones gathered by row: the same rows in the same order as a per-row
+    gather, for any mix of sizes around the block threshold (empty events included)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        counts = rng.integers(0, 3 * BLOCK_ROWS, size=n)
+        counts[rng.random(n) < 0.3] = 0
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        values = rng.random((int(offsets[-1]), 3), dtype=np.float32)
+        index = rng.permutation(n)[: int(rng.integers(0, n + 1))]
+        expected = take_rows(values, gather_ragged(offsets, index)[0])
+        out = np.full_like(expected, -1.0)
+        take_ragged(values, offsets, index, out, np.empty(7, dtype=np.int64))
+        assert np.array_equal(out, expected)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from hpctrain.runtime.seeding import CHUNK_EVENTS, EPOCH_UNITS, numpy_rng
+
+if TYPE_CHECKING:
+    from hpctrain.data.lent_buffers import Loan
 
 T = TypeVar("T")
 
@@ -95,6 +98,7 @@ class WorkItem:
     paths: dict[int, str] | None = (
         None  # staged inputs: file -> local path (a file that could not be: missing)
     )
+    loan: Loan | None = None  # a buffer for the result, lent by the main process (data/lent_buffers.py)
 
 
 class PieceSize(NamedTuple):

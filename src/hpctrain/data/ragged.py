@@ -120,6 +120,51 @@ def gather_ragged(
     return np.cumsum(rows, out=rows), counts
 
 
+BLOCK_ROWS = 32  # an event with at least this many rows is copied as one block (see take_ragged)
+
+
+def take_ragged(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    index: np.ndarray,
+    out: np.ndarray,
+    scratch: np.ndarray | None = None,
+) -> np.ndarray:
+    """`values` rows of the events `index` concatenated in that order, written into `out` (sum counts, width).
+
+    values (rows, width) C-contiguous with `offsets` (events + 1,) into it; `scratch` as in gather_ragged.
+    Big events (>= BLOCK_ROWS rows, most of the rows in muon data: ~20% of the events hold ~97% of the muons)
+    are copied as one block each, small ones through one row-index gather: a per-row index for every row
+    costs two passes over an int64 array as long as the output before the copy itself (~1.5x slower in all,
+    measured on the synthetic muon files). The loop runs once per big event, never per row."""
+    index = np.asarray(index, dtype=np.int64)
+    starts = offsets[index]
+    counts = offsets[index + 1] - starts
+    dst = np.zeros(len(index) + 1, dtype=np.int64)  # (n + 1,) where each event starts in `out`
+    np.cumsum(counts, out=dst[1:])
+    values = np.ascontiguousarray(values)
+    width = values.shape[1] if values.ndim == 2 else 1
+    if int(dst[-1]) == 0 or width == 0:
+        return out
+    big = counts >= BLOCK_ROWS
+    small = np.flatnonzero(~big)
+    item = np.dtype((np.void, width * values.dtype.itemsize))
+    src_items, out_items = values.view(item).reshape(-1), out.view(item).reshape(-1)
+    if len(small) and int(counts[small].sum()):
+        rows, _ = gather_ragged(offsets, index[small], scratch)
+        out_rows, _ = gather_ragged(dst, small)
+        out_items[out_rows] = src_items[rows]
+    # one block copy per big event, through byte views (cheaper to slice than 2-D arrays)
+    src_bytes, out_bytes = src_items.view(np.uint8), out_items.view(np.uint8)
+    b = np.flatnonzero(big)
+    size = item.itemsize
+    for s, d, k in zip(
+        (starts[b] * size).tolist(), (dst[b] * size).tolist(), (counts[b] * size).tolist(), strict=True
+    ):
+        out_bytes[d : d + k] = src_bytes[s : s + k]
+    return out
+
+
 def take_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`values[rows]` for a 2-D C-contiguous `values` (rows, width), optionally written into `out`.
 

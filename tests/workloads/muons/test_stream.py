@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
@@ -195,3 +196,69 @@ def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:
         stream = event_stream(muon_files, 64, seed=0, rank=rank, world_size=2, split="val")
         got += [keys(b.ids.numpy()) for b, _ in stream.epoch_batches(0, 0)]
     assert len(np.unique(np.concatenate(got))) == 1200 == sum(len(g) for g in got)
+
+
+def _copy(batch) -> tuple:  # type: ignore[no-untyped-def]
+    return tuple(t.clone() for t in (batch.primaries, batch.muons, batch.counts, batch.ids, batch.positions))
+
+
+def test_kept_batches_are_never_overwritten(muon_files: list[str]) -> None:
+    """Workers write into buffers this process lends and reuses once no tensor refers to them: a consumer
+    that keeps every batch (two epochs) finds each one as it was handed out, and one that drops them gets
+    the buffers reused (so the first part could fail)."""
+    kept, copies = [], []
+    stream = event_stream(muon_files, 16, seed=4, shuffle_window=100, num_workers=2, prefetch_factor=1)
+    try:
+        for batch in take(stream, 2 * (stream.samples_per_epoch // 16)):
+            kept.append(batch)
+            copies.append(_copy(batch))
+        assert stream._lent is not None and stream._lent.stats["fitted"] > 0  # results came in lent buffers
+        for batch, copy in zip(kept, copies, strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(_copy(batch), copy, strict=True))
+    finally:
+        stream.close()
+    # the same order, dropping each batch at once: buffers are lent again and again
+    again = event_stream(muon_files, 16, seed=4, shuffle_window=100, num_workers=2, prefetch_factor=1)
+    try:
+        for batch, copy in zip(again, copies):  # zip stops after the copies: two epochs
+            assert all(torch.equal(a, b) for a, b in zip(_copy(batch), copy, strict=True))
+            del batch
+        assert again._lent is not None
+        assert again._lent.stats["fitted"] > again._lent.keep  # more results than buffers: reused
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 1023, 1024, 1025, 3000])
+def test_the_fast_muon_check_misses_no_bad_value(rows: int) -> None:
+    """The per-column min/max proof (outliers._muons_fine) accepts good muons and rejects a zero, negative,
+    NaN or infinite energy and a NaN or infinite x/y, wherever it sits (also in the rows beyond the last
+    full fold of 1024)."""
+    from hpctrain.workloads.muons.outliers import _muons_fine
+
+    good = np.random.default_rng(rows).random((rows, 3), dtype=np.float32) + 0.5
+    good[:, 1:] -= 1.0  # x, y of either sign
+    assert _muons_fine(good)
+    bad_values = {0: [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf], 1: [np.nan, np.inf, -np.inf]}
+    for col, values in bad_values.items():
+        for value in values:
+            for row in {0, rows // 2, rows - 1}:
+                muons = good.copy()
+                muons[row, col if col == 0 else 2 - row % 2] = value
+                assert not _muons_fine(muons), (col, value, row)
+
+
+@pytest.mark.parametrize(("first", "then"), [("parquet", "parquet-legacy"), ("parquet-legacy", "parquet")])
+def test_a_file_rewritten_in_another_layout_is_one_line(tmp_path: Path, first: str, then: str) -> None:
+    """Readers opened while training take the layout the index found (not detected again): a file rewritten in
+    another layout with the same row groups still fails with one line naming it, never a wrong read."""
+    path = tmp_path / "f.parquet"
+    events = synthetic_events(200, 1, 0)
+    layouts.write_events(str(path), events, first, 100)
+    stream = event_stream([str(path)], 50, seed=0)
+    try:
+        layouts.write_events(str(path), events, then, 100)
+        with pytest.raises(UserError, match=r"f\.parquet: .*on_bad_file=skip"):
+            take(stream, 1)
+    finally:
+        stream.close()

@@ -15,6 +15,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
+from hpctrain.data.lent_buffers import Borrowed
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
@@ -72,6 +73,7 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         self._paths: dict[int, str] | None = None  # the current item's staged paths
         self._scratch = np.empty(0, dtype=np.int64)
         self._recycled = Recycled()
+        self._borrowed = Borrowed()
 
     def __len__(self) -> int:
         return self.index.total
@@ -101,7 +103,9 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             self._readers.move_to_end(f)
             return self._readers[f]
         path = self.index.files[f] if self._paths is None else self._paths[f]
-        reader = layouts.open_reader(path, self.read.hdf5_unit_events)
+        # the layout the index found (remote files: only the family is known before staging: detect it)
+        known = None if self.index.remote[f] else self.index.layouts[f]
+        reader = layouts.open_reader(path, self.read.hdf5_unit_events, known)
         expected = self.index.expected_rows[f]
         if list(reader.unit_rows) != expected:
             reader.close()
@@ -217,5 +221,9 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         if len(self._scratch) < muons:  # room for the muon indices of the gather, kept between items
             self._scratch = np.empty(muons + muons // 4, dtype=np.int64)
         start = int(at.plan.starts[item.chunk])
-        events, buffer = gather(data, offsets, row, where + start, self._scratch, self._recycled)
-        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer)
+        lent = self._borrowed.hold(item.loan) if item.loan is not None else None
+        events, buffer, in_lent = gather(
+            data, offsets, row, where + start, self._scratch, self._recycled, lent
+        )
+        slot = item.loan.slot if item.loan is not None else -1
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent)

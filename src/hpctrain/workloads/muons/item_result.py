@@ -1,8 +1,9 @@
 """What a worker sends back for one work item: its events as ONE batch, cut back into pieces on the main side.
 
 `gather` writes the wanted events into that batch with one copy of the muons: in a DataLoader worker straight
-into one shared-memory buffer (shipping it then costs no further copy), in the main process into a recycled
-buffer (or as views, when the rows are consecutive).
+into one shared-memory buffer, the one the main process lent with the work item when it is big enough
+(data/lent_buffers.py: shipping it then costs neither a copy nor a new mapping), in the main process into a
+recycled buffer (or as views, when the rows are consecutive).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from hpctrain.data import lent_buffers
 from hpctrain.data.epoch_plan import PieceSize
-from hpctrain.data.ragged import gather_ragged, take_rows
+from hpctrain.data.ragged import take_ragged, take_rows
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
 
@@ -28,7 +30,10 @@ class ItemResult:
     each piece in order; `pieces()` cuts it back into views.
 
     When `buffer` is set, every tensor of `events` is a view into it (see batch.packed): pickling (from a
-    DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy."""
+    DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy;
+    when it is the buffer lent with the item (`in_slot`), only its slot number travels.
+
+    `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it."""
 
     events: MuonBatch
     sizes: list[PieceSize]
@@ -36,18 +41,34 @@ class ItemResult:
     epoch: int = -1
     chunk: int = -1
     buffer: torch.Tensor | None = None
+    slot: int = -1
+    in_slot: bool = False
+
+    def _head(self) -> tuple[Any, ...]:
+        return self.sizes, self.stats, self.epoch, self.chunk, self.slot
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self.buffer is None:
-            return (ItemResult, (self.events, self.sizes, self.stats, self.epoch, self.chunk))
         shape = (len(self.events), self.events.num_muons)
-        return (_rebuild_item, (self.buffer, shape, self.sizes, self.stats, self.epoch, self.chunk))
+        if self.in_slot:
+            return (_rebuild_lent, (shape, *self._head()))
+        if self.buffer is None:
+            return (_rebuild_plain, (self.events, *self._head()))
+        return (_rebuild_item, (self.buffer, shape, *self._head()))
 
     def pin_memory(self) -> ItemResult:
+        """Page-locked copies (the lent buffer, if any, is free again once this result is dropped)."""
         if self.buffer is None:
-            return ItemResult(self.events.pin_memory(), self.sizes, self.stats, self.epoch, self.chunk)
-        shape = (len(self.events), self.events.num_muons)
-        return _rebuild_item(self.buffer.pin_memory(), shape, self.sizes, self.stats, self.epoch, self.chunk)
+            pinned = _rebuild_plain(self.events.pin_memory(), *self._head())
+        else:
+            shape = (len(self.events), self.events.num_muons)
+            pinned = _rebuild_item(self.buffer.pin_memory(), shape, *self._head())
+        pinned.in_slot = self.in_slot
+        return pinned
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the one buffer that holds this result's events."""
+        return packed_size(len(self.events), self.events.num_muons)
 
     def pieces(self) -> Iterator[tuple[PieceSize, MuonBatch]]:
         ev = self.events
@@ -83,8 +104,25 @@ def _rebuild_item(
     stats: dict[str, int],
     epoch: int,
     chunk: int,
+    slot: int = -1,
 ) -> ItemResult:
-    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer)
+    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer, slot)
+
+
+def _rebuild_plain(
+    events: MuonBatch, sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
+) -> ItemResult:
+    return ItemResult(events, sizes, stats, epoch, chunk, None, slot)
+
+
+def _rebuild_lent(
+    shape: tuple[int, int], sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
+) -> ItemResult:
+    """A result written into the buffer lent with its item, in the main process: every tensor is made from the
+    main process's own view of that buffer, whose reference count then tells when it is free again."""
+    buffer = torch.from_numpy(lent_buffers.returned(slot))
+    nbytes = packed_size(*shape)
+    return ItemResult(from_buffer(buffer[:nbytes], *shape), sizes, stats, epoch, chunk, buffer, slot, True)
 
 
 class Recycled:
@@ -121,24 +159,29 @@ def gather(
     where: np.ndarray,
     scratch: np.ndarray,
     recycled: Recycled,
-) -> tuple[MuonBatch, torch.Tensor | None]:
+    lent: torch.Tensor | None = None,
+) -> tuple[MuonBatch, torch.Tensor | None, bool]:
     """The events `row` of `data` in that order as one batch (positions `where`), with one copy of the muons
-    (`scratch`: int64 room for the muon indices, see gather_ragged; `recycled`: the main process's buffers).
+    (`scratch`: int64 room for the muon indices, see gather_ragged; `recycled`: the main process's buffers),
+    its buffer, and whether that is `lent`.
 
-    In a DataLoader worker the batch is written straight into one shared-memory buffer; in the main process
-    consecutive rows stay views of the decoded arrays."""
+    In a DataLoader worker the batch is written straight into one shared-memory buffer (`lent`, the buffer lent
+    with the item, if big enough); in the main process consecutive rows stay views of the decoded arrays."""
     shared = get_worker_info() is not None
     n = len(row)
     contiguous = n > 0 and int(row[-1] - row[0]) == n - 1 and bool(np.all(row[1:] > row[:-1]))
     if contiguous and not shared:  # no shuffling: views, no copy
         a, b = int(row[0]), int(row[-1]) + 1
         views = (data.primaries[a:b], data.muons[offsets[a] : offsets[b]], data.counts[a:b], data.ids[a:b])
-        return MuonBatch.from_numpy(*views, where), None
+        return MuonBatch.from_numpy(*views, where), None, False
     counts = data.counts[row]  # (n,)
     m = int(counts.sum())
-    buffer, batch = (
-        packed(n, m, shared=True) if shared else packed(n, m, buffer=recycled.get(packed_size(n, m)))
-    )
+    nbytes = packed_size(n, m)
+    in_lent = shared and lent is not None and lent.numel() >= nbytes
+    if in_lent:
+        buffer, batch = packed(n, m, buffer=lent)
+    else:
+        buffer, batch = packed(n, m, shared=True) if shared else packed(n, m, buffer=recycled.get(nbytes))
     batch.counts.numpy()[:] = counts
     batch.offsets[0] = 0
     np.cumsum(counts, out=batch.offsets.numpy()[1:])
@@ -148,5 +191,5 @@ def gather(
     if contiguous:
         batch.muons.numpy()[:] = data.muons[offsets[row[0]] : offsets[row[-1] + 1]]
     else:
-        take_rows(data.muons, gather_ragged(offsets, row, scratch)[0], out=batch.muons.numpy())
-    return batch, buffer
+        take_ragged(data.muons, offsets, row, batch.muons.numpy(), scratch)
+    return batch, buffer, in_lent

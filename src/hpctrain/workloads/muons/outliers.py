@@ -70,12 +70,38 @@ class EventRules:
 
 def _bad_events(data: layouts.Events, offsets: np.ndarray) -> np.ndarray:
     """(events,) bool: events with a zero, negative or non-finite energy/mass or value."""
-    # Fast path: a float32 sum is finite only if every value is (an overflow just takes the exact path) and a
-    # positive minimum energy proves all positive; then only the primaries need checking.
+    # Fast path: when the per-column extremes prove every muon fine, only the primaries need checking.
     muons = data.muons
-    if len(muons) and np.isfinite(muons.sum()) and muons[:, 0].min() > 0:
+    if len(muons) and _muons_fine(muons):
         muons = muons[:0]
     return physics.bad_events(data.primaries, muons, offsets)
+
+
+_WIDE = 1024  # rows per line of the 2-D view reduced by _column_extremes
+
+
+def _column_extremes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(width,) minimum and maximum of each column of values (rows, width); NaN if a column holds one.
+
+    Reduced over a (rows / 1024, 1024 * width) view: NumPy's reduction along the first axis of an (n, 3) array
+    calls its inner loop once per row (~10x slower than this), a strided column min still ~2x."""
+    rows, width = values.shape
+    bulk = rows // _WIDE * _WIDE
+    parts = [values[bulk:]] if bulk < rows else []
+    if bulk:
+        wide = values[:bulk].reshape(-1, _WIDE * width)
+        parts.append(wide.min(axis=0).reshape(_WIDE, width))
+        parts.append(wide.max(axis=0).reshape(_WIDE, width))
+    stacked = np.concatenate(parts)
+    return stacked.min(axis=0), stacked.max(axis=0)
+
+
+def _muons_fine(muons: np.ndarray) -> bool:
+    """True proves every muon energy positive and finite and every x, y finite (False: look row by row).
+
+    NaN propagates through min and max, so a NaN anywhere makes a comparison below False."""
+    lo, hi = _column_extremes(np.ascontiguousarray(muons))
+    return bool(lo[0] > 0 and np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)))
 
 
 def write_outliers(

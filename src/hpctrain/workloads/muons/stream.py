@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Sampler
 
 from hpctrain.data.epoch_plan import EpochPlan, Reassembly, WorkItem, work_items
+from hpctrain.data.lent_buffers import LentBuffers
 from hpctrain.data.loader import (
     LoaderOptions,
     as_batch,
@@ -68,7 +69,8 @@ class _Items(Sampler[WorkItem]):
         s = self.stream
         plan = s._dataset.plan(s._start_epoch)
         items = work_items(plan, s._start_position, s.batch_size, s.rank, s.world_size, s.drop_last)
-        return items if s._staged is None else s._stage_items(plan, items)
+        items = items if s._staged is None else s._stage_items(plan, items)
+        return items if s._lent is None else s._lend(items)
 
 
 def _init_worker(worker_id: int) -> None:
@@ -139,6 +141,10 @@ class EventStream:
         self.split, self._rules = split, data
         self._prefetcher: Prefetcher[tuple[MuonBatch, int, int]] | None = None
         options = LoaderOptions.from_config(data, persistent=train)
+        # workers write results into buffers lent by this process (in flight: prefetch_factor per worker; a few
+        # more for batches the consumer still holds); 0 workers reuse their own (decode.Recycled)
+        workers = options.num_workers
+        self._lent = LentBuffers(workers * options.prefetch_factor + 4) if workers else None
         self._loader = make_loader(
             self._dataset,
             options,
@@ -233,10 +239,19 @@ class EventStream:
                 ", ".join(f"{k} {v}" for k, v in self._staged.stats.items()),
             )
 
+    def _lend(self, items: Iterator[WorkItem]) -> Iterator[WorkItem]:
+        """Main side: a buffer for each item's result, when one is free."""
+        assert self._lent is not None
+        for item in items:
+            item.loan = self._lent.lend()
+            yield item
+
     def _take(self, result: ItemResult | ItemError) -> None:
         """Count a worker's result in (its error raised here, on the main side); its files are done."""
         if isinstance(result, ItemError):
             raise UserError(result.message)
+        if self._lent is not None:
+            self._lent.note(result.slot, result.in_slot, result.nbytes)
         for key, value in result.stats.items():
             self.stats[key] = self.stats.get(key, 0) + value
             # say so in the log, at most at every doubling
@@ -305,5 +320,7 @@ class EventStream:
         self._stop_prefetcher()
         self._loader.close()
         self._dataset.close()
+        if self._lent is not None:
+            self._lent.close()
         if self._staged is not None:
             self._staged.close()
