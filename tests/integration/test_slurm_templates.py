@@ -212,7 +212,22 @@ def test_fields_data_as_an_array_job_and_unknown_exports_refused(
     """generate_data.sh for the fields workload as a real array job (3 tasks, disjoint shares, meta.json once the
     split is whole), and a job given an --export name nobody reads fails in one line listing the known ones."""
     out = project / "fields"
-    args = "--kind fields --maps 40 --val-maps 8 --test-maps 0 --shard-size 8 --size 16 --layout hdf5".split()
+    args = [
+        "--kind",
+        "fields",
+        "--maps",
+        "40",
+        "--val-maps",
+        "8",
+        "--test-maps",
+        "0",
+        "--shard-size",
+        "8",
+        "--size",
+        "16",
+        "--layout",
+        "hdf5",
+    ]
     array = submit(
         slurm_cluster, project, ["--array=0-2", "slurm/generate_data.sh", *args, "--out", str(out)]
     )
