@@ -45,3 +45,14 @@ def test_exactly_one_form_per_layer_and_the_later_layer_wins(tmp_path: Path) -> 
     done = hpctrain("train", *QUICK, "data.global_batch_size=12", cwd=tmp_path, env=env)
     assert done.code == 0, done.err
     assert "batch 12 per process x 1 processes x 1 accumulation = global batch 12" in done.out
+
+
+def test_a_saved_config_can_be_given_back(tmp_path: Path) -> None:
+    """config.yaml of a global-batch run holds the form in use only, so --config takes it back."""
+    done = hpctrain("train", "data.global_batch_size=64", "train.total_updates=3", cwd=tmp_path)
+    assert done.code == 0, done.err
+    saved = tmp_path / "logs" / "debug" / "config.yaml"
+    assert "global_batch_size: 64" in saved.read_text() and "\n  batch_size:" not in saved.read_text()
+    again = hpctrain("train", "--config", str(saved), "train.total_updates=5", cwd=tmp_path)
+    assert again.code == 0, again.err
+    assert "finished at update 5/5" in again.out

@@ -512,8 +512,13 @@ def default_run_name(config_path: str | None, preset: str | None) -> str:
 
 
 def dump_config(cfg: BaseModel) -> dict[str, Any]:
-    """The resolved config as plain data with secrets masked (what is printed and saved)."""
-    return cfg.model_dump(mode="json")
+    """The resolved config as plain data with secrets masked (what is printed and saved). Of the batch's two
+    forms only the one in use is written, so a saved config.yaml can be given back with --config."""
+    tree: dict[str, Any] = cfg.model_dump(mode="json")
+    data = tree.get("data")
+    if isinstance(data, dict) and data.get("global_batch_size") is not None:
+        data.pop("batch_size", None)
+    return tree
 
 
 def config_hash(cfg: BaseModel) -> str:
