@@ -258,6 +258,16 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             out["gen_multiplicity_log10"] = torch.log10(counts.float() + 1.0)
         return out
 
+    # ---- the quality table on the validation files at the end (wip/quality; see evaluate.py) -------------
+
+    def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
+        """The evaluate table (ours vs floor vs baseline per feature and bin) on data.val_paths, written to
+        <run folder>/evaluate_val.json and logged."""
+        if self.cfg.data.val_paths:
+            from hpctrain.workloads.muons.evaluate import evaluate_after_training
+
+            evaluate_after_training(self.cfg, modules, step, self.run_dir)
+
 
 class MuonMultiplicityTask(MuonTaskBase[MuonMultiplicityRun]):
     """NB(mu, r) of the muon count given the primary, trained by likelihood (one optimizer, 'main')."""
