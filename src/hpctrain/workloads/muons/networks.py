@@ -195,11 +195,16 @@ class Generator(nn.Module):
 
 class Critic(nn.Module):
     """Per-muon net over (muon, primary), pooling per event, and a decision net that sees the pooled
-    features, the primary, log10(N + 1) and whether the event is empty."""
+    features, the primary, log10(N + 1) and whether the event is empty; optionally (`muon_score`) plus a
+    per-muon score weighted so that every muon of the batch counts equally."""
 
-    def __init__(self, hidden: int, pooling: str) -> None:
+    def __init__(self, hidden: int, pooling: str, muon_score: bool = False) -> None:
         super().__init__()
         self.pooling = pooling
+        # muon_score: a per-muon score added with weight B / (muons in the batch), so the batch mean of the
+        # event scores includes the mean per-muon score over ALL muons: every muon counts equally (as in the
+        # per-muon W1), instead of 1 / N of an event's pooled mean (see docs/muons.md, "Why the energy")
+        self.muon_head = mlp([hidden, hidden // 2, 1], nn.LeakyReLU) if muon_score else None
         # point net's first layer on cat(muon, primary[index]), split: the primary part runs per event
         self.point_muon = nn.Linear(MUON_DIM, hidden // 2)
         self.point_primary = nn.Linear(PRIMARY_DIM, hidden // 2, bias=False)
@@ -225,4 +230,9 @@ class Critic(nn.Module):
         empty = (counts == 0).to(pooled.dtype).unsqueeze(1)  # (B, 1): tells 'no muons' from 'features 0'
         mult = multiplicity_feature(counts if multiplicity is None else multiplicity).to(pooled.dtype)
         head = torch.cat([pooled, primaries, mult, empty], 1)
-        return self.decision(head).squeeze(1)
+        scores = self.decision(head).squeeze(1)  # (B,)
+        if self.muon_head is not None and muons.shape[0]:
+            per_muon = self.muon_head(features)  # (M, 1)
+            weight = counts.shape[0] / muons.shape[0]
+            scores = scores + weight * segment_sum(per_muon, index, counts.shape[0]).squeeze(1)
+        return scores

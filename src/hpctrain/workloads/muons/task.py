@@ -79,7 +79,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg)
         )
         self._generator = generator
-        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling)}
+        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling, m.muon_score)}
 
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         return {"generator": ["generator"], "critic": ["critic"]}
