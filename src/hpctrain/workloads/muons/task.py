@@ -76,7 +76,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def build_modules(self) -> dict[str, nn.Module]:
         m = self.cfg.model
         generator = Generator(
-            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg)
+            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), m.isotropic
         )
         self._generator = generator
         return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling, m.muon_score)}

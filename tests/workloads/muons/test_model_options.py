@@ -33,3 +33,25 @@ def test_muon_score_weighs_every_muon_equally() -> None:
         torch.zeros(0, 3), index[:0], primaries, torch.zeros(4, dtype=torch.long)
     )
     assert empty.shape == (4,) and torch.isfinite(empty).all()
+
+
+def test_isotropic_generator_turns_each_muon_and_keeps_energy_and_radius() -> None:
+    from hpctrain.workloads.muons.networks import Generator
+
+    torch.manual_seed(1)
+    plain = Generator(4, 3, 16, [8], cap=50)
+    iso = Generator(4, 3, 16, [8], cap=50, isotropic=True)
+    iso.load_state_dict(plain.state_dict())
+    iso.scaler.scale.fill_(0.01)  # a non-trivial scaler: the turn happens in normalised units
+    plain.scaler.scale.fill_(0.01)
+    counts = torch.tensor([40, 60])
+    index = event_index(counts, 100)
+    primaries = torch.randn(2, 4)
+    z_global, z_local = iso.noise(2, 100, torch.device("cpu"))
+    assert z_local.shape == (100, 4)  # one more column: the azimuth, never seen by the networks
+    a = plain.scaler.inverse(plain(primaries, counts, index, z_global, z_local[:, :3])[0])
+    b = iso.scaler.inverse(iso(primaries, counts, index, z_global, z_local)[0])
+    assert torch.allclose(a[:, 0], b[:, 0], atol=1e-5)  # energy untouched
+    assert torch.allclose(a[:, 1:].norm(dim=1), b[:, 1:].norm(dim=1), rtol=1e-3, atol=1e-6)  # radius kept
+    angle = torch.atan2(b[:, 2], b[:, 1])
+    assert angle.std() > 1.5  # spread around the axis (uniform: std pi / sqrt(3) ~ 1.8)
