@@ -67,10 +67,15 @@ def _log_floor(values: np.ndarray) -> np.ndarray:
     return np.log10(np.maximum(values, R_FLOOR_M))
 
 
-def features(events: layouts.Events) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """feature -> (values, event of each value), vectorised over the ragged events (no per-event Python)."""
+def features(
+    events: layouts.Events, only: tuple[str, ...] = FEATURES
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """feature -> (values, event of each value), vectorised over the ragged events (no per-event Python);
+    only the multiplicity when that is all `only` asks (a multiplicity model's events carry no muons)."""
     n = len(events)
     counts = events.counts
+    if only == ("multiplicity",):
+        return {"multiplicity": (np.log10(counts + 1.0), np.arange(n))}
     per_muon_event = np.repeat(np.arange(n), counts)  # (M,)
     muons = events.muons.astype(np.float64)
     r = np.hypot(muons[:, 1], muons[:, 2])
@@ -109,7 +114,7 @@ def distances(
     generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES
 ) -> dict[str, dict[str, Any]]:
     """feature -> {"w1", "ks" (overall), "bins": {label: {"w1", "ks", "n_true", "n_generated"}}}."""
-    gen_f, true_f = features(generated), features(true)
+    gen_f, true_f = features(generated, only), features(true, only)
     gen_bin, true_bin = event_bins(generated.primaries), event_bins(true.primaries)
     labels = bin_labels()
     out: dict[str, dict[str, Any]] = {}
