@@ -153,6 +153,10 @@ class Task(ABC, Generic[C]):
         count = max(sums.get("count", 1.0), 1.0)
         return {f"val_{k[:-4]}": v / count for k, v in sums.items() if k.endswith("_sum")}
 
+    def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
+        """Called once on the main rank when the run has finished (after the final save): e.g. a workload's
+        own quality report in the run folder. No collectives here; nothing by default."""
+
     def histograms(self, batch: Any) -> dict[str, torch.Tensor]:
         """Values worth a histogram (e.g. primaries, multiplicities); empty by default."""
         return {}

@@ -446,6 +446,8 @@ class Trainer:
             improved = result.improved
         self.state.finished = True
         self._save(best=improved)
+        if self.env.is_main:
+            self.task.after_training(self.raw_modules, self.state.step)
         return self._result("finished", reason, EXIT_OK)
 
     def _failed(self, bad: NonFinite) -> RunResult:

@@ -143,8 +143,8 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
     assert np.array_equal(from_file.primaries, source.primaries) and np.array_equal(from_file.ids, source.ids)
     shown = hpctrain("data", "inspect", str(again), "--events", "1", cwd=tmp_path)
     assert shown.code == 0 and "layout parquet" in shown.out
-    bad = hpctrain("sample", str(reference), "--n-events", "0", "--out", str(again), cwd=tmp_path)
-    assert bad.code == 2 and "--n-events" in bad.err
+    bad = hpctrain("sample", str(reference), "--events", "0", "--out", str(again), cwd=tmp_path)
+    assert bad.code == 2 and "--events must be at least 1" in bad.err
 
 
 def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):

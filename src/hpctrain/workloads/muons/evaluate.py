@@ -1,6 +1,8 @@
-"""Quality of generated bundles against fresh samples of the synthetic truth (or a held-out file).
+"""Quality of generated bundles against fresh samples of the synthetic truth or held-out files.
 
-Compared, overall and per bin of primary energy: the multiplicity as log10(N + 1), the muon energy as
+The judged table (per feature and bin of primary energy x zenith, ours vs the floor vs the baseline) is
+quality.py's; this module draws or reads the samples, generates, and writes evaluate.json. Also kept, as the
+first figures of the project: overall and per bin of primary energy, the multiplicity as log10(N + 1), the muon energy as
 log10(E / GeV) and the lateral distance as log10(r / m) (r floored at 1 cm). Figures: the 1-D Wasserstein
 distance (in those log10 units) and the Kolmogorov-Smirnov statistic. `conditional_w1` is the mean W1 over
 the three features and the energy bins that have data on both sides: the headline figure.
@@ -17,34 +19,15 @@ from typing import Any
 import numpy as np
 
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
-from hpctrain.workloads.muons import layouts, truth
+from hpctrain.workloads.muons import layouts, quality, truth
+from hpctrain.workloads.muons.quality import ks_statistic, wasserstein_1d
+
+__all__ = ["ks_statistic", "wasserstein_1d"]
+FLOOR_STREAM, BASELINE_STREAM = 1, 2  # numpy_rng keys after TRUTH_EVENTS: the floor's and baseline's samples
 
 ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
 FEATURES = ("multiplicity", "energy", "lateral_distance")
 R_FLOOR_M = 0.01
-
-
-def wasserstein_1d(a: np.ndarray, b: np.ndarray) -> float:
-    """W1 between the empirical distributions of a and b (integral of |CDF_a - CDF_b|); NaN if one is empty."""
-    if len(a) == 0 or len(b) == 0:
-        return math.nan
-    a, b = np.sort(a), np.sort(b)
-    grid = np.concatenate([a, b])
-    grid.sort()
-    cdf_a = np.searchsorted(a, grid[:-1], side="right") / len(a)
-    cdf_b = np.searchsorted(b, grid[:-1], side="right") / len(b)
-    return float(np.sum(np.abs(cdf_a - cdf_b) * np.diff(grid)))
-
-
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    """sup |CDF_a - CDF_b|; NaN if one is empty."""
-    if len(a) == 0 or len(b) == 0:
-        return math.nan
-    a, b = np.sort(a), np.sort(b)
-    grid = np.concatenate([a, b])
-    cdf_a = np.searchsorted(a, grid, side="right") / len(a)
-    cdf_b = np.searchsorted(b, grid, side="right") / len(b)
-    return float(np.max(np.abs(cdf_a - cdf_b)))
 
 
 def features(events: layouts.Events) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -208,8 +191,40 @@ def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
     return events, int((~keep).sum())
 
 
-def evaluate_model(model: Any, n_events: int, seed: int, batch_size: int = 4096) -> dict[str, Any]:
-    """Generate for the primaries of fresh truth events and compare; the result is evaluate.json's content."""
+def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int) -> layouts.Events:
+    """Fresh truth bundles for these primaries (stream (seed, TRUTH_EVENTS, key)); events above `cap` are
+    dropped, as the loader drops them."""
+    muons, counts = truth.sample_bundles(primaries.astype(np.float64), numpy_rng(seed, TRUTH_EVENTS, key))
+    keep = counts <= cap if cap > 0 else np.ones(len(counts), bool)
+    ids = np.stack([np.zeros(int(keep.sum()), np.int64), np.flatnonzero(keep)], 1)
+    return layouts.Events(
+        primaries[keep].astype(np.float32),
+        muons[np.repeat(keep, counts)].astype(np.float32),
+        counts[keep],
+        ids,
+    )
+
+
+def reference_samples(
+    n_events: int, seed: int, cap: int, data: layouts.Events | None
+) -> tuple[layouts.Events, layouts.Events, layouts.Events, int]:
+    """(true, floor sample, baseline reference, dropped): from the synthetic truth (fresh bundles for the same
+    primaries as the floor) or from held-out events split in two halves (the second is floor and reference)."""
+    if data is not None:
+        true, other = quality.split_halves(data)
+        return true, other, other, 0
+    true, dropped = truth_events(n_events, seed, cap)
+    floor = _truth_sample(true.primaries, seed, FLOOR_STREAM, cap)
+    reference_primaries = truth.sample_primaries(n_events, numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM))
+    reference = _truth_sample(reference_primaries, seed, BASELINE_STREAM + 1, cap)
+    return true, floor, reference, dropped
+
+
+def evaluate_model(
+    model: Any, n_events: int, seed: int, batch_size: int = 4096, data: layouts.Events | None = None
+) -> dict[str, Any]:
+    """Generate for the primaries of fresh truth events (or of held-out `data`, split in two halves) and
+    compare; the result is evaluate.json's content."""
     import torch
 
     from hpctrain.workloads.muons import sampling
@@ -217,7 +232,7 @@ def evaluate_model(model: Any, n_events: int, seed: int, batch_size: int = 4096)
 
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
-    true, dropped = truth_events(n_events, seed, cap)
+    true, floor, reference, dropped = reference_samples(n_events, seed, cap, data)
     torch.manual_seed(seed)
     if model.model_type == "muon_multiplicity":
         counts = sampling.sample_counts(model, true.primaries, batch_size)
@@ -227,22 +242,97 @@ def evaluate_model(model: Any, n_events: int, seed: int, batch_size: int = 4096)
         generated = sampling.generate_events(model, true.primaries, true.ids, batch_size)
         only = FEATURES
     result = compare(generated, true, only)
+    judged_only = quality.FEATURES if only == FEATURES else only
+    result["quality"] = quality.quality(
+        generated, true, floor, reference, numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2), judged_only
+    )
+    q = result["quality"]
+    result["metrics"].update(
+        {
+            "min_feature_ratio": math.nan if q["min_feature_ratio"] is None else q["min_feature_ratio"],
+            "features_within_floor": float(q["features_within_floor"]),
+            "features_goal_met": float(q["features_goal_met"]),
+        }
+    )
     result["distributions"] = distributions(generated, true, only)
     result["binned"] = binned(generated, true, only)  # per energy bin and zenith band, for the report
     result["info"] = {
         "checkpoint": str(model.checkpoint),
         "step": model.step,
         "model_type": model.model_type,
+        "source": "held-out files" if data is not None else "synthetic truth",
         "events": len(true),
+        "floor_events": len(floor),
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
         "seed": seed,
         "muons_generated": int(generated.counts.sum()),
         "muons_true": int(true.counts.sum()),
         "seconds": time.perf_counter() - start,
-        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m)",
+        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
     }
     return result
+
+
+def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.Events:
+    """Every event of `paths` (files, folders, globs, pelican:// or other URIs; any layout the loader reads) in
+    physical units, read by the same loader as validation (events above the muon cap skipped, remote files
+    staged), at most `max_events` (0 = all)."""
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.workloads.muons.task_base import ValBatches
+
+    data = cfg.data.model_copy(update={"val_paths": list(paths), "num_workers": 0, "prefetch_batches": 0})
+    parts, total = [], 0
+    for batch in ValBatches(data, cfg.run.seed, ClusterEnv(), None):
+        parts.append(
+            layouts.Events(
+                batch.primaries.numpy(), batch.muons.numpy(), batch.counts.numpy(), batch.ids.numpy()
+            )
+        )
+        total += len(batch)
+        if max_events and total >= max_events:
+            break
+    events = layouts.concat_events(parts)
+    if max_events and len(events) > max_events:
+        keep = np.arange(len(events)) < max_events
+        events = layouts.Events(
+            events.primaries[keep],
+            events.muons[: int(events.counts[keep].sum())],
+            events.counts[keep],
+            events.ids[keep],
+        )
+    return events
+
+
+VAL_EVENTS = 20_000  # at most this many validation events in the end-of-training table
+
+
+def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_dir: Path) -> Path:
+    """The table of `hpctrain evaluate --data <data.val_paths>` at the end of training: evaluate_val.json and
+    the table as text (evaluate_val.txt) in the run folder."""
+    import logging
+
+    import torch
+
+    from hpctrain.fsutil import atomic_write_text
+    from hpctrain.workloads.muons.sampling import LoadedModel
+
+    log = logging.getLogger("hpctrain.muons")
+    device = next(modules["generator"].parameters()).device
+    model = LoadedModel(cfg, modules, step, run_dir, run_dir, device)
+    data = held_out_events(cfg, list(cfg.data.val_paths), VAL_EVENTS)
+    if len(data) < 2:
+        log.warning("no quality table: data.val_paths hold %d event(s)", len(data))
+        return run_dir
+    with torch.random.fork_rng(devices=[]):  # the training's global RNG stays as it was
+        result = evaluate_model(model, VAL_EVENTS, cfg.run.seed, data=data)
+    path = run_dir / "evaluate_val.json"
+    atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
+    head = f"quality at update {step} on {len(data) // 2} validation events (floor: the other half)"
+    text = "\n".join([head, *quality.table(result["quality"])]) + "\n"
+    atomic_write_text(run_dir / "evaluate_val.txt", text)
+    log.info(text)
+    return path
 
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:

@@ -139,10 +139,19 @@ class Generator(nn.Module):
     from (context of the muon's event, per-muon latent)."""
 
     def __init__(
-        self, latent_global: int, latent_local: int, hidden: int, mult_hidden: list[int], cap: int
+        self,
+        latent_global: int,
+        latent_local: int,
+        hidden: int,
+        mult_hidden: list[int],
+        cap: int,
+        isotropic: bool = False,
     ) -> None:
         super().__init__()
         self.latent_global, self.latent_local = latent_global, latent_local
+        # isotropic: each muon's (x, y) is turned by its own uniform azimuth, drawn as one more per-muon
+        # latent column that the networks never see (so they cannot undo it)
+        self.isotropic = isotropic
         self.multiplicity = MultiplicityHead(mult_hidden, cap)
         self.scaler = MuonScaler()
         half = max(hidden // 2, 1)
@@ -160,7 +169,8 @@ class Generator(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Latents (events, latent_global) and (muons, latent_local) from `generator` (default: global RNG)."""
         z_global = torch.randn(events, self.latent_global, device=device, generator=generator)
-        z_local = torch.randn(muons, self.latent_local, device=device, generator=generator)
+        width = self.latent_local + (1 if self.isotropic else 0)
+        z_local = torch.randn(muons, width, device=device, generator=generator)
         return z_global, z_local
 
     def forward(
@@ -178,10 +188,23 @@ class Generator(nn.Module):
         if z_global is None or z_local is None:
             z_global, z_local = self.noise(primaries.shape[0], index.shape[0], primaries.device)
         context = self.global_net(torch.cat([z_global, primaries, multiplicity_feature(counts)], 1))  # (B, H)
-        first = self.local_context(context).index_select(0, index) + self.local_latent(z_local)  # (M, half)
-        muons = self.local_net(first)  # (M, 3)
+        latent = z_local[:, : self.latent_local]
+        first = self.local_context(context).index_select(0, index) + self.local_latent(latent)  # (M, half)
+        muons = self.local_net(first)  # (M, 3) scaled
+        if self.isotropic and muons.shape[0]:
+            muons = self._turn(muons, z_local[:, -1])
         log_mu, log_r = self.multiplicity(primaries)
         return muons, log_mu, log_r
+
+    def _turn(self, scaled: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Rotate each muon's (x, y) about the shower axis by 2 pi Phi(z) (z ~ N(0, 1): a uniform azimuth),
+        in normalised units (the scaler's centre is near 0, so the scaled space is not rotation-invariant)."""
+        norm = self.scaler.inverse(scaled)  # (M, 3)
+        phi = 2.0 * torch.pi * 0.5 * (1.0 + torch.erf(z / 2.0**0.5))  # (M,)
+        cos, sin = torch.cos(phi), torch.sin(phi)
+        x, y = norm[:, 1], norm[:, 2]
+        turned = torch.stack([norm[:, 0], cos * x - sin * y, sin * x + cos * y], 1)
+        return self.scaler(turned)
 
     @torch.no_grad()
     def generate(self, primaries: torch.Tensor, cap: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,11 +218,16 @@ class Generator(nn.Module):
 
 class Critic(nn.Module):
     """Per-muon net over (muon, primary), pooling per event, and a decision net that sees the pooled
-    features, the primary, log10(N + 1) and whether the event is empty."""
+    features, the primary, log10(N + 1) and whether the event is empty; optionally (`muon_score`) plus a
+    per-muon score weighted so that every muon of the batch counts equally."""
 
-    def __init__(self, hidden: int, pooling: str) -> None:
+    def __init__(self, hidden: int, pooling: str, muon_score: bool = False) -> None:
         super().__init__()
         self.pooling = pooling
+        # muon_score: a per-muon score added with weight B / (muons in the batch), so the batch mean of the
+        # event scores includes the mean per-muon score over ALL muons: every muon counts equally (as in the
+        # per-muon W1), instead of 1 / N of an event's pooled mean (see docs/muons.md, "Why the energy")
+        self.muon_head = mlp([hidden, hidden // 2, 1], nn.LeakyReLU) if muon_score else None
         # point net's first layer on cat(muon, primary[index]), split: the primary part runs per event
         self.point_muon = nn.Linear(MUON_DIM, hidden // 2)
         self.point_primary = nn.Linear(PRIMARY_DIM, hidden // 2, bias=False)
@@ -225,4 +253,9 @@ class Critic(nn.Module):
         empty = (counts == 0).to(pooled.dtype).unsqueeze(1)  # (B, 1): tells 'no muons' from 'features 0'
         mult = multiplicity_feature(counts if multiplicity is None else multiplicity).to(pooled.dtype)
         head = torch.cat([pooled, primaries, mult, empty], 1)
-        return self.decision(head).squeeze(1)
+        scores = self.decision(head).squeeze(1)  # (B,)
+        if self.muon_head is not None and muons.shape[0]:
+            per_muon = self.muon_head(features)  # (M, 1)
+            weight = counts.shape[0] / muons.shape[0]
+            scores = scores + weight * segment_sum(per_muon, index, counts.shape[0]).squeeze(1)
+        return scores

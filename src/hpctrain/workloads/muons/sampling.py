@@ -6,6 +6,7 @@ layout by the same writer as the data (and `hpctrain data inspect` reads them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,21 +66,6 @@ def load_model(
     return LoadedModel(cfg, modules, step, run_dir, file, dev)
 
 
-def read_primaries(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(primaries (n, 4) physical, ids (n, 2)) of every event in a muon file of any layout (muons ignored)."""
-    from hpctrain.workloads.muons.tools import _files
-
-    parts_p, parts_i = [], []
-    for file in _files(path):
-        try:
-            _, events = layouts.read_all(file)
-        except layouts.LayoutError as err:
-            raise UserError(str(err)) from None
-        parts_p.append(events.primaries)
-        parts_i.append(events.ids)
-    return np.concatenate(parts_p), np.concatenate(parts_i)
-
-
 @torch.no_grad()
 def sample_counts(model: LoadedModel, primaries: np.ndarray, batch_size: int = 4096) -> np.ndarray:
     """(n,) sampled multiplicities for physical primaries (n, 4) (torch's global RNG: seed it first)."""
@@ -98,6 +84,42 @@ def sample_counts(model: LoadedModel, primaries: np.ndarray, batch_size: int = 4
 
 
 @torch.no_grad()
+def generate_chunks(
+    model: LoadedModel,
+    primaries: np.ndarray,
+    ids: np.ndarray | None = None,
+    batch_size: int = 4096,
+    counts: np.ndarray | None = None,
+) -> Iterator[layouts.Events]:
+    """Generated bundles for physical primaries (n, 4), one `layouts.Events` per batch of `batch_size` events
+    (a caller that writes each chunk holds one batch at a time); `counts` (n,) fixes the multiplicities
+    instead of sampling them. Uses torch's global RNG: seed it first."""
+    if "generator" not in model.modules:
+        raise UserError(f"{model.checkpoint}: a {model.model_type} model generates no muons (use muon_wgan)")
+    generator: Generator = model.modules["generator"]  # type: ignore[assignment]
+    n = len(primaries)
+    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1) if ids is None else ids
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        prim = torch.as_tensor(primaries[start:stop], dtype=torch.float32)
+        norm = physics.normalize_primaries(prim).to(model.device)
+        if counts is None:
+            c = generator.multiplicity.sample(norm)
+        else:
+            c = torch.as_tensor(counts[start:stop], dtype=torch.int64, device=model.device)
+        total = int(c.sum())
+        muons, _, _ = generator(norm, c, event_index(c, total))
+        muons = generator.scaler.inverse(muons).float().cpu()  # (total, 3) normalised
+        # finite, positive energies in the file (1e-4 GeV..1e12 GeV)
+        muons[:, 0] = muons[:, 0].clamp(-10.0, 6.0)
+        yield layouts.Events(
+            np.asarray(primaries[start:stop], np.float32),
+            physics.denormalize_muons(muons).numpy().astype(np.float32),
+            c.cpu().numpy().astype(np.int64),
+            np.asarray(ids[start:stop], np.int64),
+        )
+
+
 def generate_events(
     model: LoadedModel,
     primaries: np.ndarray,
@@ -105,39 +127,75 @@ def generate_events(
     batch_size: int = 4096,
     counts: np.ndarray | None = None,
 ) -> layouts.Events:
-    """Generated bundles for physical primaries (n, 4) in batches of `batch_size` events; `counts` (n,) fixes
-    the multiplicities instead of sampling them. Uses torch's global RNG: seed it first."""
-    if "generator" not in model.modules:
-        raise UserError(f"{model.checkpoint}: a {model.model_type} model generates no muons (use muon_wgan)")
-    generator: Generator = model.modules["generator"]  # type: ignore[assignment]
-    n = len(primaries)
-    all_counts, all_muons = [], []
-    for start in range(0, n, batch_size):
-        prim = torch.as_tensor(primaries[start : start + batch_size], dtype=torch.float32)
-        norm = physics.normalize_primaries(prim).to(model.device)
-        if counts is None:
-            c = generator.multiplicity.sample(norm)
-        else:
-            c = torch.as_tensor(counts[start : start + batch_size], dtype=torch.int64, device=model.device)
-        total = int(c.sum())
-        muons, _, _ = generator(norm, c, event_index(c, total))
-        muons = generator.scaler.inverse(muons)
-        all_counts.append(c.cpu().numpy())
-        muons = muons.float().cpu()
-        muons[:, 0] = muons[:, 0].clamp(
-            -10.0, 6.0
-        )  # finite, positive energies in the file (1e-4 GeV..1e12 GeV)
-        all_muons.append(physics.denormalize_muons(muons).numpy())
-    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1) if ids is None else ids
-    return layouts.Events(
-        np.asarray(primaries, np.float32),
-        np.concatenate(all_muons).astype(np.float32) if all_muons else np.zeros((0, 3), np.float32),
-        np.concatenate(all_counts).astype(np.int64) if all_counts else np.zeros(0, np.int64),
-        np.asarray(ids, np.int64),
-    )
+    """All of `generate_chunks` in one `layouts.Events` (for evaluation-sized requests)."""
+    parts = list(generate_chunks(model, primaries, ids, batch_size, counts))
+    if not parts:
+        return layouts.Events(
+            np.zeros((0, 4), np.float32),
+            np.zeros((0, 3), np.float32),
+            np.zeros(0, np.int64),
+            np.zeros((0, 2), np.int64),
+        )
+    return layouts.concat_events(parts)
 
 
-def truth_primaries(n: int, seed: int) -> np.ndarray:
-    from hpctrain.workloads.muons import truth
+def primary_chunks(
+    n_events: int | None, path: str | None, seed: int, chunk: int
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """(primaries (k, 4), ids (k, 2) or None) in chunks of at most `chunk` events: `n_events` drawn from the
+    synthetic truth (one stream, seed), or every event of the muon files `path` names (any layout, one
+    row group at a time, muons ignored). Memory: one chunk, whatever the request."""
+    if path is None:
+        from hpctrain.workloads.muons import truth
 
-    return truth.sample_primaries(n, numpy_rng(seed, TRUTH_PRIMARIES))
+        assert n_events is not None
+        rng = numpy_rng(seed, TRUTH_PRIMARIES)
+        for start in range(0, n_events, chunk):
+            yield truth.sample_primaries(min(chunk, n_events - start), rng), None
+        return
+    from hpctrain.workloads.muons.tools import _files
+
+    for file in _files(path):
+        try:
+            reader = layouts.open_reader(file)
+        except layouts.LayoutError as err:
+            raise UserError(str(err)) from None
+        try:
+            for u in range(len(reader.unit_rows)):
+                unit = reader.read_unit(u)
+                for start in range(0, len(unit), chunk):
+                    yield unit.primaries[start : start + chunk], unit.ids[start : start + chunk]
+        finally:
+            reader.close()
+
+
+def write_stream(path: str, chunks: Iterable[layouts.Events]) -> tuple[int, int]:
+    """Write events chunk by chunk to one Parquet file of the current layout (a row group per chunk,
+    atomically: temporary name, then rename); returns (events, muons)."""
+    import pyarrow.parquet as pq
+
+    from hpctrain.fsutil import atomic_path
+
+    events = muons = 0
+    with atomic_path(Path(path)) as tmp:
+        writer = None
+        try:
+            for part in chunks:
+                table = layouts.events_table(part, "parquet")
+                if writer is None:
+                    writer = pq.ParquetWriter(str(tmp), table.schema)
+                writer.write_table(table)
+                events += len(part)
+                muons += len(part.muons)
+            if writer is None:  # nothing asked: an empty file of the layout
+                empty = layouts.Events(
+                    np.zeros((0, 4), np.float32),
+                    np.zeros((0, 3), np.float32),
+                    np.zeros(0, np.int64),
+                    np.zeros((0, 2), np.int64),
+                )
+                pq.write_table(layouts.events_table(empty, "parquet"), str(tmp))
+        finally:
+            if writer is not None:
+                writer.close()
+    return events, muons

@@ -176,6 +176,16 @@ class MuonWGANConfig(ModelConfigBase):
     pooling: Literal["max", "mean", "sum"] = Field(
         "max", description="Permutation-invariant pooling of the critic's per-muon features per event."
     )
+    muon_score: bool = Field(
+        False,
+        description="Add a per-muon critic score in which every muon of the batch counts equally (the "
+        "pooled event score weighs a muon by 1/N of its event): the per-muon spectra get a direct signal.",
+    )
+    isotropic: bool = Field(
+        False,
+        description="Turn each generated muon's (x, y) about the shower axis by its own uniform azimuth (the "
+        "bundle is azimuthally isotropic muon by muon, as in the synthetic truth; the generator learns r).",
+    )
     critic_steps: int = Field(5, ge=1, description="Critic updates per generator update (same batch).")
     lambda_gp: float = Field(10.0, ge=0, description="Gradient-penalty weight (0 = no penalty).")
     gp_every: int = Field(

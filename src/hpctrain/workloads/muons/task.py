@@ -88,10 +88,10 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def build_modules(self) -> dict[str, nn.Module]:
         m = self.cfg.model
         generator = Generator(
-            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg)
+            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), m.isotropic
         )
         self._generator = generator
-        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling)}
+        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling, m.muon_score)}
 
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         return {"generator": ["generator"], "critic": ["critic"]}
@@ -296,6 +296,16 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                 counts = self._generator.multiplicity.sample(batch.primaries)
             out["gen_multiplicity_log10"] = torch.log10(counts.float() + 1.0)
         return out
+
+    # ---- the quality table on the validation files at the end (wip/quality; see evaluate.py) -------------
+
+    def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
+        """The evaluate table (ours vs floor vs baseline per feature and bin) on data.val_paths, written to
+        <run folder>/evaluate_val.json and logged."""
+        if self.cfg.data.val_paths:
+            from hpctrain.workloads.muons.evaluate import evaluate_after_training
+
+            evaluate_after_training(self.cfg, modules, step, self.run_dir)
 
 
 class MuonMultiplicityTask(MuonTaskBase[MuonMultiplicityRun]):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -19,7 +18,14 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("muon models")
     source = g.add_mutually_exclusive_group(required=True)
     source.add_argument("--primaries", help="muon file/folder/glob (any layout) whose primaries to use")
-    source.add_argument("--n-events", type=int, help="draw this many primaries from the synthetic truth")
+    # --events as in `data inspect` and `data generate --events-per-file` (--n-events, the old name, still works)
+    source.add_argument(
+        "--events",
+        "--n-events",
+        dest="n_events",
+        type=int,
+        help="draw this many primaries from the synthetic truth",
+    )
     g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once (default 4096)")
@@ -45,7 +51,7 @@ def usable_device(name: str | None) -> str | None:
 def sample(args: argparse.Namespace, found: Found) -> int:
     """Generate muon bundles with a muon_wgan model; writes the current Parquet layout."""
     if args.n_events is not None and args.n_events < 1:
-        raise UserError(f"--n-events must be at least 1, not {args.n_events}")
+        raise UserError(f"--events must be at least 1, not {args.n_events}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.seed < 0:
@@ -53,19 +59,22 @@ def sample(args: argparse.Namespace, found: Found) -> int:
 
     import torch
 
-    from hpctrain.workloads.muons import layouts, sampling
+    from hpctrain.workloads.muons import sampling
 
     start = time.perf_counter()
     model = sampling.load_model(args.model, usable_device(args.device), found)
-    if args.primaries:
-        primaries, ids = sampling.read_primaries(args.primaries)
-    else:
-        primaries, ids = sampling.truth_primaries(args.n_events, args.seed), None
     torch.manual_seed(args.seed)
-    events = sampling.generate_events(model, primaries, ids, args.batch_size)
-    layouts.write_events(args.out, events, "parquet")
+    # streamed: primaries, generation and the Parquet writer hold one batch at a time (10M events fit)
+    chunks = (
+        chunk
+        for primaries, ids in sampling.primary_chunks(
+            args.n_events, args.primaries, args.seed, args.batch_size
+        )
+        for chunk in sampling.generate_chunks(model, primaries, ids, args.batch_size)
+    )
+    events, muons = sampling.write_stream(args.out, chunks)
     print(
-        f"wrote {len(events)} events, {len(events.muons)} muons to {args.out} (model {model.checkpoint}, "
+        f"wrote {events} events, {muons} muons to {args.out} (model {model.checkpoint}, "
         f"update {model.step}, device {model.device}, {time.perf_counter() - start:.1f} s)"
     )
     return 0
@@ -74,7 +83,22 @@ def sample(args: argparse.Namespace, found: Found) -> int:
 def evaluate_args(parser: argparse.ArgumentParser) -> None:
     """The options of `hpctrain evaluate` for a muon model."""
     g = parser.add_argument_group("muon models")
-    g.add_argument("--n-events", type=int, default=10_000, help="truth events to compare (default 10000)")
+    g.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="held-out muon files (files, folders, globs, pelican:// URIs; any layout): compare with their "
+        "own bundles instead of the synthetic truth (floor: one half of them against the other)",
+    )
+    g.add_argument(
+        "--events",
+        "--n-events",
+        dest="n_events",
+        type=int,
+        default=None,
+        help="truth events to compare (default 10000); with --data: at most this many held-out events "
+        "(default all)",
+    )
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
     g.add_argument("--batch-size", type=int, default=4096, help="events generated at once")
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
@@ -82,18 +106,24 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(args: argparse.Namespace, found: Found) -> int:
-    """A muon model's bundles against fresh samples of the synthetic truth: 1-D Wasserstein distances and KS
-    statistics of multiplicity, muon energy and lateral distance, overall and per primary-energy bin. Writes
-    evaluate.json in the run folder and appends the figures to metrics.jsonl."""
-    if args.n_events < 1:
-        raise UserError(f"--n-events must be at least 1, not {args.n_events}")
+    """A muon model's bundles against fresh samples of the synthetic truth or held-out files: W1 and KS per
+    feature and bin of primary energy x zenith, next to the floor and the baseline (quality.py). Writes
+    evaluate.json in the run folder, appends the figures to metrics.jsonl and prints the table."""
+    if args.n_events is not None and args.n_events < 1:
+        raise UserError(f"--events must be at least 1, not {args.n_events}")
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
 
-    from hpctrain.workloads.muons import evaluate, sampling
+    from hpctrain.workloads.muons import evaluate, quality, sampling
 
     model = sampling.load_model(args.model, usable_device(args.device), found)
-    result = evaluate.evaluate_model(model, args.n_events, args.seed, args.batch_size)
+    data = None
+    if args.data:
+        data = evaluate.held_out_events(model.cfg, args.data, args.n_events or 0)
+        if len(data) < 2:
+            raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
+    n_events = args.n_events or 10_000
+    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,16 +132,17 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         out = evaluate.write_outputs(model.run_dir, result)
     else:
         raise UserError(f"{args.model}: not inside a run folder; pass --out FILE for the JSON")
-    m = result["metrics"]
-
-    def fmt(v: float) -> str:
-        return f"{v:.4f}" if math.isfinite(v) else "n/a"
-
-    info = result["info"]
-    print(f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} truth events")
-    for name in ("multiplicity", "energy", "lateral_distance"):
-        if f"w1_{name}" in m:
-            print(f"  {name:<17} W1 {fmt(m[f'w1_{name}'])}  KS {fmt(m[f'ks_{name}'])}")
-    print(f"  conditional W1 (mean over features and energy bins): {fmt(m['conditional_w1'])}")
+    info, q = result["info"], result["quality"]
+    print(
+        f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "
+        f"{info['source']} (floor from {info['floor_events']} independent events)"
+    )
+    for line in quality.table(q):
+        print("  " + line)
+    ratio = q["min_feature_ratio"]
+    print(
+        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within 2 x floor "
+        f"{q['features_within_floor']}/{len(q['features'])} | goal met {q['features_goal_met']}/{len(q['features'])}"
+    )
     print(f"wrote {out}")
     return 0

@@ -1,0 +1,274 @@
+"""Per-feature, per-bin quality of generated bundles against the statistical floor and a baseline.
+
+A figure alone says nothing: a W1 of 0.02 may be perfect (two samples of the truth differ that much) or poor.
+So every feature is judged per bin of primary energy x zenith against
+- the FLOOR: the same figure between two independent samples of the truth of the same size (what a perfect
+  generator would show); for the synthetic truth, fresh bundles for the same primaries; for held-out files,
+  the other half of the files (events split by parity);
+- the BASELINE: bundles that ignore the primary (multiplicities from the marginal, muons from the pool of all
+  muons of an independent reference sample).
+
+Features (values in log10 units; W1 in those units, KS unitless):
+- multiplicity: log10(N + 1) per event (every event);
+- energy: log10(E / GeV) per muon; lateral_distance: log10(r / m) per muon (r floored at 1 cm);
+- energy_sum: log10(sum E / GeV) per event with at least one muon;
+- centre_radius: log10 of the distance of the bundle's centre (mean x, y) from the shower axis, per event with
+  at least one muon (floored at 1 cm);
+- spread: log10 of the rms distance of the muons from the bundle's centre, per event with at least two muons
+  (floored at 1 cm).
+
+The goal per feature and bin (bins with at least MIN_VALUES true values): ours <= max(2 x floor, 0.5 x
+baseline), and ours not above the baseline unless ours is within 2 x floor (there the two cannot be told
+apart). A feature meets the goal when all its bins do; nothing is averaged over features.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from hpctrain.workloads.muons import layouts
+
+FEATURES = ("multiplicity", "energy", "lateral_distance", "energy_sum", "centre_radius", "spread")
+PER_MUON = ("energy", "lateral_distance")
+ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
+ZENITH_BANDS_DEG = (0.0, 30.0, 45.0, 60.0, 75.0)  # cos(zenith) >= 0.3 in the truth: up to 72.5 deg
+R_FLOOR_M = 0.01
+MIN_VALUES = 100  # a bin with fewer true values of a feature is shown, not judged
+FLOOR_FACTOR, BASELINE_FACTOR = 2.0, 0.5
+
+
+def wasserstein_1d(a: np.ndarray, b: np.ndarray) -> float:
+    """W1 between the empirical distributions of a and b (integral of |CDF_a - CDF_b|); NaN if one is empty."""
+    if len(a) == 0 or len(b) == 0:
+        return math.nan
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    grid.sort()
+    cdf_a = np.searchsorted(a, grid[:-1], side="right") / len(a)
+    cdf_b = np.searchsorted(b, grid[:-1], side="right") / len(b)
+    return float(np.sum(np.abs(cdf_a - cdf_b) * np.diff(grid)))
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """sup |CDF_a - CDF_b|; NaN if one is empty."""
+    if len(a) == 0 or len(b) == 0:
+        return math.nan
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, grid, side="right") / len(a)
+    cdf_b = np.searchsorted(b, grid, side="right") / len(b)
+    return float(np.max(np.abs(cdf_a - cdf_b)))
+
+
+def _log_floor(values: np.ndarray) -> np.ndarray:
+    return np.log10(np.maximum(values, R_FLOOR_M))
+
+
+def features(
+    events: layouts.Events, only: tuple[str, ...] = FEATURES
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """feature -> (values, event of each value), vectorised over the ragged events (no per-event Python);
+    only the multiplicity when that is all `only` asks (a multiplicity model's events carry no muons)."""
+    n = len(events)
+    counts = events.counts
+    if only == ("multiplicity",):
+        return {"multiplicity": (np.log10(counts + 1.0), np.arange(n))}
+    per_muon_event = np.repeat(np.arange(n), counts)  # (M,)
+    muons = events.muons.astype(np.float64)
+    r = np.hypot(muons[:, 1], muons[:, 2])
+    safe = np.maximum(counts, 1).astype(np.float64)
+    energy_sum = np.bincount(per_muon_event, muons[:, 0], n)  # (n,)
+    cx = np.bincount(per_muon_event, muons[:, 1], n) / safe
+    cy = np.bincount(per_muon_event, muons[:, 2], n) / safe
+    dx, dy = muons[:, 1] - cx[per_muon_event], muons[:, 2] - cy[per_muon_event]
+    spread = np.sqrt(np.bincount(per_muon_event, dx * dx + dy * dy, n) / safe)
+    some, several = np.flatnonzero(counts >= 1), np.flatnonzero(counts >= 2)
+    return {
+        "multiplicity": (np.log10(counts + 1.0), np.arange(n)),
+        "energy": (np.log10(np.maximum(muons[:, 0], 1e-30)), per_muon_event),
+        "lateral_distance": (_log_floor(r), per_muon_event),
+        "energy_sum": (np.log10(np.maximum(energy_sum[some], 1e-30)), some),
+        "centre_radius": (_log_floor(np.hypot(cx, cy)[some]), some),
+        "spread": (_log_floor(spread[several]), several),
+    }
+
+
+def bin_labels() -> list[str]:
+    e, z = ENERGY_BINS_LOG10_GEV, ZENITH_BANDS_DEG
+    return [
+        f"E{e[i]:g}-{e[i + 1]:g}/z{z[j]:g}-{z[j + 1]:g}" for i in range(len(e) - 1) for j in range(len(z) - 1)
+    ]
+
+
+def event_bins(primaries: np.ndarray) -> np.ndarray:
+    """(n,) bin of each event: energy bin * zenith bands + zenith band (physical primaries)."""
+    e = np.digitize(np.log10(primaries[:, 0]), ENERGY_BINS_LOG10_GEV[1:-1])
+    z = np.digitize(np.degrees(primaries[:, 1]), ZENITH_BANDS_DEG[1:-1])
+    return e * (len(ZENITH_BANDS_DEG) - 1) + z
+
+
+def distances(
+    generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES
+) -> dict[str, dict[str, Any]]:
+    """feature -> {"w1", "ks" (overall), "bins": {label: {"w1", "ks", "n_true", "n_generated"}}}."""
+    gen_f, true_f = features(generated, only), features(true, only)
+    gen_bin, true_bin = event_bins(generated.primaries), event_bins(true.primaries)
+    labels = bin_labels()
+    out: dict[str, dict[str, Any]] = {}
+    for name in only:
+        (gv, ge), (tv, te) = gen_f[name], true_f[name]
+        gb, tb = gen_bin[ge], true_bin[te]
+        # values grouped by bin once (argsort), not one mask per bin
+        g_order, t_order = np.argsort(gb, kind="stable"), np.argsort(tb, kind="stable")
+        g_cuts = np.searchsorted(gb[g_order], np.arange(len(labels) + 1))
+        t_cuts = np.searchsorted(tb[t_order], np.arange(len(labels) + 1))
+        bins = {}
+        for i, label in enumerate(labels):
+            a = gv[g_order[g_cuts[i] : g_cuts[i + 1]]]
+            b = tv[t_order[t_cuts[i] : t_cuts[i + 1]]]
+            bins[label] = {
+                "w1": wasserstein_1d(a, b),
+                "ks": ks_statistic(a, b),
+                "n_true": len(b),
+                "n_generated": len(a),
+            }
+        out[name] = {"w1": wasserstein_1d(gv, tv), "ks": ks_statistic(gv, tv), "bins": bins}
+    return out
+
+
+def baseline_events(
+    reference: layouts.Events, primaries: np.ndarray, rng: np.random.Generator
+) -> layouts.Events:
+    """Bundles that ignore the primary: counts drawn from the reference's marginal, muons from its pool."""
+    n = len(primaries)
+    counts = rng.choice(reference.counts, size=n) if len(reference) else np.zeros(n, np.int64)
+    total = int(counts.sum())
+    if len(reference.muons):
+        muons = reference.muons[rng.integers(0, len(reference.muons), total)]
+    else:
+        counts = np.zeros(n, np.int64)
+        muons = np.zeros((0, 3), np.float32)
+    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1)
+    return layouts.Events(np.asarray(primaries, np.float32), muons, counts.astype(np.int64), ids)
+
+
+def split_halves(events: layouts.Events) -> tuple[layouts.Events, layouts.Events]:
+    """Events at even and at odd positions (both halves see every file and bin alike)."""
+    out = []
+    for parity in (0, 1):
+        keep = np.arange(len(events)) % 2 == parity
+        mask = np.repeat(keep, events.counts)
+        out.append(
+            layouts.Events(events.primaries[keep], events.muons[mask], events.counts[keep], events.ids[keep])
+        )
+    return out[0], out[1]
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def judge(
+    ours: dict[str, dict[str, Any]],
+    baseline: dict[str, dict[str, Any]],
+    floor: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Per feature and bin: the goal (see the module docstring); per feature: mean W1/KS over judged bins,
+    bins meeting the goal, `ratio` = sum baseline / sum ours over the bins where the baseline is above
+    2 x floor (None when there are none: the baseline is as good as the truth there), and `within_floor`
+    (mean W1 of ours <= 2 x that of the floor). Summary: `min_feature_ratio`, `features_within_floor`,
+    `features_goal_met`, `goal_met`."""
+    per_feature: dict[str, Any] = {}
+    for name, mine in ours.items():
+        rows = []
+        for label, o in mine["bins"].items():
+            b, f = baseline[name]["bins"][label], floor[name]["bins"][label]
+            judged = (
+                o["n_true"] >= MIN_VALUES
+                and f["n_generated"] >= MIN_VALUES
+                and all(math.isfinite(x["w1"]) for x in (o, b, f))
+            )
+            row = {"bin": label, "n_true": o["n_true"], "judged": judged}
+            for key in ("w1", "ks"):
+                row[f"ours_{key}"], row[f"baseline_{key}"], row[f"floor_{key}"] = o[key], b[key], f[key]
+            if judged:
+                w, bw, fw = o["w1"], b["w1"], f["w1"]
+                within = w <= FLOOR_FACTOR * fw
+                row["ok"] = bool(w <= max(FLOOR_FACTOR * fw, BASELINE_FACTOR * bw) and (w <= bw or within))
+            rows.append(row)
+        judged_rows = [r for r in rows if r["judged"]]
+        informative = [r for r in judged_rows if r["baseline_w1"] > FLOOR_FACTOR * r["floor_w1"]]
+        ratio = (
+            sum(r["baseline_w1"] for r in informative) / max(sum(r["ours_w1"] for r in informative), 1e-12)
+            if informative
+            else None
+        )
+        summary = {
+            key: _mean([r[key] for r in judged_rows])
+            for key in ("ours_w1", "baseline_w1", "floor_w1", "ours_ks", "baseline_ks", "floor_ks")
+        }
+        worst = max(judged_rows, key=lambda r: r["ours_w1"] / max(r["floor_w1"], 1e-12), default=None)
+        per_feature[name] = {
+            **summary,
+            "bins_judged": len(judged_rows),
+            "bins_ok": sum(bool(r["ok"]) for r in judged_rows),
+            "goal_met": bool(judged_rows) and all(r["ok"] for r in judged_rows),
+            "ratio": ratio,
+            "within_floor": bool(summary["ours_w1"] <= FLOOR_FACTOR * summary["floor_w1"]),
+            "worst_bin": None if worst is None else worst["bin"],
+            "overall_w1": {
+                "ours": ours[name]["w1"],
+                "baseline": baseline[name]["w1"],
+                "floor": floor[name]["w1"],
+            },
+            "bins": rows,
+        }
+    ratios = [f["ratio"] for f in per_feature.values() if f["ratio"] is not None]
+    return {
+        "features": per_feature,
+        "min_feature_ratio": min(ratios) if ratios else None,
+        "features_within_floor": sum(f["within_floor"] for f in per_feature.values()),
+        "features_goal_met": sum(f["goal_met"] for f in per_feature.values()),
+        "goal_met": all(f["goal_met"] for f in per_feature.values()),
+    }
+
+
+def _fmt(v: Any, width: int = 9) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return f"{'n/a':>{width}}"
+    return f"{v:>{width}.4f}" if isinstance(v, float) else f"{v!s:>{width}}"
+
+
+def table(judged: dict[str, Any]) -> list[str]:
+    """The per-feature table as text lines (mean W1 and KS over the judged bins)."""
+    head = (
+        f"{'feature':<17}{'ours W1':>9}{'base W1':>9}{'floor W1':>9}{'ours KS':>9}{'base KS':>9}"
+        f"{'floor KS':>9}{'base/ours':>10}{'bins ok':>9}  goal"
+    )
+    lines = [head]
+    for name, f in judged["features"].items():
+        lines.append(
+            f"{name:<17}{_fmt(f['ours_w1'])}{_fmt(f['baseline_w1'])}{_fmt(f['floor_w1'])}{_fmt(f['ours_ks'])}"
+            f"{_fmt(f['baseline_ks'])}{_fmt(f['floor_ks'])}{_fmt(f['ratio'], 10)}"
+            f"{f['bins_ok']:>4}/{f['bins_judged']:<4}  {'met' if f['goal_met'] else 'NOT met'}"
+        )
+    return lines
+
+
+def quality(
+    generated: layouts.Events,
+    true: layouts.Events,
+    floor_sample: layouts.Events,
+    reference: layouts.Events,
+    rng: np.random.Generator,
+    only: tuple[str, ...] = FEATURES,
+) -> dict[str, Any]:
+    """ours (generated vs true), the floor (floor_sample vs true: an independent truth sample of the same
+    size) and the baseline (from `reference`, for true's primaries), judged per feature and bin."""
+    base = baseline_events(reference, true.primaries, rng)
+    ours = distances(generated, true, only)
+    return judge(ours, distances(base, true, only), distances(floor_sample, true, only))

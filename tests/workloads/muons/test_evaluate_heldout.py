@@ -1,0 +1,94 @@
+"""`hpctrain evaluate RUN --data PATH...` on held-out files of every layout (local and pelican://), and the
+quality table written at the end of training from data.val_paths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpctrain.workloads.muons import evaluate, layouts, quality, sampling
+from tests.conftest import hpctrain
+from tests.workloads.muons.conftest import write_set
+from tests.workloads.muons.test_model_run import data, make_cfg, reference  # noqa: F401 (fixtures)
+
+EVENTS = 240
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same events in every layout the loader reads (one folder each)."""
+    root = tmp_path_factory.mktemp("heldout")
+    for layout in layouts.LAYOUTS:
+        write_set(root / layout, layout, files=2, events=EVENTS // 2, row_group=40, seed=9)
+    return {layout: root / layout for layout in layouts.LAYOUTS}
+
+
+def test_evaluate_held_out_files_prints_and_writes_the_table(
+    reference: Path,  # noqa: F811
+    held_out: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "heldout.json"
+    done = hpctrain(
+        "evaluate", str(reference), "--data", str(held_out["parquet"]), "--out", str(out), cwd=tmp_path
+    )
+    assert done.code == 0, done.err
+    for name in quality.FEATURES:
+        assert any(line.strip().startswith(name) for line in done.out.splitlines()), (name, done.out)
+    assert "min_feature_ratio" in done.out and "held-out files" in done.out
+    result = json.loads(out.read_text())
+    # the muon cap of the model (150) drops the largest events, as the loader does; half of the rest is judged
+    kept = EVENTS - result["info"]["truth_events_dropped_above_cap"]
+    assert result["info"]["source"] == "held-out files" and result["info"]["events"] <= EVENTS // 2 + 1
+    assert result["info"]["events"] + result["info"]["floor_events"] <= kept
+    assert set(result["quality"]["features"]) == set(quality.FEATURES)
+    missing = hpctrain("evaluate", str(reference), "--data", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert missing.code == 2 and "nowhere" in missing.err and "Traceback" not in missing.err
+
+
+def test_every_layout_gives_the_same_figures(reference: Path, held_out: dict[str, Path]) -> None:  # noqa: F811
+    model = sampling.load_model(reference, "cpu")
+    figures = {}
+    for layout, folder in held_out.items():
+        events = evaluate.held_out_events(model.cfg, [str(folder)])
+        assert len(events) > EVENTS // 2, layout
+        result = evaluate.evaluate_model(model, 0, seed=5, data=events)
+        figures[layout] = {
+            name: (f["ours_w1"], f["floor_w1"], f["baseline_w1"])
+            for name, f in result["quality"]["features"].items()
+        }
+    first = figures["parquet"]
+    for layout, got in figures.items():
+        for name in first:
+            assert np.allclose(got[name], first[name], rtol=1e-5, equal_nan=True), (layout, name)
+
+
+def test_end_of_training_writes_the_validation_table(reference: Path) -> None:  # noqa: F811
+    result = json.loads((reference / "evaluate_val.json").read_text())
+    assert result["info"]["source"] == "held-out files" and result["info"]["step"] == 10
+    assert set(result["quality"]["features"]) == set(quality.FEATURES)
+    text = (reference / "evaluate_val.txt").read_text()
+    assert text.startswith("quality at update 10") and all(name in text for name in quality.FEATURES)
+
+
+@pytest.mark.integration
+def test_held_out_files_over_pelican_match_local(data: Path, tmp_path: Path) -> None:  # noqa: F811
+    from tests.integration.pelican_fixtures import pelican_federation
+
+    files = write_set(tmp_path / "local", "parquet", files=2, events=60, row_group=30, seed=11)
+    with pelican_federation(tmp_path, n_files=0) as fed:
+        shutil.copytree(tmp_path / "local", fed.root / "ns" / "held")
+        cfg = make_cfg(data, tmp_path / "runs")
+        remote = cfg.data.model_copy(update={"pelican": fed.pelican, "staging": fed.staging(ahead=1)})
+        cfg = cfg.model_copy(update={"data": remote})
+        got = evaluate.held_out_events(cfg, [fed.uri("/ns/held/*.parquet")])
+    local = evaluate.held_out_events(make_cfg(data, tmp_path / "runs"), files)
+    assert len(got) == len(local) > 0
+    assert np.array_equal(got.ids, local.ids) and torch.equal(
+        torch.from_numpy(got.muons), torch.from_numpy(local.muons)
+    )

@@ -1,0 +1,96 @@
+"""The statistical floor and the per-feature, per-bin judgement of generated bundles (quality.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpctrain.runtime.seeding import numpy_rng
+from hpctrain.workloads.muons import layouts, quality, truth
+
+
+def truth_sample(primaries: np.ndarray, seed: int) -> layouts.Events:
+    muons, counts = truth.sample_bundles(primaries, numpy_rng(seed, 1))
+    ids = np.stack([np.zeros(len(counts), np.int64), np.arange(len(counts))], 1)
+    return layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
+
+
+def shifted(events: layouts.Events, energy_factor: float) -> layouts.Events:
+    muons = events.muons.copy()
+    muons[:, 0] *= energy_factor
+    return layouts.Events(events.primaries, muons, events.counts, events.ids)
+
+
+def test_features_are_per_event_quantities_of_the_ragged_bundles() -> None:
+    # event 0: two muons at (3, 4) and (-3, 4) m; event 1: empty; event 2: one muon at (0, 0)
+    muons = np.array([[10.0, 3.0, 4.0], [30.0, -3.0, 4.0], [5.0, 0.0, 0.0]], np.float32)
+    events = layouts.Events(
+        np.ones((3, 4), np.float32), muons, np.array([2, 0, 1]), np.zeros((3, 2), np.int64)
+    )
+    f = quality.features(events)
+    assert np.allclose(f["energy_sum"][0], np.log10([40.0, 5.0])) and f["energy_sum"][1].tolist() == [0, 2]
+    assert np.allclose(f["centre_radius"][0], [np.log10(4.0), np.log10(quality.R_FLOOR_M)])
+    assert np.allclose(f["spread"][0], [np.log10(3.0)]) and f["spread"][1].tolist() == [0]
+    assert np.allclose(f["lateral_distance"][0], np.log10([5.0, 5.0, quality.R_FLOOR_M]))
+    assert np.allclose(f["multiplicity"][0], np.log10([3.0, 1.0, 2.0]))
+
+
+def test_floor_of_two_truth_samples_is_near_zero_and_a_shift_is_not() -> None:
+    primaries = truth.sample_primaries(6000, numpy_rng(7, 0))
+    a, b = truth_sample(primaries, 1), truth_sample(primaries, 2)
+    rng = np.random.default_rng(0)
+    same = quality.quality(b, a, truth_sample(primaries, 3), truth_sample(primaries, 4), rng)
+    for name, f in same["features"].items():
+        assert f["bins_judged"] > 0, name
+        # two truth samples: within the noise of a third (the floor), overall W1 small in log10 units
+        assert f["overall_w1"]["ours"] < 0.05, (name, f["overall_w1"])
+        assert f["ours_w1"] < 2.5 * f["floor_w1"], name
+    assert same["features_within_floor"] == len(quality.FEATURES)
+    # muon energies x2 (0.3 in log10): the energy and the energy sum are far above the floor, the goal fails
+    bad = quality.quality(shifted(b, 2.0), a, truth_sample(primaries, 3), truth_sample(primaries, 4), rng)
+    for name in ("energy", "energy_sum"):
+        f = bad["features"][name]
+        assert abs(f["overall_w1"]["ours"] - 0.3) < 0.03 and f["ours_w1"] > 3 * f["floor_w1"], name
+        assert not f["goal_met"] and f["bins_ok"] < f["bins_judged"]
+    assert bad["features"]["multiplicity"]["within_floor"] and not bad["goal_met"]
+
+
+def test_baseline_ignores_the_primary_and_ratios_use_only_informative_bins() -> None:
+    primaries = truth.sample_primaries(6000, numpy_rng(8, 0))
+    a = truth_sample(primaries, 1)
+    result = quality.quality(
+        truth_sample(primaries, 2), a, truth_sample(primaries, 3), a, np.random.default_rng(1)
+    )
+    mult = result["features"]["multiplicity"]
+    # multiplicity depends strongly on the primary: the baseline is far worse than the floor; a truth
+    # sample as "ours" beats it by a large factor
+    assert mult["baseline_w1"] > 10 * mult["floor_w1"] and mult["ratio"] > 5
+    assert result["min_feature_ratio"] == min(
+        f["ratio"] for f in result["features"].values() if f["ratio"] is not None
+    )
+    lines = quality.table(result)
+    assert lines[0].startswith("feature") and len(lines) == 1 + len(quality.FEATURES)
+
+
+def test_judge_per_bin_rules() -> None:
+    def figures(w1: float) -> dict:
+        return {
+            "m": {
+                "w1": w1,
+                "ks": 0.1,
+                "bins": {"b": {"w1": w1, "ks": 0.1, "n_true": 500, "n_generated": 500}},
+            }
+        }
+
+    # ours 0.03, floor 0.01, baseline 0.10: 0.03 > 2 x floor but <= 0.5 x baseline: met; ratio 0.1/0.03
+    ok = quality.judge(figures(0.03), figures(0.10), figures(0.01))["features"]["m"]
+    assert ok["goal_met"] and abs(ok["ratio"] - 0.1 / 0.03) < 1e-9 and not ok["within_floor"]
+    # ours 0.06: above both bounds
+    assert not quality.judge(figures(0.06), figures(0.10), figures(0.01))["features"]["m"]["goal_met"]
+    # baseline no better than the floor: no ratio; ours within 2 x floor: met (indistinguishable)
+    flat = quality.judge(figures(0.018), figures(0.011), figures(0.01))
+    assert flat["features"]["m"]["goal_met"] and flat["min_feature_ratio"] is None
+    assert flat["features_within_floor"] == 1
+    # too few true values: shown, not judged
+    few = figures(0.5)
+    few["m"]["bins"]["b"]["n_true"] = 10
+    assert quality.judge(few, figures(0.1), figures(0.01))["features"]["m"]["bins_judged"] == 0

@@ -1,0 +1,45 @@
+"""`hpctrain sample` streams: primaries, generation and the Parquet writer hold one batch at a time, so the
+peak memory of a request 20x larger stays where the small one's is (the 10M-event bound, scaled down)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tests.conftest import clean_env
+from tests.workloads.muons.test_model_run import data, reference  # noqa: F401 (fixtures)
+
+PEAK = """
+import resource, sys
+from hpctrain.cli import main
+code = main(sys.argv[1:])
+print("PEAK_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def sample_peak(model: Path, n: int, out: Path, batch: int) -> int:
+    """Peak resident memory (kB) of one `hpctrain sample` process."""
+    args = ["sample", str(model), "--n-events", str(n), "--batch-size", str(batch), "--out", str(out)]
+    args += ["--device", "cpu", "--seed", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, *args], capture_output=True, text=True, env=clean_env(), timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split("PEAK_KB")[1].split()[0])
+
+
+def test_sampling_memory_stays_bounded_as_the_request_grows(reference: Path, tmp_path: Path) -> None:  # noqa: F811
+    small = sample_peak(reference, 2_000, tmp_path / "small.parquet", 500)
+    large = sample_peak(reference, 40_000, tmp_path / "large.parquet", 500)
+    meta = pq.ParquetFile(tmp_path / "large.parquet").metadata
+    assert (
+        meta.num_rows == 40_000 and meta.num_row_groups == 80
+    )  # one row group per batch: written as it came
+    muons = pq.read_table(tmp_path / "large.parquet", columns=["muons"]).column("muons")
+    held = sum(len(v) for v in muons.combine_chunks().flatten().to_pylist()) * 3 * 4 // 1024  # kB of float32
+    # holding the request would add the muons (several copies: torch, NumPy, Arrow) and 40k primaries
+    assert large - small < max(20 * 1024, held // 2), (small, large, held)
