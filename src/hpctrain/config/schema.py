@@ -3,6 +3,9 @@
 Every section forbids unknown keys and documents each field. The model and data sections are discriminated
 unions on `type` whose members belong to the workloads; `build_config_model` assembles the full type where the
 workload registry is visible, so this module stays below the workloads.
+
+Size (~620 lines): one section model after another, each field with its description and resume mark; it is
+read as the config's reference (`hpctrain config show --doc` prints it) and is kept in one file for that.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ the path being the namespace path minus `data.pelican.storage_prefix` (or `data.
 Inside a batch job (SLURM_JOB_ID set, or no terminal) nobody can type a code: a missing or unrefreshable
 login is one line (UserError, exit 2) asking to run `hpctrain auth login` on a login node. Tokens never reach
 a message: errors quote the issuer's error code, never a request or a response body.
+
+Size (~420 lines): the device flow, the refresh grant and the token cache share one lock-protected file format.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""What a checkpoint holds, and putting it back: the trainer's state in and out of the commit protocol."""
+"""What a checkpoint holds, and putting it back: the trainer's state in and out of the commit protocol.
+
+Size (~480 lines, over the house's ~400): saving, the resume decision (auto, never, latest, best/step_N, a given
+file, a remote one) and the identity check on resume are one protocol that rank 0 decides and every rank follows;
+split, the invariants between them (which file every rank loads, what is recorded) would live in two places."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model."""
+"""The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model.
+
+Size (~490 lines): the update loop and the decisions all ranks take together at its step boundaries (stop, save,
+evaluate, skip) are kept in one place on purpose; set-up (setup.py), evaluation (evaluation.py), outcomes
+(outcome.py), state (state.py, train_state.py) and profiling (profile.py) are already out."""
 
 from __future__ import annotations
 
