@@ -127,7 +127,7 @@ def test_check_catches_missing_inputs_token_folder_and_resume_path(tmp_path: Pat
         f"file {tmp_path / 'token'} (No such file or directory)",
         f"checkpoint.resume={tmp_path / 'step_00000010.pt'}": f"error: checkpoint.resume="
         f"{tmp_path / 'step_00000010.pt'}: no such file or folder (give a checkpoint file or a run folder, or "
-        "auto | never)",
+        "auto | never | latest | best | step_N)",
     }
     for override, line in cases.items():
         done = _submit(tmp_path, *muons, f"data.paths=[{tmp_path / 'train'}]", override, "--check")

@@ -362,7 +362,7 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_one_line_exit_2(tmp_path: P
     assert missing.code == 2
     assert one_error_line(missing.err) == (
         "error: checkpoint.resume=nope/step.pt: no such file or folder (give a checkpoint file or a run folder, "
-        "or auto | never)"
+        "or auto | never | latest | best | step_N)"
     )
 
 
