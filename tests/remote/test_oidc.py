@@ -100,3 +100,12 @@ def test_an_issuer_that_cannot_be_reached_is_one_line(
     ):
         oidc.login(PelicanConfig(), f"https://127.0.0.1:{port}", ["storage.read:/a"], say=print)
     assert not oidc.cache_file(PelicanConfig()).exists()
+
+
+def test_a_login_target_that_is_no_uri_is_one_line(tmp_path: Path) -> None:
+    from tests.conftest import hpctrain
+
+    done = hpctrain("auth", "login", "notaurl", cwd=tmp_path)
+    assert done.code == 2 and done.err.strip().splitlines() == [
+        "error: auth login: 'notaurl' is neither a pelican:// or osdf:// URI nor a key=value"
+    ]

@@ -27,6 +27,11 @@ def main(argv: list[str]) -> int:
 
     uris = [o for o in args.overrides if is_remote(o)]
     args.overrides = [o for o in args.overrides if not is_remote(o)]
+    for word in args.overrides:  # neither a URI nor key=value: most likely a URI without its scheme
+        if "=" not in word:
+            raise UserError(
+                f"auth {args.action}: {word!r} is neither a pelican:// or osdf:// URI nor a key=value"
+            )
     cfg = config_from_args(args, quiet=True)
     pelican = cfg.data.pelican
     if args.action == "show":
