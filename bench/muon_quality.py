@@ -33,15 +33,17 @@ REPO = Path(__file__).resolve().parents[1]
 EVAL_SEED = 777
 
 
-def train(work: Path, seed: int, minutes: float, threads: int, overrides: list[str]) -> tuple[Path, float]:
-    """Train configs/muons.yaml with run.seed=seed for at most `minutes`; the run folder and the seconds."""
+def train(
+    work: Path, config: Path, seed: int, minutes: float, threads: int, overrides: list[str]
+) -> tuple[Path, float]:
+    """Train `config` with run.seed=seed for at most `minutes`; the run folder and the seconds."""
     hp = [sys.executable, "-m", "hpctrain"]
     h, rest = divmod(int(minutes * 60), 3600)
     limit = f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}"
     name = f"seed{seed}"
     cmd = [
-        *hp, "train", "-c", str(REPO / "configs" / "muons.yaml"), f"run.out_dir={work / 'logs'}", f"run.name={name}",
-        f"run.seed={seed}", f"data.paths=[{work / 'train'}]", "data.val_paths=[]", "train.total_updates=1000000",
+        *hp, "train", "-c", str(config), f"run.out_dir={work / 'logs'}", f"run.name={name}",
+        f"run.seed={seed}", f"data.paths=[{work / 'train'}]", "data.val_paths=[]",
         f"train.threads={threads}", f"budget.time_limit={limit}", "budget.margin_seconds=5",
         "train.eval_every=0", "checkpoint.every=0", "logging.log_every=100", *overrides,
     ]  # fmt: skip
@@ -84,6 +86,11 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
     parser.add_argument(
+        "--config",
+        default=str(REPO / "configs" / "muons.yaml"),
+        help="the muon config (default configs/muons.yaml)",
+    )
+    parser.add_argument(
         "--minutes", type=float, default=4.0, help="training time budget per seed (default 4)"
     )
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
@@ -109,7 +116,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results, runs = [], []
     for seed in range(args.seeds):
-        run_dir, seconds = train(work, seed, args.minutes, args.threads, args.overrides)
+        run_dir, seconds = train(work, Path(args.config), seed, args.minutes, args.threads, args.overrides)
         model = sampling.load_model(run_dir, "cpu")
         result = evaluate.evaluate_model(model, args.eval_events, seed=EVAL_SEED)
         results.append(result)

@@ -212,3 +212,62 @@ def test_step_handles_an_all_empty_micro_batch(data: Path, tmp_path: Path):
     empty = MuonBatch.from_numpy(np.tile([[1e6, 0.5, 0.938, 1500.0]], (4, 1)), z.reshape(0, 3), np.zeros(4))
     out = task.train_step([MicroBatch(empty.normalize(), 1.0, 4)], ctx)
     assert torch.isfinite(out.loss) and out.extra_counts == {"events": 4, "muons": 0}
+
+
+FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {hidden: [8]}}"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("model.muon_head=flow", "model.muon_nll_weight=0.5", "model.flow_bins=4"),
+        (FLOW_MODEL, "checkpoint.best_metric=val_loss", "optim.lr=5e-3"),
+    ],
+    ids=["wgan_flow_head", "muon_flow"],
+)
+def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]
+):
+    from hpctrain.workloads.muons.task import MuonFlowTask
+
+    whole = tmp_path / "whole"
+    assert run(make_cfg(data, whole, *extra), ClusterEnv()) == EXIT_OK
+    records = [r for r in read_jsonl(whole / "t" / "metrics.jsonl") if "loss" in r]
+    assert len(records) == 10 and all(np.isfinite(r["muon_nll"]) for r in records)
+    task_class = MuonFlowTask if "muon_flow" in extra[0] else MuonWGANTask
+    original = task_class.train_step
+    calls = {"n": 0}
+
+    def train_step(self, micro, ctx):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return original(self, micro, ctx)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(task_class, "train_step", train_step)
+        assert run(make_cfg(data, tmp_path, *extra), ClusterEnv()) == EXIT_RESUMABLE
+    assert run(make_cfg(data, tmp_path, *extra), ClusterEnv()) == EXIT_OK
+    ours = json.loads((tmp_path / "t" / "summary.json").read_text())
+    ref = json.loads((whole / "t" / "summary.json").read_text())
+    assert ours["params_sha256"] == ref["params_sha256"]
+    out = tmp_path / "gen.parquet"
+    done = hpctrain("sample", str(tmp_path / "t"), "--events", "200", "--out", str(out), cwd=tmp_path)
+    assert done.code == 0, done.err
+    _, events = layouts.read_all(str(out))
+    assert len(events) == 200 and np.isfinite(events.muons).all() and (events.muons[:, 0] > 0).all()
+    assert int(events.counts.max()) <= CAP
+    done = hpctrain("evaluate", str(tmp_path / "t"), "--events", "300", cwd=tmp_path)
+    assert done.code == 0, done.err
+    quality = json.loads((tmp_path / "t" / "evaluate.json").read_text())["quality"]
+    assert set(quality["features"]) == {
+        "multiplicity", "energy", "lateral_distance", "energy_sum", "centre_radius", "spread"
+    }  # fmt: skip
+
+
+def test_muon_nll_weight_needs_the_flow_head(tmp_path: Path):
+    done = hpctrain(
+        "config", "show", "-c", "configs/muons.yaml", "model.muon_nll_weight=1", cwd=Path(__file__).parents[3]
+    )
+    assert done.code == 2 and "muon_nll_weight=1 needs muon_head=flow" in done.err
+    assert len(done.err.strip().splitlines()) == 1

@@ -207,14 +207,17 @@ def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int) -> layou
 
 def reference_samples(
     n_events: int, seed: int, cap: int, data: layouts.Events | None
-) -> tuple[layouts.Events, layouts.Events, layouts.Events, int]:
-    """(true, floor sample, baseline reference, dropped): from the synthetic truth (fresh bundles for the same
-    primaries as the floor) or from held-out events split in two halves (the second is floor and reference)."""
+) -> tuple[layouts.Events, list[layouts.Events], layouts.Events, int]:
+    """(true, floor samples, baseline reference, dropped): from the synthetic truth (quality.FLOOR_DRAWS fresh
+    bundle samples for the same primaries as the floor) or from held-out events split in two halves (the
+    second is the floor and the reference)."""
     if data is not None:
         true, other = quality.split_halves(data)
-        return true, other, other, 0
+        return true, [other], other, 0
     true, dropped = truth_events(n_events, seed, cap)
-    floor = _truth_sample(true.primaries, seed, FLOOR_STREAM, cap)
+    # FLOOR_STREAM, then keys past the baseline's: independent draws, the first as before
+    keys = [FLOOR_STREAM, *range(BASELINE_STREAM + 3, BASELINE_STREAM + 2 + quality.FLOOR_DRAWS)]
+    floor = [_truth_sample(true.primaries, seed, key, cap) for key in keys]
     reference_primaries = truth.sample_primaries(n_events, numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM))
     reference = _truth_sample(reference_primaries, seed, BASELINE_STREAM + 1, cap)
     return true, floor, reference, dropped
@@ -262,7 +265,8 @@ def evaluate_model(
         "model_type": model.model_type,
         "source": "held-out files" if data is not None else "synthetic truth",
         "events": len(true),
-        "floor_events": len(floor),
+        "floor_events": len(floor[0]),
+        "floor_draws": len(floor),
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
         "seed": seed,

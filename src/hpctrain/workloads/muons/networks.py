@@ -7,8 +7,12 @@ synchronises the GPU with the CPU unless the caller asks for sampled multiplicit
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+
+from hpctrain.workloads.muons.flow import MuonFlow
 
 DEFAULT_MUON_CAP = 100_000
 PRIMARY_DIM, MUON_DIM = 4, 3
@@ -134,6 +138,16 @@ class MultiplicityHead(nn.Module):
         return torch.poisson(rate).clamp_max(limit).long()
 
 
+class GeneratorOutput(NamedTuple):
+    """What the generator's forward gives: muons (M, 3) in the scaled space, the NB parameters (B,) each, and,
+    when real muons were passed (flow head), their log density (M,) under the same event contexts."""
+
+    muons: torch.Tensor
+    log_mu: torch.Tensor
+    log_r: torch.Tensor
+    real_log_prob: torch.Tensor | None = None
+
+
 class Generator(nn.Module):
     """Multiplicity head, event context from (global latent, primary, multiplicity), then per-muon features
     from (context of the muon's event, per-muon latent)."""
@@ -146,6 +160,8 @@ class Generator(nn.Module):
         mult_hidden: list[int],
         cap: int,
         isotropic: bool = False,
+        head: str = "mlp",
+        flow_bins: int = 8,
     ) -> None:
         super().__init__()
         self.latent_global, self.latent_local = latent_global, latent_local
@@ -156,20 +172,38 @@ class Generator(nn.Module):
         self.scaler = MuonScaler()
         half = max(hidden // 2, 1)
         self.global_net = mlp([latent_global + PRIMARY_DIM + 1, half, hidden], nn.LeakyReLU, True, True)
-        # local_net's first layer on cat(context[index], z_local), split in two so the context part runs per
-        # EVENT (B rows) and only its (B, half) result is gathered to the muons: same function, fewer FLOPs
-        self.local_context = nn.Linear(hidden, half)
-        self.local_latent = nn.Linear(latent_local, half, bias=False)
-        self.local_net = nn.Sequential(
-            nn.LeakyReLU(), mlp([half, max(hidden // 4, 1), MUON_DIM], nn.LeakyReLU)
-        )
+        # head "flow": the muons of an event from a conditional spline flow on the event context (flow.py):
+        # log energy, log lateral distance given it, uniform azimuth; else an MLP on (context, latent)
+        self.flow = MuonFlow(hidden, hidden, flow_bins) if head == "flow" else None
+        if self.flow is None:
+            # local_net's first layer on cat(context[index], z_local), split in two so the context part runs
+            # per EVENT (B rows) and only its (B, half) result is gathered to the muons: fewer FLOPs
+            self.local_context = nn.Linear(hidden, half)
+            self.local_latent = nn.Linear(latent_local, half, bias=False)
+            self.local_net = nn.Sequential(
+                nn.LeakyReLU(), mlp([half, max(hidden // 4, 1), MUON_DIM], nn.LeakyReLU)
+            )
+
+    @torch.no_grad()
+    def fit_scalers(self, muons: torch.Tensor) -> None:
+        """Set the scalers' statistics from normalised muons (M, 3) of a training batch."""
+        self.scaler.fit(muons)
+        if self.flow is not None:
+            self.flow.fit(muons)
+
+    def context(self, primaries: torch.Tensor, counts: torch.Tensor, z_global: torch.Tensor) -> torch.Tensor:
+        """(B, hidden) event contexts from (global latent, primary, log10(N + 1))."""
+        return self.global_net(torch.cat([z_global, primaries, multiplicity_feature(counts)], 1))
 
     def noise(
         self, events: int, muons: int, device: torch.device, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Latents (events, latent_global) and (muons, latent_local) from `generator` (default: global RNG)."""
         z_global = torch.randn(events, self.latent_global, device=device, generator=generator)
-        width = self.latent_local + (1 if self.isotropic else 0)
+        if self.flow is not None:
+            width = MuonFlow.NOISE
+        else:
+            width = self.latent_local + (1 if self.isotropic else 0)
         z_local = torch.randn(muons, width, device=device, generator=generator)
         return z_global, z_local
 
@@ -180,21 +214,39 @@ class Generator(nn.Module):
         index: torch.Tensor,
         z_global: torch.Tensor | None = None,
         z_local: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        real: torch.Tensor | None = None,
+        sample: bool = True,
+    ) -> GeneratorOutput:
         """Muons (M, 3) IN SCALED UNITS (`scaler.inverse` gives normalised muons) for events with these counts
-        (index (M,) their event), and the NB parameters
-        (log mu (B,), log r (B,)) for the multiplicity likelihood. Latents are drawn when not given (the
-        trainer passes its own, from a checkpointed generator)."""
+        (index (M,) their event), and the NB parameters (log mu (B,), log r (B,)) for the multiplicity
+        likelihood; with `real` (M', 3) normalised muons of the same events (flow head; index: the muons
+        are those of `counts`), also their log density under the same contexts. Latents are drawn when not
+        given (the trainer passes its own, from a checkpointed generator). `sample=False` (flow head, with
+        `real`): no muons are generated (an empty (0, 3) tensor): likelihood training needs none."""
+        if not sample and (self.flow is None or real is None):
+            raise ValueError("sample=False needs the flow head and real muons")
         if z_global is None or z_local is None:
-            z_global, z_local = self.noise(primaries.shape[0], index.shape[0], primaries.device)
-        context = self.global_net(torch.cat([z_global, primaries, multiplicity_feature(counts)], 1))  # (B, H)
+            z_global, z_local = self.noise(
+                primaries.shape[0], index.shape[0] if sample else 0, primaries.device
+            )
+        context = self.context(primaries, counts, z_global)  # (B, H)
+        log_mu, log_r = self.multiplicity(primaries)
+        if self.flow is not None:
+            muons = (
+                self.scaler(self.flow.sample(context, index, z_local))
+                if sample
+                else primaries.new_zeros((0, 3))
+            )
+            log_prob = None if real is None else self.flow.log_prob(real, context, index)
+            return GeneratorOutput(muons, log_mu, log_r, log_prob)
+        if real is not None:
+            raise ValueError("the log density of real muons needs model.muon_head=flow")
         latent = z_local[:, : self.latent_local]
         first = self.local_context(context).index_select(0, index) + self.local_latent(latent)  # (M, half)
         muons = self.local_net(first)  # (M, 3) scaled
         if self.isotropic and muons.shape[0]:
             muons = self._turn(muons, z_local[:, -1])
-        log_mu, log_r = self.multiplicity(primaries)
-        return muons, log_mu, log_r
+        return GeneratorOutput(muons, log_mu, log_r)
 
     def _turn(self, scaled: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Rotate each muon's (x, y) about the shower axis by 2 pi Phi(z) (z ~ N(0, 1): a uniform azimuth),
@@ -212,7 +264,7 @@ class Generator(nn.Module):
         the size)."""
         counts = self.multiplicity.sample(primaries, cap=cap)
         total = int(counts.sum())
-        muons, _, _ = self(primaries, counts, event_index(counts, total))
+        muons = self(primaries, counts, event_index(counts, total)).muons
         return counts, self.scaler.inverse(muons)
 
 

@@ -41,7 +41,7 @@ class LoadedModel:
 def load_model(
     path: str | Path, device: str | torch.device | None = None, found: Found | None = None
 ) -> LoadedModel:
-    """The networks of a muon_wgan or muon_multiplicity checkpoint, in eval mode on `device` (default: CUDA
+    """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint, in eval mode on `device` (default: CUDA
     when there is one). `found`: the checkpoint `path` names, when the caller has read it already."""
     from hpctrain.config.loading import validate
     from hpctrain.runtime.env import ClusterEnv
@@ -50,7 +50,7 @@ def load_model(
 
     state, file, run_dir = found if found is not None else find_checkpoint(path)
     cfg = validate(config_model(), state["config"])
-    if cfg.model.type not in ("muon_wgan", "muon_multiplicity"):
+    if cfg.model.type not in ("muon_wgan", "muon_flow", "muon_multiplicity"):
         raise UserError(f"{file}: model.type={cfg.model.type!r} is not a muon model")
     dev = (
         torch.device(device)
@@ -95,7 +95,9 @@ def generate_chunks(
     (a caller that writes each chunk holds one batch at a time); `counts` (n,) fixes the multiplicities
     instead of sampling them. Uses torch's global RNG: seed it first."""
     if "generator" not in model.modules:
-        raise UserError(f"{model.checkpoint}: a {model.model_type} model generates no muons (use muon_wgan)")
+        raise UserError(
+            f"{model.checkpoint}: a {model.model_type} model generates no muons (use muon_wgan or muon_flow)"
+        )
     generator: Generator = model.modules["generator"]  # type: ignore[assignment]
     n = len(primaries)
     ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1) if ids is None else ids
@@ -108,7 +110,7 @@ def generate_chunks(
         else:
             c = torch.as_tensor(counts[start:stop], dtype=torch.int64, device=model.device)
         total = int(c.sum())
-        muons, _, _ = generator(norm, c, event_index(c, total))
+        muons = generator(norm, c, event_index(c, total)).muons
         muons = generator.scaler.inverse(muons).float().cpu()  # (total, 3) normalised
         # finite, positive energies in the file (1e-4 GeV..1e12 GeV)
         muons[:, 0] = muons[:, 0].clamp(-10.0, 6.0)

@@ -186,6 +186,19 @@ class MuonWGANConfig(ModelConfigBase):
         description="Turn each generated muon's (x, y) about the shower axis by its own uniform azimuth (the "
         "bundle is azimuthally isotropic muon by muon, as in the synthetic truth; the generator learns r).",
     )
+    muon_head: Literal["mlp", "flow"] = Field(
+        "mlp",
+        description="How the generator makes an event's muons from its context: mlp (an MLP on the context and "
+        "a per-muon latent) or flow (a conditional spline flow: log energy, log lateral distance given it, "
+        "uniform azimuth; see docs/muons.md).",
+    )
+    flow_bins: int = Field(8, ge=2, le=64, description="Spline bins of the flow head (muon_head=flow).")
+    muon_nll_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the real muons' negative log-likelihood under the flow head in the generator "
+        "loss (0 = adversarial only; needs muon_head=flow).",
+    )
     critic_steps: int = Field(5, ge=1, description="Critic updates per generator update (same batch).")
     lambda_gp: float = Field(10.0, ge=0, description="Gradient-penalty weight (0 = no penalty).")
     gp_every: int = Field(
@@ -219,6 +232,28 @@ class MuonWGANConfig(ModelConfigBase):
     critic_lr: float | None = Field(None, ge=0, description="Critic lr (None = optim.lr).")
     compile: CompileSettings = Field(default_factory=CompileSettings, json_schema_extra=MAY_CHANGE)
 
+    @model_validator(mode="after")
+    def _flow_options(self) -> MuonWGANConfig:
+        if self.muon_nll_weight > 0 and self.muon_head != "flow":
+            raise ValueError(
+                f"muon_nll_weight={self.muon_nll_weight:g} needs muon_head=flow (the mlp head has no density)"
+            )
+        return self
+
+
+class MuonFlowConfig(ModelConfigBase):
+    """Muon bundles by likelihood: the negative-binomial multiplicity and a conditional spline flow for each
+    muon given the primary and the multiplicity (the WGAN's flow head, trained by maximum likelihood)."""
+
+    type: Literal["muon_flow"] = "muon_flow"
+    hidden: int = Field(64, ge=4, description="Width of the event context and the flow's conditioner.")
+    flow_bins: int = Field(8, ge=2, le=64, description="Spline bins per muon feature.")
+    multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
+    multiplicity_weight: float = Field(
+        1.0, ge=0, description="Weight of the multiplicity negative log-likelihood (per event) in the loss."
+    )
+    compile: CompileSettings = Field(default_factory=CompileSettings, json_schema_extra=MAY_CHANGE)
+
 
 class MuonMultiplicityConfig(ModelConfigBase):
     """The multiplicity model alone: a negative binomial per primary, trained by likelihood."""
@@ -241,11 +276,16 @@ class MuonMultiplicityRun(MuonRun):
     model: MuonMultiplicityConfig
 
 
+class MuonFlowRun(MuonRun):
+    model: MuonFlowConfig
+
+
 WORKLOAD = WorkloadSpec(
     name="muons",
     # model.type -> (config, "module:TaskClass")
     models={
         "muon_wgan": (MuonWGANConfig, "hpctrain.workloads.muons.task:MuonWGANTask"),
+        "muon_flow": (MuonFlowConfig, "hpctrain.workloads.muons.task:MuonFlowTask"),
         "muon_multiplicity": (MuonMultiplicityConfig, "hpctrain.workloads.muons.task:MuonMultiplicityTask"),
     },
     data=[MuonData],

@@ -33,17 +33,16 @@ from hpctrain.workloads.muons.networks import (
     Critic,
     Generator,
     MultiplicityHead,
-    MuonScaler,
     event_index,
 )
-from hpctrain.workloads.muons.spec import MuonMultiplicityRun, MuonWGANRun
+from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
 from hpctrain.workloads.muons.task_base import MuonTaskBase
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
 
 
-def muon_cap(cfg: MuonWGANRun | MuonMultiplicityRun) -> int:
+def muon_cap(cfg: MuonWGANRun | MuonFlowRun | MuonMultiplicityRun) -> int:
     """Cap on sampled multiplicities: the model's, else the data's per-event cap, else DEFAULT_MUON_CAP."""
     return int(cfg.model.multiplicity.max_muons_per_event or cfg.data.event_muon_cap or DEFAULT_MUON_CAP)
 
@@ -88,8 +87,9 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def build_modules(self) -> dict[str, nn.Module]:
         m = self.cfg.model
         generator = Generator(
-            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), m.isotropic
-        )
+            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), m.isotropic,
+            m.muon_head, m.flow_bins,
+        )  # fmt: skip
         self._generator = generator
         return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling, m.muon_score)}
 
@@ -153,10 +153,11 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         return normalize_scores(raw.float(), self.cfg.model.critic_output, self.cfg.model.critic_clamp)
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
-        scaler: MuonScaler = ctx.raw_modules["generator"].scaler  # type: ignore[assignment]
+        generator: Generator = ctx.raw_modules["generator"]  # type: ignore[assignment]
+        scaler = generator.scaler
         if not self.scaler_ready:
             # once, from the first batch (then saved with the generator's buffers; DDP broadcasts rank 0's)
-            scaler.fit(micro_batches[0].data.muons)
+            generator.fit_scalers(micro_batches[0].data.muons)
             self.scaler_ready = micro_batches[0].data.num_muons >= 2  # else: try again next update
         prepared = [
             _Prepared(
@@ -192,7 +193,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                     with ctx.autocast():
                         with torch.no_grad():
                             noise = self._generator_noise(p, ctx.device, rng)
-                            fake, _, _ = generator(b.primaries, b.counts, p.index, *noise)
+                            fake = generator(b.primaries, b.counts, p.index, *noise).muons
                         fake = fake.float()
                         loss, dist = critic_loss(
                             self._scores(critic, p.real, p), self._scores(critic, fake, p)
@@ -236,8 +237,8 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         m = self.cfg.model
         generator, critic = ctx.modules["generator"], ctx.modules["critic"]
         rng = self.rng(ctx.device)
-        adv_total = torch.zeros((), device=ctx.device)
-        nll_total = torch.zeros((), device=ctx.device)
+        zero = torch.zeros((), device=ctx.device)
+        adv_total, nll_total, muon_nll_total = zero, zero, zero
         for i, p in enumerate(prepared):
             b = p.batch
             last = i == len(prepared) - 1
@@ -245,10 +246,17 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             with ctx.no_sync("generator", last=last), ctx.no_sync("critic", last=False):
                 with ctx.autocast():
                     noise = self._generator_noise(p, ctx.device, rng)
-                    fake, log_mu, log_r = generator(b.primaries, b.counts, p.index, *noise)
+                    real = b.muons if m.muon_nll_weight > 0 else None
+                    out = generator(b.primaries, b.counts, p.index, *noise, real=real)
+                    fake = out.muons
                     adversarial = generator_loss(self._scores(critic, fake.float(), p))
-                    nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), b.counts).mean()
+                    nll = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
                     loss = adversarial + m.multiplicity_weight * nll
+                    if out.real_log_prob is not None:
+                        # Flow-GAN: the real muons' likelihood under the generator (per muon, its mean)
+                        muon_nll = -out.real_log_prob.float().mean() if b.num_muons else zero
+                        loss = loss + m.muon_nll_weight * muon_nll
+                        muon_nll_total = muon_nll_total + muon_nll.detach() * p.weight
                 ctx.backward(loss * p.weight)
             adv_total = adv_total + adversarial.detach().float() * p.weight
             nll_total = nll_total + nll.detach().float() * p.weight
@@ -256,7 +264,10 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                 self._last_fake = fake.detach()
         ctx.zero_grad("critic")
         ctx.optimizer_step("generator")
-        return {"generator_loss": adv_total, "multiplicity_nll": nll_total}
+        out = {"generator_loss": adv_total, "multiplicity_nll": nll_total}
+        if m.muon_nll_weight > 0:
+            out["muon_nll"] = muon_nll_total
+        return out
 
     # ---- evaluation and histograms ------------------------------------------------------------------------
 
@@ -267,9 +278,9 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         rng = torch.Generator(device=ctx.device).manual_seed(EVAL_SEED)
         noise = generator.noise(len(batch), batch.num_muons, ctx.device, rng)
         with ctx.autocast():
-            fake, log_mu, log_r = generator(batch.primaries, batch.counts, p.index, *noise)
-            _, dist = critic_loss(self._scores(critic, p.real, p), self._scores(critic, fake.float(), p))
-        nll = MultiplicityHead.nll(log_mu.float(), log_r.float(), batch.counts)
+            out = generator(batch.primaries, batch.counts, p.index, *noise)
+            _, dist = critic_loss(self._scores(critic, p.real, p), self._scores(critic, out.muons.float(), p))
+        nll = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), batch.counts)
         n = float(len(batch))
         return {
             "multiplicity_nll_sum": nll.sum().double(),
@@ -302,6 +313,85 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
         """The evaluate table (ours vs floor vs baseline per feature and bin) on data.val_paths, written to
         <run folder>/evaluate_val.json and logged."""
+        if self.cfg.data.val_paths:
+            from hpctrain.workloads.muons.evaluate import evaluate_after_training
+
+            evaluate_after_training(self.cfg, modules, step, self.run_dir)
+
+
+class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
+    """Bundles by likelihood: NB multiplicity given the primary, each muon from the conditional spline flow
+    given (primary, multiplicity); one optimizer ("main"). Loss = multiplicity_weight x NB NLL per event + the
+    muons' NLL per muon. Nothing random in the step: an exact resume needs no task state."""
+
+    def __init__(self, cfg: MuonFlowRun, env: ClusterEnv) -> None:
+        super().__init__(cfg, env)
+        self.scaler_ready = False  # the flow's standardisation was set (checkpointed)
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        m = self.cfg.model
+        # no global latent: muons are independent given (primary, multiplicity); latent_local is unused
+        generator = Generator(
+            0, 1, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), False, "flow", m.flow_bins
+        )
+        return {"generator": generator}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler_ready": self.scaler_ready}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler_ready = bool(state.get("scaler_ready", False))
+
+    def _losses(self, generator: nn.Module, b: MuonBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(NB NLL per event, muon NLL per muon), each a mean over the batch."""
+        index = event_index(b.counts, b.num_muons)
+        none = b.primaries.new_zeros((len(b), 0))
+        out = generator(b.primaries, b.counts, index, none, none, real=b.muons, sample=False)
+        mult = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
+        assert out.real_log_prob is not None
+        muon = -out.real_log_prob.float().mean() if b.num_muons else mult.new_zeros(())
+        return mult, muon
+
+    def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
+        raw: Generator = ctx.raw_modules["generator"]  # type: ignore[assignment]
+        if not self.scaler_ready:
+            raw.fit_scalers(micro_batches[0].data.muons)  # once; saved with the generator's buffers
+            self.scaler_ready = micro_batches[0].data.num_muons >= 2
+        generator = ctx.modules["generator"]
+        zero = torch.zeros((), device=ctx.device)
+        total, mult_total, muon_total = zero, zero, zero
+        for i, mb in enumerate(micro_batches):
+            with ctx.no_sync("generator", last=i == len(micro_batches) - 1):
+                with ctx.autocast():
+                    mult, muon = self._losses(generator, mb.data)
+                loss = self.cfg.model.multiplicity_weight * mult + muon
+                ctx.backward(loss * mb.weight)
+            total = total + loss.detach() * mb.weight
+            mult_total = mult_total + mult.detach() * mb.weight
+            muon_total = muon_total + muon.detach() * mb.weight
+        ctx.optimizer_step("main")
+        samples = sum(mb.samples for mb in micro_batches)
+        muons = sum(mb.data.num_muons for mb in micro_batches)
+        metrics = {"multiplicity_nll": mult_total, "muon_nll": muon_total}
+        return StepOutput(total, metrics, samples, extra_counts={"events": samples, "muons": muons})
+
+    def eval_step(self, batch: MuonBatch, ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        mult, muon = self._losses(ctx.raw_modules["generator"], batch)
+        n, m = float(len(batch)), float(batch.num_muons)
+        return {
+            "multiplicity_nll_sum": mult.double() * n,
+            "muon_nll_sum": muon.double() * m,
+            "count": torch.tensor(n, dtype=torch.float64),
+            "muon_count": torch.tensor(m, dtype=torch.float64),
+        }
+
+    def finish_eval(self, sums: dict[str, float]) -> dict[str, float]:
+        mult = sums.get("multiplicity_nll_sum", 0.0) / max(sums.get("count", 1.0), 1.0)
+        muon = sums.get("muon_nll_sum", 0.0) / max(sums.get("muon_count", 1.0), 1.0)
+        return {"val_multiplicity_nll": mult, "val_muon_nll": muon, "val_loss": mult + muon}
+
+    def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
+        """The evaluate table on data.val_paths, as for muon_wgan."""
         if self.cfg.data.val_paths:
             from hpctrain.workloads.muons.evaluate import evaluate_after_training
 

@@ -1,0 +1,183 @@
+"""A conditional spline flow for the muons of an event: log energy, then log lateral distance given it, and a
+uniform azimuth.
+
+Per muon (normalised units of `physics`: [log10(E/PeV), x/500, y/500]) the flow works on
+    a = (log10(E/PeV) - c_a) / s_a,    b = (log10(r) - c_b) / s_b,    r = hypot(x, y),  phi = atan2(y, x),
+standardised with statistics of the first training batch (buffers, saved with the module), and models
+    p(a | event) p(b | a, event),  phi ~ U(0, 2 pi) (a bundle is azimuthally symmetric about the shower axis).
+Each factor is an affine map (loc, log scale) after a monotone rational-quadratic spline (Durkan et al. 2019,
+"Neural Spline Flows", with linear tails: the identity outside [-TAIL, TAIL]) of a standard normal. The
+spline parameters come from the event's context (per event, gathered to its muons); the lateral distance's
+loc and scale also see the muon's energy (a small per-muon net), since r ~ p_T H / E at production.
+
+Both directions are closed-form, so the same module samples (differentiably: the WGAN's generator) and gives
+log densities (the likelihood-trained generator, and the WGAN's optional likelihood term).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TAIL = 5.0  # standardised units
+MIN_WIDTH = MIN_HEIGHT = MIN_SLOPE = 1e-3
+R_MIN = 1e-7  # normalised lateral distance floor (0.05 mm): log10(0) is not a number
+# softplus(_ONE) + MIN_SLOPE == 1: the spline's end slopes match the identity tails
+_ONE = math.log(math.expm1(1.0 - MIN_SLOPE))
+LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _knots(unnormalised: torch.Tensor, minimum: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(knot positions (N, K + 1) from -TAIL to TAIL, bin sizes (N, K)) from unnormalised sizes (N, K)."""
+    k = unnormalised.shape[-1]
+    sizes = minimum + (1.0 - minimum * k) * torch.softmax(unnormalised, -1)
+    inner = (torch.cumsum(sizes, -1) * (2.0 * TAIL) - TAIL)[..., :-1]
+    edge = inner.new_full((*inner.shape[:-1], 1), TAIL)
+    knots = torch.cat([-edge, inner, edge], -1)
+    return knots, knots[..., 1:] - knots[..., :-1]
+
+
+def rq_spline(
+    x: torch.Tensor, params: torch.Tensor, inverse: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monotone rational-quadratic spline on [-TAIL, TAIL], the identity outside.
+
+    x (N,); params (N, 3K - 1): K unnormalised widths, K heights, K - 1 interior slopes. Returns (y (N,),
+    log |dy/dx| (N,)); with `inverse`, the inverse map and ITS log-derivative."""
+    k = (params.shape[-1] + 1) // 3
+    xk, widths = _knots(params[..., :k], MIN_WIDTH)
+    yk, heights = _knots(params[..., k : 2 * k], MIN_HEIGHT)
+    slopes = MIN_SLOPE + F.softplus(F.pad(params[..., 2 * k :], (1, 1), value=_ONE))  # (N, K + 1)
+    inside = (x > -TAIL) & (x < TAIL)
+    xc = x.clamp(-TAIL, TAIL)  # evaluated everywhere (no data-dependent shapes), chosen by `inside`
+    locs = yk if inverse else xk
+    idx = torch.searchsorted(locs[..., 1:-1].contiguous(), xc.unsqueeze(-1).contiguous()).clamp(0, k - 1)
+
+    def at(t: torch.Tensor) -> torch.Tensor:
+        return t.gather(-1, idx).squeeze(-1)
+
+    x0, w, y0, h = at(xk[..., :-1]), at(widths), at(yk[..., :-1]), at(heights)
+    d0, d1 = at(slopes[..., :-1]), at(slopes[..., 1:])
+    delta = h / w
+    bend = d0 + d1 - 2.0 * delta
+    if inverse:
+        dy = xc - y0
+        qa = dy * bend + h * (delta - d0)
+        qb = h * d0 - dy * bend
+        qc = -delta * dy
+        t = (2.0 * qc) / (-qb - torch.sqrt((qb * qb - 4.0 * qa * qc).clamp_min(0.0)))
+        out = t * w + x0
+    else:
+        t = (xc - x0) / w
+        out = y0 + h * (delta * t * t + d0 * t * (1.0 - t)) / (delta + bend * t * (1.0 - t))
+    tt = t * (1.0 - t)
+    log_slope = 2.0 * torch.log(delta) + torch.log(d1 * t * t + 2.0 * delta * tt + d0 * (1.0 - t) ** 2)
+    log_slope = log_slope - 2.0 * torch.log(delta + bend * tt)
+    if inverse:
+        log_slope = -log_slope
+    return torch.where(inside, out, x), torch.where(inside, log_slope, torch.zeros_like(log_slope))
+
+
+def _transform(
+    z: torch.Tensor, spline: torch.Tensor, loc: torch.Tensor, log_scale: torch.Tensor
+) -> torch.Tensor:
+    """Base normal z (N,) -> standardised value: loc + exp(log_scale) * spline(z)."""
+    y, _ = rq_spline(z, spline)
+    return loc + log_scale.exp() * y
+
+
+def _log_prob(
+    v: torch.Tensor, spline: torch.Tensor, loc: torch.Tensor, log_scale: torch.Tensor
+) -> torch.Tensor:
+    """(N,) log density of standardised values v under `_transform` of a standard normal."""
+    z, log_det = rq_spline((v - loc) * torch.exp(-log_scale), spline, inverse=True)
+    return -0.5 * z * z - LOG_SQRT_2PI + log_det - log_scale
+
+
+class MuonFlow(nn.Module):
+    """p(muons | event context): (M, 3) normalised muons from (B, C) contexts and 3 normal latents per muon."""
+
+    NOISE = 3  # per muon: the energy's and the lateral distance's base normals, and the azimuth's
+
+    center: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, context: int, hidden: int, bins: int = 8) -> None:
+        super().__init__()
+        self.bins = bins
+        n_spline = 3 * bins - 1
+        self.n_spline = n_spline
+        # per event: energy spline + loc + log scale, lateral spline
+        self.event_net = nn.Sequential(
+            nn.Linear(context, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
+            nn.Linear(hidden, 2 * n_spline + 2),
+        )  # fmt: skip
+        # per muon: the lateral distance's loc and log scale from (event context, the muon's energy a);
+        # first layer split so the context part runs per event
+        half = max(hidden // 2, 4)
+        self.lateral_context = nn.Linear(context, half)
+        self.lateral_energy = nn.Linear(1, half, bias=False)
+        self.lateral_net = nn.Sequential(nn.SiLU(), nn.Linear(half, half), nn.SiLU(), nn.Linear(half, 2))
+        for net in (self.event_net, self.lateral_net):
+            # start at the identity (standard normals in the standardised space): a sensible first model
+            last = net[-1]
+            assert isinstance(last, nn.Linear)
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+        self.register_buffer("center", torch.zeros(2))
+        self.register_buffer("scale", torch.ones(2))
+
+    @staticmethod
+    def polar(muons: torch.Tensor) -> torch.Tensor:
+        """(M, 2) [log10(E/PeV), log10(r)] of normalised muons (M, 3)."""
+        r = torch.hypot(muons[:, 1], muons[:, 2]).clamp_min(R_MIN)
+        return torch.stack([muons[:, 0], torch.log10(r)], 1)
+
+    @torch.no_grad()
+    def fit(self, muons: torch.Tensor) -> None:
+        """Standardisation from normalised muons (M, 3): median and 1.4826 x MAD (floored); no-op if M < 2."""
+        if muons.shape[0] < 2:
+            return
+        v = self.polar(muons.float())
+        center = v.median(0).values
+        self.center.copy_(center)
+        self.scale.copy_(((v - center).abs().median(0).values * 1.4826).clamp_min(1e-3))
+
+    def _params(
+        self, context: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per muon: energy spline, loc, log scale; lateral spline; and the lateral net's context part."""
+        n = self.n_spline
+        per_event = self.event_net(context).index_select(0, index)  # (M, 2n + 2)
+        lateral_ctx = self.lateral_context(context).index_select(0, index)  # (M, half)
+        return per_event[:, :n], per_event[:, n], per_event[:, n + 1], per_event[:, n + 2 :], lateral_ctx
+
+    def _lateral_affine(
+        self, lateral_ctx: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lateral_net(lateral_ctx + self.lateral_energy(a.unsqueeze(1)))  # (M, 2)
+        return out[:, 0], out[:, 1].clamp(-5.0, 5.0)
+
+    def sample(self, context: torch.Tensor, index: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """(M, 3) normalised muons for events with contexts (B, C); index (M,) event of each muon; noise
+        (M, 3) standard normals. Differentiable in the parameters (a generator's forward)."""
+        e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
+        a = _transform(noise[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
+        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a)
+        b = _transform(noise[:, 1], l_spline, l_loc, l_log_scale)
+        log10_e = self.center[0] + self.scale[0] * a
+        r = torch.pow(10.0, (self.center[1] + self.scale[1] * b).clamp(max=2.0))  # r <= 100 x 500 m
+        phi = math.pi * torch.erf(noise[:, 2] / math.sqrt(2.0))  # uniform on (-pi, pi)
+        return torch.stack([log10_e, r * torch.cos(phi), r * torch.sin(phi)], 1)
+
+    def log_prob(self, muons: torch.Tensor, context: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """(M,) log density of normalised muons (M, 3) in the standardised (a, b) space (the azimuth's and the
+        standardisation's constants left out: they do not depend on the parameters)."""
+        v = (self.polar(muons) - self.center) / self.scale  # (M, 2)
+        e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
+        log_p = _log_prob(v[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
+        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, v[:, 0])
+        return log_p + _log_prob(v[:, 1], l_spline, l_loc, l_log_scale)
