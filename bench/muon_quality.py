@@ -33,26 +33,40 @@ REPO = Path(__file__).resolve().parents[1]
 EVAL_SEED = 777
 
 
-def train(
-    work: Path, config: Path, seed: int, minutes: float, threads: int, overrides: list[str]
-) -> tuple[Path, float]:
-    """Train `config` with run.seed=seed for at most `minutes`; the run folder and the seconds."""
+def train_all(
+    work: Path, config: Path, seeds: int, parallel: int, minutes: float, threads: int, overrides: list[str]
+) -> list[tuple[Path, float]]:
+    """Train `config` once per run.seed in 0..seeds-1, `parallel` at a time, each stopped by the time budget
+    after at most `minutes` if it has not finished its updates; (run folder, seconds) per seed."""
     hp = [sys.executable, "-m", "hpctrain"]
     h, rest = divmod(int(minutes * 60), 3600)
     limit = f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}"
-    name = f"seed{seed}"
-    cmd = [
-        *hp, "train", "-c", str(config), f"run.out_dir={work / 'logs'}", f"run.name={name}",
-        f"run.seed={seed}", f"data.paths=[{work / 'train'}]", "data.val_paths=[]",
-        f"train.threads={threads}", f"budget.time_limit={limit}", "budget.margin_seconds=5",
-        "train.eval_every=0", "checkpoint.every=0", "logging.log_every=100", *overrides,
-    ]  # fmt: skip
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
-    if proc.returncode not in (0, 75):
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        raise SystemExit(f"training (seed {seed}) failed with exit code {proc.returncode}")
-    return work / "logs" / name, time.perf_counter() - start
+    out: dict[int, tuple[Path, float]] = {}
+    running: dict[int, tuple[subprocess.Popen[str], float]] = {}
+    pending = list(range(seeds))
+    while pending or running:
+        while pending and len(running) < parallel:
+            seed = pending.pop(0)
+            cmd = [
+                *hp, "train", "-c", str(config), f"run.out_dir={work / 'logs'}", f"run.name=seed{seed}",
+                f"run.seed={seed}", f"data.paths=[{work / 'train'}]", "data.val_paths=[]",
+                f"train.threads={threads}", f"budget.time_limit={limit}", "budget.margin_seconds=5",
+                "train.eval_every=0", "checkpoint.every=0", "logging.log_every=100", *overrides,
+            ]  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work
+            )
+            running[seed] = (proc, time.perf_counter())
+        seed = next(iter(running))
+        proc, start = running.pop(seed)
+        text, _ = proc.communicate()
+        if proc.returncode not in (0, 75):
+            sys.stderr.write(text[-3000:])
+            for other, _ in running.values():
+                other.kill()
+            raise SystemExit(f"training (seed {seed}) failed with exit code {proc.returncode}")
+        out[seed] = (work / "logs" / f"seed{seed}", time.perf_counter() - start)
+    return [out[s] for s in range(seeds)]
 
 
 def median_judgement(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,11 +105,12 @@ def main() -> None:
         help="the muon config (default configs/muons.yaml)",
     )
     parser.add_argument(
-        "--minutes", type=float, default=4.0, help="training time budget per seed (default 4)"
+        "--minutes", type=float, default=6.0, help="time cap per training (default 6)"
     )
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
     parser.add_argument("--eval-events", type=int, default=10000, help="fresh truth events compared")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per training")
+    parser.add_argument("--parallel", type=int, default=2, help="trainings at a time (default 2: one a core)")
     parser.add_argument("--keep", help="work in this folder (kept) instead of a temporary one")
     parser.add_argument("overrides", nargs="*", help="extra config overrides for the training")
     args = parser.parse_args()
@@ -115,8 +130,10 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     results, runs = [], []
-    for seed in range(args.seeds):
-        run_dir, seconds = train(work, Path(args.config), seed, args.minutes, args.threads, args.overrides)
+    trained = train_all(
+        work, Path(args.config), args.seeds, args.parallel, args.minutes, args.threads, args.overrides
+    )
+    for seed, (run_dir, seconds) in enumerate(trained):
         model = sampling.load_model(run_dir, "cpu")
         result = evaluate.evaluate_model(model, args.eval_events, seed=EVAL_SEED)
         results.append(result)

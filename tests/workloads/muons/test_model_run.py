@@ -80,6 +80,20 @@ def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "t"
 
 
+def stop_at_update(patch: pytest.MonkeyPatch, task_class: type, update: int) -> None:
+    """SIGUSR1 (the walltime warning) to this process in the task's `update`-th train_step."""
+    original = task_class.train_step
+    calls = {"n": 0}
+
+    def train_step(self, micro, ctx):
+        calls["n"] += 1
+        if calls["n"] == update:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return original(self, micro, ctx)
+
+    patch.setattr(task_class, "train_step", train_step)
+
+
 def losses(run_dir: Path) -> dict[int, tuple]:
     records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
     steps = [r["step"] for r in records]
@@ -101,17 +115,8 @@ def test_wgan_run_logs_rates_and_gp_every_over_critic_updates(reference: Path):
 def test_signal_stop_then_resume_is_bit_exact(
     data: Path, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    original = MuonWGANTask.train_step
-    calls = {"n": 0}
-
-    def train_step(self, micro, ctx):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return original(self, micro, ctx)
-
     with monkeypatch.context() as patch:
-        patch.setattr(MuonWGANTask, "train_step", train_step)
+        stop_at_update(patch, MuonWGANTask, 3)
         assert run(make_cfg(data, tmp_path), ClusterEnv()) == EXIT_RESUMABLE
     run_dir = tmp_path / "t"
     first = json.loads((run_dir / "summary.json").read_text())
@@ -220,7 +225,13 @@ FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {h
 @pytest.mark.parametrize(
     "extra",
     [
-        ("model.muon_head=flow", "model.muon_nll_weight=0.5", "model.flow_bins=4"),
+        # likelihood-only updates 1-3, then the game: the resume at update 4 crosses the boundary
+        (
+            "model.muon_head=flow",
+            "model.muon_nll_weight=0.5",
+            "model.flow_bins=4",
+            "model.likelihood_warmup=3",
+        ),
         (FLOW_MODEL, "checkpoint.best_metric=val_loss", "optim.lr=5e-3"),
     ],
     ids=["wgan_flow_head", "muon_flow"],
@@ -234,18 +245,12 @@ def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
     assert run(make_cfg(data, whole, *extra), ClusterEnv()) == EXIT_OK
     records = [r for r in read_jsonl(whole / "t" / "metrics.jsonl") if "loss" in r]
     assert len(records) == 10 and all(np.isfinite(r["muon_nll"]) for r in records)
-    task_class = MuonFlowTask if "muon_flow" in extra[0] else MuonWGANTask
-    original = task_class.train_step
-    calls = {"n": 0}
-
-    def train_step(self, micro, ctx):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return original(self, micro, ctx)
-
+    if "model.likelihood_warmup=3" in extra:  # no critic in the warm-up, the game after it
+        assert [r["gradient_penalty"] > 0 or r["wasserstein"] != 0 for r in records] == [False] * 3 + [
+            True
+        ] * 7
     with monkeypatch.context() as patch:
-        patch.setattr(task_class, "train_step", train_step)
+        stop_at_update(patch, MuonFlowTask if "muon_flow" in extra[0] else MuonWGANTask, 4)
         assert run(make_cfg(data, tmp_path, *extra), ClusterEnv()) == EXIT_RESUMABLE
     assert run(make_cfg(data, tmp_path, *extra), ClusterEnv()) == EXIT_OK
     ours = json.loads((tmp_path / "t" / "summary.json").read_text())

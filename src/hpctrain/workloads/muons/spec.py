@@ -199,6 +199,12 @@ class MuonWGANConfig(ModelConfigBase):
         description="Weight of the real muons' negative log-likelihood under the flow head in the generator "
         "loss (0 = adversarial only; needs muon_head=flow).",
     )
+    likelihood_warmup: int = Field(
+        0,
+        ge=0,
+        description="The first N updates train the generator by likelihood alone (multiplicity and flow head; "
+        "no critic), so the adversarial game starts from the maximum-likelihood fit (needs muon_head=flow).",
+    )
     critic_steps: int = Field(5, ge=1, description="Critic updates per generator update (same batch).")
     lambda_gp: float = Field(10.0, ge=0, description="Gradient-penalty weight (0 = no penalty).")
     gp_every: int = Field(
@@ -237,6 +243,10 @@ class MuonWGANConfig(ModelConfigBase):
         if self.muon_nll_weight > 0 and self.muon_head != "flow":
             raise ValueError(
                 f"muon_nll_weight={self.muon_nll_weight:g} needs muon_head=flow (the mlp head has no density)"
+            )
+        if self.likelihood_warmup > 0 and self.muon_head != "flow":
+            raise ValueError(
+                f"likelihood_warmup={self.likelihood_warmup} needs muon_head=flow (the mlp head has no density)"
             )
         return self
 

@@ -73,6 +73,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
     def __init__(self, cfg: MuonWGANRun, env: ClusterEnv) -> None:
         super().__init__(cfg, env)
         self.critic_updates = 0  # counts critic updates over the whole run (gp_every); checkpointed
+        self.updates = 0  # trainer updates over the whole run (likelihood_warmup); checkpointed
         self.critic_steps = cfg.model.critic_steps  # per generator update; tuned by model.adaptive_critic
         self.scaler_ready = False  # the generator's MuonScaler statistics were set (checkpointed)
         self._generator: Generator | None = None
@@ -115,6 +116,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
+        state["updates"] = self.updates
         state["critic_steps"] = self.critic_steps
         rng = self._rng.get_state() if self._rng is not None else self._rng_state
         if rng is not None:
@@ -123,6 +125,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.critic_updates = int(state.get("critic_updates", 0))
+        self.updates = int(state.get("updates", 0))
         if self.cfg.model.adaptive_critic is not None:  # else critic_steps is the config's, as it may change
             self.critic_steps = int(state.get("critic_steps", self.cfg.model.critic_steps))
         self.scaler_ready = bool(state.get("scaler_ready", False))
@@ -165,12 +168,16 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             )
             for mb in micro_batches
         ]
-        critic_out = self._critic_updates(prepared, ctx)
-        if self.cfg.model.adaptive_critic is not None:
-            critic_out["critic_steps"] = torch.tensor(float(self.critic_steps), device=ctx.device)
-            self._tune_critic(critic_out["wasserstein"])
-        gen_out = self._generator_update(prepared, ctx)
-        metrics = {**critic_out, **gen_out}
+        self.updates += 1
+        if self.updates <= self.cfg.model.likelihood_warmup:
+            metrics = self._likelihood_update(prepared, ctx)
+        else:
+            critic_out = self._critic_updates(prepared, ctx)
+            if self.cfg.model.adaptive_critic is not None:
+                critic_out["critic_steps"] = torch.tensor(float(self.critic_steps), device=ctx.device)
+                self._tune_critic(critic_out["wasserstein"])
+            gen_out = self._generator_update(prepared, ctx)
+            metrics = {**critic_out, **gen_out}
         samples = sum(mb.samples for mb in micro_batches)
         muons = sum(p.batch.num_muons for p in prepared)
         return StepOutput(
@@ -212,6 +219,35 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                 distance = distance + dist.detach().float() * p.weight
             ctx.optimizer_step("critic")
         return {"critic_loss": loss_total, "wasserstein": distance, "gradient_penalty": penalty}
+
+    def _likelihood_update(self, prepared: list[_Prepared], ctx: UpdateContext) -> dict[str, torch.Tensor]:
+        """model.likelihood_warmup: one generator update on the likelihood alone (the multiplicity's NB and the
+        flow head's per-muon density of the real muons); no critic, no generated muons."""
+        m = self.cfg.model
+        generator = ctx.modules["generator"]
+        rng = self.rng(ctx.device)
+        zero = torch.zeros((), device=ctx.device)
+        nll_total, muon_total = zero, zero
+        for i, p in enumerate(prepared):
+            b = p.batch
+            z_global, _ = self._generator_noise(p, ctx.device, rng)
+            no_muons = z_global.new_zeros((0, 3))
+            with ctx.no_sync("generator", last=i == len(prepared) - 1):
+                with ctx.autocast():
+                    out = generator(
+                        b.primaries, b.counts, p.index, z_global, no_muons, real=b.muons, sample=False
+                    )
+                    nll = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
+                    assert out.real_log_prob is not None
+                    muon_nll = -out.real_log_prob.float().mean() if b.num_muons else zero
+                ctx.backward((m.multiplicity_weight * nll + muon_nll) * p.weight)
+            nll_total = nll_total + nll.detach().float() * p.weight
+            muon_total = muon_total + muon_nll.detach() * p.weight
+        ctx.optimizer_step("generator")
+        return {
+            "critic_loss": zero, "wasserstein": zero, "gradient_penalty": zero, "generator_loss": zero,
+            "multiplicity_nll": nll_total, "muon_nll": muon_total,
+        }  # fmt: skip
 
     def _tune_critic(self, wasserstein: torch.Tensor) -> None:
         """model.adaptive_critic: the next update's critic steps from this one's Wasserstein estimate, averaged
