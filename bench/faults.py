@@ -5,7 +5,7 @@
 
 Two jobs, each made tiny (single CPU thread, a few dozen updates, a checkpoint every 4-5 updates): the default
 regression job (`hpctrain train`, dropout on so the RNG state matters) and the muon WGAN (`--config
-configs/muons.yaml` on a few hundred generated events, 2 DataLoader workers). For each job an uninterrupted
+configs/muons_wgan.yaml` on a few hundred generated events, 2 DataLoader workers). For each job an uninterrupted
 reference run comes first. Then runs of the same command are killed with SIGKILL, several times each, and the
 same command is run again after each kill until it finishes. Kill points:
 - inside the commit protocol, exactly (bench/helpers/fault_child.py arms the Nth matching `torch.save`,
@@ -84,7 +84,7 @@ def make_jobs(data: Path) -> dict[str, Job]:
     muons = [
         "train",
         "--config",
-        str(REPO / "configs" / "muons.yaml"),
+        str(REPO / "configs" / "muons_wgan.yaml"),
         "run.name=muons",
         f"data.paths=[{data / 'train'}]",
         f"data.val_paths=[{data / 'val'}]",

@@ -106,7 +106,7 @@ def test_options_and_overrides_in_any_order(tmp_path: Path, verb: str) -> None:
         cfg = yaml.safe_load(done.out)
         assert (cfg["train"]["total_updates"], cfg["model"]["type"], cfg["run"]["name"]) == (
             5000,
-            "muon_wgan",
+            "muon_flow",
             "mix",
         )
     else:
@@ -222,7 +222,7 @@ def test_doc_lists_keys_with_type_default_and_description(tmp_path: Path) -> Non
     assert "slurm.time (str, default '01:00:00'):" in everything and "model.hidden (list[int]" in everything
     assert "model.latent_global" not in everything  # the configured model.type (regression) only
     muons = hpctrain(
-        "config", "show", "--config", str(ROOT / "configs" / "muons.yaml"), "--doc", "model", cwd=tmp_path
+        "config", "show", "--config", str(ROOT / "configs" / "muons_wgan.yaml"), "--doc", "model", cwd=tmp_path
     )
     assert "model.latent_global (int, default 32)" in muons.out and "model.dropout" not in muons.out
     every = hpctrain("config", "show", "--doc", "model", "--all-types", cwd=tmp_path).out

@@ -272,7 +272,8 @@ def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
 
 def test_muon_nll_weight_needs_the_flow_head(tmp_path: Path):
     done = hpctrain(
-        "config", "show", "-c", "configs/muons.yaml", "model.muon_nll_weight=1", cwd=Path(__file__).parents[3]
+        "config", "show", "-c", "configs/muons_wgan.yaml", "model.muon_head=mlp", "model.muon_nll_weight=1",
+        cwd=Path(__file__).parents[3],
     )
     assert done.code == 2 and "muon_nll_weight=1 needs muon_head=flow" in done.err
     assert len(done.err.strip().splitlines()) == 1
