@@ -50,7 +50,7 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     width = 230 * cols + 130
     fig, axes = figure(width, 460, 2, cols, layout=None, sharex=True, height_ratios=[3, 1])
     fig.subplots_adjust(
-        left=55 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
+        left=70 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
     )
     for col, panel in enumerate(panels):
         ax, ratio_ax = axes[0, col], axes[1, col]
