@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.workloads.muons import evaluate as muon_eval
+from hpctrain.workloads.muons import layouts, quality
 
 
 def _hops(changed_at: int, total: int) -> list[dict]:
@@ -45,7 +46,15 @@ def _write(run: Path, model: dict, total: int, evaluation: dict, best: str) -> N
     (run / "evaluate.json").write_text(json.dumps(muon_eval.clean(evaluation)))
 
 
-def muon_run(run: Path, total: int = 120) -> Path:
+EVENTS = 2000  # enough for most bins of every feature to be judged (100 true values)
+OLD_FEATURES = ("multiplicity", "energy", "lateral_distance")  # what evaluate.json held before "quality"
+
+
+def muon_run(run: Path, total: int = 120, legacy: bool = False) -> Path:
+    """A muon run whose "model" is a truth sample for the same primaries with every muon energy doubled: the
+    energy fails the goal in every judged bin, the other features are at the floor (up to chance). `legacy`:
+    evaluate.json as written before the judged table (no "quality"; histograms of the old three features
+    only, without W1/KS in them)."""
     run.mkdir(parents=True)
     keys = {
         "loss": lambda s: -1 / s,
@@ -62,12 +71,23 @@ def muon_run(run: Path, total: int = 120) -> Path:
     }
     val = {"val_wasserstein": lambda s: 2.5 / math.sqrt(s), "val_multiplicity_nll": lambda s: 2 + 9 / s}
     _metrics(run, keys, val, total)
-    true, _ = muon_eval.truth_events(600, 1, 2000)
-    generated, _ = muon_eval.truth_events(600, 2, 2000)  # another sample of the truth stands in for a model
+    true, draws, reference, _ = muon_eval.reference_samples(EVENTS, 1, 2000, None)
+    other, floor = draws[0], draws[1:]  # a truth sample for the same primaries stands in for a model
+    generated = layouts.Events(other.primaries, other.muons * np.float32([2, 1, 1]), other.counts, other.ids)
     evaluation = muon_eval.compare(generated, true)
     evaluation["distributions"] = muon_eval.distributions(generated, true)
     evaluation["binned"] = muon_eval.binned(generated, true)
-    evaluation["info"] = {"step": total, "events": 600, "units": "W1 in log10 units"}
+    if legacy:
+        evaluation["distributions"] = {
+            name: {k: v for k, v in spec.items() if k not in ("w1", "ks")}
+            for name, spec in evaluation["distributions"].items()
+            if name in OLD_FEATURES
+        }
+        for panel in [*evaluation["binned"]["energy"], *evaluation["binned"]["zenith"]]:
+            panel["features"] = {name: panel["features"][name] for name in OLD_FEATURES}
+    else:
+        evaluation["quality"] = quality.quality(generated, true, floor, reference, np.random.default_rng(0))
+    evaluation["info"] = {"step": total, "events": EVENTS, "units": "W1 in log10 units"}
     _write(run, {"type": "muon_wgan"}, total, evaluation, "val_multiplicity_nll")
     return run
 

@@ -12,11 +12,15 @@ from PIL import Image as PILImage
 
 from hpctrain.cli import main
 from hpctrain.track.report import Image, WorkloadReport, write_report
-from hpctrain.track.report.panels import figure
+from hpctrain.track.report.data import RunData
+from hpctrain.track.report.generic import plot_distributions
+from hpctrain.track.report.panels import figure, fmt
+from hpctrain.workloads.muons.quality_report import quality_panels
 from tests.conftest import hpctrain
 from tests.track.report_runs import fields_run, muon_run
 
 GENERIC = {"scalars", "throughput", "time_shares"}
+FEATURES = ("multiplicity", "energy", "lateral_distance", "energy_sum", "centre_radius", "spread")
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "source"}
 
 
@@ -88,10 +92,8 @@ def test_muon_report_has_its_panels_and_tables(tmp_path: Path) -> None:
     done = hpctrain("report", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert done.code == 0, done.err
     page, panels = check_report(tmp_path / "out")
-    features = ("multiplicity", "energy", "lateral_distance")
-    assert set(panels) == GENERIC | {
-        f"{kind}_{f}" for kind in ("dist", "energy_bins", "zenith_bins") for f in features
-    }
+    kinds = ("dist", "energy_bins", "zenith_bins", "quality_bins")
+    assert set(panels) == GENERIC | {"quality_overview"} | {f"{k}_{f}" for k in kinds for f in FEATURES}
     assert panels["scalars"] == [
         "generator loss",
         "critic loss (E[D(fake)] - E[D(real)] + GP)",
@@ -108,14 +110,59 @@ def test_muon_report_has_its_panels_and_tables(tmp_path: Path) -> None:
     # the per-bin figures as a pivot table: a header row of features over W1/KS, one row per energy bin
     evaluation = json.loads((run / "evaluate.json").read_text())
     pivot = next(rows for rows in page.tables.values() if rows and "muon energy" in rows[0])
-    assert pivot[0] == ["", "muons per event", "muon energy", "lateral distance"]
-    assert pivot[1][3:5] == ["W1", "KS"] and len(pivot) == 2 + 5
+    assert pivot[0][:4] == ["", "muons per event", "muon energy", "lateral distance"] and len(pivot[0]) == 7
+    assert pivot[1][3:5] == ["W1", "KS"] and len(pivot[1]) == 3 + 2 * 6 and len(pivot) == 2 + 5
     first = evaluation["binned"]["energy"][0]["features"]["energy"]
     assert pivot[2][5] == f"{first['w1']:.4g}" and pivot[2][6] == f"{first['ks']:.4g}"
     summary = dict(r for r in page.tables["summary"][1:])
     assert summary["model"] == "muon_wgan" and summary["job hops"] == "2"
     assert summary["final val_multiplicity_nll (update 120)"] == f"{2 + 9 / 120:.4g}"
     assert "data.prefetch_batches 0 -> 2" in page.tables["hops"][2][-1]
+
+
+def test_muon_report_shows_the_judged_table_per_feature_and_bin(tmp_path: Path) -> None:
+    run = muon_run(tmp_path / "run")
+    assert main(["report", str(run)]) == 0
+    page, panels = check_report(run / "report")
+    judged = json.loads((run / "evaluate.json").read_text())["quality"]
+    table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
+    assert [row[0] for row in table[1:]] == list(FEATURES)
+    for row in table[1:]:
+        f = judged["features"][row[0]]
+        assert row[1:4] == [fmt(f[k]) for k in ("ours_w1", "baseline_w1", "floor_w1")]  # "-": none judged
+        assert row[-2:] == [f"{f['bins_ok']}/{f['bins_judged']}", "met" if f["goal_met"] else "NOT met"]
+    energy = judged["features"]["energy"]  # the doubled energies fail in every judged bin
+    assert energy["bins_judged"] >= 10 and energy["bins_ok"] == 0
+    assert dict((r[0], r[-1]) for r in table[1:])["energy"] == "NOT met"
+    # the overview names each feature's verdict; each per-bin figure marks exactly the failing bins
+    verdicts = [f"{n}: {f['bins_ok']}/{f['bins_judged']} bins ok" for n, f in judged["features"].items()]
+    assert [t.split(", goal")[0] for t in panels["quality_overview"]] == verdicts
+    images = {i.name: i for i in quality_panels(RunData.load(run))}
+    for name, feature in judged["features"].items():
+        lines = {line.get_label(): line for line in images[f"quality_bins_{name}"].figure.axes[0].get_lines()}
+        failing = [i for i, r in enumerate(feature["bins"]) if r["judged"] and not r["ok"]]
+        assert list(lines["bin fails the goal"].get_xdata()) == failing
+        ours = [np.nan if r["ours_w1"] is None else r["ours_w1"] for r in feature["bins"]]
+        assert np.allclose(lines["ours"].get_ydata(), ours, equal_nan=True) and len(ours) == 20
+        floor = np.array([np.nan if r["floor_w1"] is None else r["floor_w1"] for r in feature["bins"]])
+        assert np.allclose(lines["2 x floor"].get_ydata(), 2 * floor, equal_nan=True)
+
+
+def test_an_evaluate_json_from_before_the_judged_table_still_renders(tmp_path: Path) -> None:
+    run = muon_run(tmp_path / "run", legacy=True)
+    assert main(["report", str(run)]) == 0
+    page, panels = check_report(run / "report")
+    old = ("multiplicity", "energy", "lateral_distance")
+    assert set(panels) == GENERIC | {f"{k}_{f}" for k in ("dist", "energy_bins", "zenith_bins") for f in old}
+    assert not any(rows and rows[0][:2] == ["feature", "ours W1"] for rows in page.tables.values())
+    w1 = json.loads((run / "evaluate.json").read_text())["metrics"]["w1_energy"]
+    assert any(f"W1 {w1:.3g}" in text.get_text() for text in _texts(run, "dist_energy"))  # from "metrics"
+
+
+def _texts(run: Path, name: str) -> list:
+    """The text artists of one of the generic distribution figures of `run`."""
+    image = next(i for i in plot_distributions(RunData.load(run)) if i.name == name)
+    return [t for ax in image.figure.axes for t in ax.texts]
 
 
 def test_fields_report_has_predicted_vs_true(tmp_path: Path) -> None:

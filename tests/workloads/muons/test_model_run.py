@@ -22,6 +22,7 @@ from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.task import MuonWGANTask
 from hpctrain.workloads.registry import config_model, fill_default_types
 from tests.conftest import hpctrain, read_jsonl
+from tests.track.test_report import FEATURES, check_report
 from tests.workloads.muons.conftest import write_set
 
 CAP = 150
@@ -165,10 +166,19 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     assert metrics["conditional_w1"] > 0
     last = read_jsonl(reference / "metrics.jsonl")[-1]
     assert last["step"] == 10 and last["eval_conditional_w1"] == pytest.approx(metrics["conditional_w1"])
-    from hpctrain.track.report import write_report
-
-    page = write_report(reference, tmp_path / "report")
-    assert (tmp_path / "report" / "dist_energy.png").is_file() and page.is_file()
+    # the report of the trained run shows what the judgement says: all six features, per bin, and the table
+    done = hpctrain("report", str(reference), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert done.code == 0, done.err
+    page, panels = check_report(tmp_path / "report")
+    judged = result["quality"]["features"]
+    assert list(judged) == list(FEATURES) and set(result["distributions"]) == set(FEATURES)
+    for kind in ("dist", "energy_bins", "zenith_bins", "quality_bins"):
+        assert {f"{kind}_{name}" for name in FEATURES} <= set(panels), kind
+    assert len([t for t in panels["quality_overview"] if t]) == 6
+    table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
+    assert [(r[0], r[-1]) for r in table[1:]] == [
+        (name, "met" if f["goal_met"] else "NOT met") for name, f in judged.items()
+    ]
 
 
 def test_multiplicity_model_trains_and_evaluates(data: Path, tmp_path: Path):

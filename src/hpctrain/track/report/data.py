@@ -5,7 +5,8 @@ evaluate.json (written by a workload's evaluation, all keys optional):
     {"metrics": {"<name>": <number>, ...},                    # headline figures, shown in a table
      "info": {"step", "events", "units", "checkpoint", ...},   # shown under that table
      "distributions": {"<name>": {"label", "unit", "bins": [n+1 edges], "generated": [n], "true": [n],
-                                  "y_label", "log_x", "log_y"}},                # one overall plot each
+                                  "y_label", "log_x", "log_y",
+                                  "w1", "ks"}},   # one overall plot each; w1/ks optional (else metrics' w1_<name>)
      ...}                       # workload-specific keys, read by its panels (muons: "binned"; fields: "predictions")
 """
 

@@ -191,7 +191,7 @@ def plot_distributions(data: RunData) -> list[Image]:
         ax, ratio_ax = axes[:, 0]
         ratio_panel(ax, ratio_ax, edges, true, generated)
         label, unit = spec.get("label", name.replace("_", " ")), spec.get("unit", "1")
-        w1, ks = metrics.get(f"w1_{name}"), metrics.get(f"ks_{name}")
+        w1, ks = spec.get("w1", metrics.get(f"w1_{name}")), spec.get("ks", metrics.get(f"ks_{name}"))
         if w1 is not None and ks is not None:
             ax.text(0.02, 0.04, f"W1 {w1:.3g}   KS {ks:.3g}", transform=ax.transAxes, fontsize=8)
         ax.set(title=f"{label}: generated vs true, all events", ylabel=spec.get("y_label", "count per bin"))

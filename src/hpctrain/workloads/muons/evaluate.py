@@ -75,23 +75,36 @@ def compare(
     return {"metrics": metrics, "per_bin": per_bin}
 
 
+DRAWN = {  # feature -> (label, unit, y label) of its histograms; values from quality.features()
+    "multiplicity": ("muons per event", "count", "events per bin"),
+    "energy": ("muon energy", "GeV", "muons per bin"),
+    "lateral_distance": ("lateral distance", "m", "muons per bin"),
+    "energy_sum": ("energy sum per event", "GeV", "events per bin"),
+    "centre_radius": ("radius of the bundle's centre", "m", "events per bin"),
+    "spread": ("bundle spread (rms from its centre)", "m", "events per bin"),
+}
+
+
+def drawn_features(only: tuple[str, ...]) -> tuple[str, ...]:
+    """The features the histograms show for a model that generates `only`: every judged feature
+    (quality.FEATURES, the pair quantities included) when it generates muons, else just `only`."""
+    return quality.FEATURES if set(FEATURES) <= set(only) else only
+
+
 def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES) -> dict:
-    """Binned generated vs true histograms in physical units, in the format of track/report.py."""
-    gen_f, true_f = features(generated), features(true)
-    specs = {
-        "multiplicity": ("muons per event", "count", "events per bin"),
-        "energy": ("muon energy", "GeV", "muons per bin"),
-        "lateral_distance": ("lateral distance", "m", "muons per bin"),
-    }
+    """Binned generated vs true histograms in physical units, in the format of track/report (data.py), with
+    the overall W1 and KS (in the log10 units of quality.features) of each; every judged feature."""
+    names = drawn_features(only)
+    gen_f, true_f = quality.features(generated, names), quality.features(true, names)
     out = {}
-    for name in only:
+    for name in names:
         g, t = gen_f[name][0], true_f[name][0]
         both = np.concatenate([g, t])
         if both.size == 0:
             continue
         lo, hi = float(both.min()), float(both.max())
         edges_log = np.linspace(lo, hi if hi > lo else lo + 1.0, 41)
-        label, unit, ylabel = specs[name]
+        label, unit, ylabel = DRAWN[name]
         # multiplicity values are log10(N + 1): its bin edges in N + 1 (positive, so a log axis works)
         edges = 10.0**edges_log
         out[name] = {
@@ -103,6 +116,8 @@ def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[s
             "y_label": ylabel,
             "log_x": True,
             "log_y": True,
+            "w1": wasserstein_1d(g, t),
+            "ks": ks_statistic(g, t),
         }
     return out
 
@@ -132,8 +147,10 @@ def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...
     """Histograms of generated and true in physical units per primary-energy bin and per zenith band, with W1
     and KS (in the log10 units of `compare`) per panel: {"energy": [panel, ...], "zenith": [...]}, a panel
     being {"by", "range", "events_true", "events_generated", "features": {name: {"edges", "true",
-    "generated", "w1", "ks"}}}. Counts are raw (the same primaries on both sides): Poisson errors apply."""
-    gen_f, true_f = features(generated), features(true)
+    "generated", "w1", "ks"}}} for every judged feature (drawn_features). Counts are raw (the same primaries
+    on both sides): Poisson errors apply."""
+    only = drawn_features(only)
+    gen_f, true_f = quality.features(generated, only), quality.features(true, only)
     by = {
         "energy": (
             np.log10(generated.primaries[:, 0]),

@@ -1,6 +1,7 @@
-"""What `hpctrain report` adds for muon runs: the WGAN's scalars by meaning, generated vs true per primary-energy
-bin and per zenith band (from evaluate.json's "binned", written by `hpctrain evaluate`) with ratio panels and
-W1/KS on each, and the per-bin figures as pivot tables. No torch: runs on a login node."""
+"""What `hpctrain report` adds for muon runs: the judged quality per feature and bin (quality_report.py), the
+WGAN's scalars by meaning, generated vs true per primary-energy bin and per zenith band for every judged
+feature (from evaluate.json's "binned", written by `hpctrain evaluate`) with ratio panels and W1/KS on each,
+and the per-bin figures as pivot tables. No torch: runs on a login node."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import numpy as np
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
 from hpctrain.track.report.generic import ratio_panel
 from hpctrain.track.report.panels import figure, fmt, legend_outside
+from hpctrain.workloads.muons.quality_report import quality_panels, quality_table
 
 FEATURES = {  # name -> (axis label, unit)
     "multiplicity": ("muons per event", "count"),
     "energy": ("muon energy", "GeV"),
     "lateral_distance": ("lateral distance", "m"),
+    "energy_sum": ("energy sum", "GeV"),  # per event
+    "centre_radius": ("centre radius", "m"),  # of the bundle's centre from the axis, per event
+    "spread": ("spread", "m"),  # rms distance of the muons from the bundle's centre, per event
 }
+PER_MUON = ("energy", "lateral_distance")  # one value per muon; the others one per event
 BY = {"energy": ("log10(E_primary / GeV)", "primary-energy bin"), "zenith": ("zenith [deg]", "zenith band")}
 
 
@@ -44,7 +50,7 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     width = 230 * cols + 130
     fig, axes = figure(width, 460, 2, cols, layout=None, sharex=True, height_ratios=[3, 1])
     fig.subplots_adjust(
-        left=55 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
+        left=70 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
     )
     for col, panel in enumerate(panels):
         ax, ratio_ax = axes[0, col], axes[1, col]
@@ -68,7 +74,10 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
         )
         ratio_ax.set_xlabel(f"{label} [{unit}]")
         if col == 0:
-            ax.set_ylabel("muons per bin" if name != "multiplicity" else "events per unit N")
+            ax.set_ylabel(
+                "muons per bin" if name in PER_MUON else "events per unit N" if name == "multiplicity" else
+                "events per bin"
+            )  # fmt: skip
         else:
             ratio_ax.set_ylabel("")
     legend_outside(axes[0, -1])
@@ -114,4 +123,7 @@ def pivot_tables(data: RunData) -> list[Table]:
     return tables
 
 
-REPORT = WorkloadReport(groups=groups, panels=(binned_panels,), tables=(pivot_tables,))
+# What the judgement says first (evaluate.json's "quality"), then the histograms behind it.
+REPORT = WorkloadReport(
+    groups=groups, panels=(quality_panels, binned_panels), tables=(quality_table, pivot_tables)
+)
