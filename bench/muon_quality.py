@@ -104,9 +104,7 @@ def main() -> None:
         default=str(REPO / "configs" / "muons.yaml"),
         help="the muon config (default configs/muons.yaml)",
     )
-    parser.add_argument(
-        "--minutes", type=float, default=6.0, help="time cap per training (default 6)"
-    )
+    parser.add_argument("--minutes", type=float, default=6.0, help="time cap per training (default 6)")
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
     parser.add_argument("--eval-events", type=int, default=10000, help="fresh truth events compared")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per training")

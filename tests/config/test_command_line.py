@@ -222,7 +222,13 @@ def test_doc_lists_keys_with_type_default_and_description(tmp_path: Path) -> Non
     assert "slurm.time (str, default '01:00:00'):" in everything and "model.hidden (list[int]" in everything
     assert "model.latent_global" not in everything  # the configured model.type (regression) only
     muons = hpctrain(
-        "config", "show", "--config", str(ROOT / "configs" / "muons_wgan.yaml"), "--doc", "model", cwd=tmp_path
+        "config",
+        "show",
+        "--config",
+        str(ROOT / "configs" / "muons_wgan.yaml"),
+        "--doc",
+        "model",
+        cwd=tmp_path,
     )
     assert "model.latent_global (int, default 32)" in muons.out and "model.dropout" not in muons.out
     every = hpctrain("config", "show", "--doc", "model", "--all-types", cwd=tmp_path).out

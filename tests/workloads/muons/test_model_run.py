@@ -249,7 +249,7 @@ FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {h
 def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]
 ):
-    from hpctrain.workloads.muons.task import MuonFlowTask
+    from hpctrain.workloads.muons.likelihood import MuonFlowTask
 
     whole = tmp_path / "whole"
     assert run(make_cfg(data, whole, *extra), ClusterEnv()) == EXIT_OK
@@ -282,7 +282,12 @@ def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
 
 def test_muon_nll_weight_needs_the_flow_head(tmp_path: Path):
     done = hpctrain(
-        "config", "show", "-c", "configs/muons_wgan.yaml", "model.muon_head=mlp", "model.muon_nll_weight=1",
+        "config",
+        "show",
+        "-c",
+        "configs/muons_wgan.yaml",
+        "model.muon_head=mlp",
+        "model.muon_nll_weight=1",
         cwd=Path(__file__).parents[3],
     )
     assert done.code == 2 and "muon_nll_weight=1 needs muon_head=flow" in done.err

@@ -295,8 +295,11 @@ WORKLOAD = WorkloadSpec(
     # model.type -> (config, "module:TaskClass")
     models={
         "muon_wgan": (MuonWGANConfig, "hpctrain.workloads.muons.task:MuonWGANTask"),
-        "muon_flow": (MuonFlowConfig, "hpctrain.workloads.muons.task:MuonFlowTask"),
-        "muon_multiplicity": (MuonMultiplicityConfig, "hpctrain.workloads.muons.task:MuonMultiplicityTask"),
+        "muon_flow": (MuonFlowConfig, "hpctrain.workloads.muons.likelihood:MuonFlowTask"),
+        "muon_multiplicity": (
+            MuonMultiplicityConfig,
+            "hpctrain.workloads.muons.likelihood:MuonMultiplicityTask",
+        ),
     },
     data=[MuonData],
     extras={
