@@ -83,7 +83,8 @@ def measure(args: argparse.Namespace, env: dict[str, str], root: Path) -> dict[s
     for hop in hops:
         print(
             f"  hop {hop['hop']}: updates {hop['first_update']}->{hop['last_update']}, {hop['exit_reason']}, "
-            f"{hop['end'] - hop['start']:.0f} s, goodput {hop.get('goodput', 0):.2f}",
+            f"{hop['end'] - hop['start']:.0f} s, goodput {hop.get('goodput', 0):.2f}, "
+            f"start-up {hop.get('startup_seconds', float('nan')):.2f} s",
             flush=True,
         )
     lost = sum(max(b["first_update"] - a["last_update"], 0) for a, b in zip(hops, hops[1:]))
@@ -101,8 +102,11 @@ def measure(args: argparse.Namespace, env: dict[str, str], root: Path) -> dict[s
     allocated = sum(seconds(r) for r in rows)
     trained = sum(h.get("train_seconds", 0.0) for h in hops)
     goodput = trained / allocated if allocated else 0.0
+    startups = sorted(h["startup_seconds"] for h in hops if "startup_seconds" in h)
     return {
         "state": state,
+        # the job's start (SLURM_JOB_START_TIME, else the process's) to the hop's first update; median over hops
+        "startup_seconds": round(startups[len(startups) // 2], 2) if startups else None,
         "hops": len(hops),
         "updates": hops[-1]["last_update"],
         "updates_lost": lost,

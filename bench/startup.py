@@ -2,7 +2,9 @@
 
     python bench/startup.py [--rounds 5] [--no-muons]
 
-Four cases, each a new process like a job hop, against the floor `python -c 'import torch'`:
+Four cases, each a new process like a job hop, against two floors: `python -c 'import torch'`, and torch up to one
+Adam step on one parameter (`torch_first_step`: an optimizer's first step imports torch._dynamo, ~0.7 s here, in
+any PyTorch training):
 - default: `hpctrain train` (configs/debug.yaml) in a new run folder;
 - default_resume: the same command again on that folder, after the first was stopped by USR1 (as a job hop is
   stopped before its walltime): it loads the checkpoint the stop saved;
@@ -15,8 +17,8 @@ minus the time just before this script launched the process (so the fork and exe
 run gets `train.total_updates` raised far beyond the first update and is stopped by USR1 once the record is
 there, so that every case is one short hop whatever the machine's speed. The cases run in rounds (each case
 once per round, in turn); medians and the spread (min..max) are over the rounds. The LAST line printed is one
-JSON object: `*_first_update_s` medians (and `*_spread`), `import_torch_s`, `goal_default_s` (2.5) and
-`default_ratio` = goal / default median (>= 1 meets the goal), with the load average.
+JSON object: `*_first_update_s` medians (and `*_spread`), `import_torch_s`, `torch_first_step_s`, `goal_default_s`
+(2.5) and `default_ratio` = goal / default median (>= 1 meets the goal), with the load average.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 if (BIN / "hpctrain").exists():
     HPCTRAIN = [str(BIN / "hpctrain")]  # what a user (and the sbatch scripts) run
 GOAL = 2.5
-CASES = ("import_torch", "default", "default_resume", "muon", "muon_resume")
+CASES = ("import_torch", "torch_first_step", "default", "default_resume", "muon", "muon_resume")
 
 
 def _env() -> dict[str, str]:
@@ -48,9 +50,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-def import_torch() -> float:
+# The two floors: torch itself, and torch up to one optimizer step (its first step imports torch._dynamo).
+FLOORS = {
+    "import_torch": "import torch",
+    "torch_first_step": "import torch; p = torch.nn.Parameter(torch.zeros(1)); o = torch.optim.Adam([p]); "
+    "p.grad = torch.ones(1); o.step()",
+}
+
+
+def floor(code: str) -> float:
     start = time.time()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True, env=_env())
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
     return time.time() - start
 
 
@@ -106,8 +116,9 @@ def one_round(tmp: Path, data: Path | None, index: int) -> dict[str, tuple[float
     runs = tmp / "runs"
     common = [f"run.out_dir={runs}", "train.total_updates=1000000"]
     out: dict[str, tuple[float, float]] = {}
-    t = import_torch()
-    out["import_torch"] = (t, t)
+    for name, code in FLOORS.items():
+        t = floor(code)
+        out[name] = (t, t)
     default = [*common, f"run.name=default-{index}"]
     out["default"] = first_update(default, runs / f"default-{index}", 0)
     out["default_resume"] = first_update(default, runs / f"default-{index}", 1)
@@ -151,7 +162,7 @@ def main() -> int:
         outside = [r[case][0] for r in rounds]
         inside = [r[case][1] for r in rounds]
         median = statistics.median(outside)
-        key = "import_torch_s" if case == "import_torch" else f"{case}_first_update_s"
+        key = f"{case}_s" if case in FLOORS else f"{case}_first_update_s"
         summary[key] = round(median, 3)
         summary[key.removesuffix("_s") + "_spread"] = [round(min(outside), 3), round(max(outside), 3)]
         print(
@@ -162,6 +173,10 @@ def main() -> int:
     summary["default_ratio"] = round(GOAL / float(summary["default_first_update_s"]), 3)  # type: ignore[arg-type]
     summary["default_over_import_torch"] = round(
         float(summary["default_first_update_s"]) / float(summary["import_torch_s"]),  # type: ignore[arg-type]
+        3,
+    )
+    summary["default_over_torch_first_step"] = round(
+        float(summary["default_first_update_s"]) / float(summary["torch_first_step_s"]),  # type: ignore[arg-type]
         3,
     )
     summary["rounds"] = args.rounds
