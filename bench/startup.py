@@ -1,6 +1,9 @@
 """Start-up per hop: seconds from launching `hpctrain train` to its first training update, fresh and resumed.
 
-    python bench/startup.py [--rounds 5] [--no-muons]
+    python bench/startup.py [--rounds 5] [--no-muons] [--baseline-src OTHER/src]
+
+`--baseline-src`: another version's sources (e.g. `git archive REV src | tar -x -C /tmp/before`), started in the
+same rounds (PYTHONPATH first) for a before/after side by side: `*_speedup_over_baseline` = its time over ours.
 
 Four cases, each a new process like a job hop, against two floors: `python -c 'import torch'`, and torch up to one
 Adam step on one parameter (`torch_first_step`: an optimizer's first step imports torch._dynamo, ~0.7 s here, in
@@ -43,10 +46,12 @@ GOAL = 2.5
 CASES = ("import_torch", "torch_first_step", "default", "default_resume", "muon", "muon_resume")
 
 
-def _env() -> dict[str, str]:
+def _env(src: Path | None = None) -> dict[str, str]:
     # A job's variables would make the runs think they are in one; the bench's runs are plain processes.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCTRAIN_", "WANDB_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    if src is not None:  # another version's sources first on the path (--baseline-src)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -72,12 +77,18 @@ def _hop_record(run_dir: Path, hop: int) -> dict[str, object] | None:
     return hops[hop] if len(hops) > hop and "startup_seconds" in hops[hop] else None
 
 
-def first_update(args: list[str], run_dir: Path, hop: int, timeout: float = 300) -> tuple[float, float]:
+def first_update(
+    args: list[str], run_dir: Path, hop: int, src: Path | None = None, timeout: float = 300
+) -> tuple[float, float]:
     """Launch `hpctrain train ARGS`, wait for its first update's record, stop it with USR1 (it saves and exits
     75). Returns (seconds from launch to the first update, the process's own startup_seconds)."""
     start = time.time()
     proc = subprocess.Popen(
-        [*HPCTRAIN, "train", *args], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        [*HPCTRAIN, "train", *args],
+        env=_env(src),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     record = None
     try:
@@ -112,34 +123,39 @@ def _generate(data: Path) -> None:
         )  # fmt: skip
 
 
-def one_round(tmp: Path, data: Path | None, index: int) -> dict[str, tuple[float, float]]:
+def one_round(
+    tmp: Path, data: Path | None, index: int, baseline: Path | None
+) -> dict[str, tuple[float, float]]:
     runs = tmp / "runs"
     common = [f"run.out_dir={runs}", "train.total_updates=1000000"]
     out: dict[str, tuple[float, float]] = {}
     for name, code in FLOORS.items():
         t = floor(code)
         out[name] = (t, t)
-    default = [*common, f"run.name=default-{index}"]
-    out["default"] = first_update(default, runs / f"default-{index}", 0)
-    out["default_resume"] = first_update(default, runs / f"default-{index}", 1)
-    if data is not None:
-        muon = [
-            "--config",
-            str(REPO / "configs" / "muons.yaml"),
-            *common,
-            f"run.name=muon-{index}",
-            f"data.paths=[{data / 'train'}]",
-            f"data.val_paths=[{data / 'val'}]",
-        ]
-        out["muon"] = first_update(muon, runs / f"muon-{index}", 0)
-        out["muon_resume"] = first_update(muon, runs / f"muon-{index}", 1)
+    versions: list[tuple[str, Path | None]] = [("", None)] + ([("baseline_", baseline)] if baseline else [])
+    for prefix, src in versions:
+        name = f"{prefix}default-{index}"
+        out[f"{prefix}default"] = first_update([*common, f"run.name={name}"], runs / name, 0, src)
+        out[f"{prefix}default_resume"] = first_update([*common, f"run.name={name}"], runs / name, 1, src)
+    for prefix, src in versions if data is not None else []:
+        name = f"{prefix}muon-{index}"
+        muon = ["--config", str(REPO / "configs" / "muons.yaml"), *common, f"run.name={name}"]
+        muon += [f"data.paths=[{data / 'train'}]", f"data.val_paths=[{data / 'val'}]"]  # type: ignore[operator]
+        out[f"{prefix}muon"] = first_update(muon, runs / name, 0, src)
+        out[f"{prefix}muon_resume"] = first_update(muon, runs / name, 1, src)
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every case; medians are reported")
-    parser.add_argument("--no-muons", action="store_true", help="only the floor and the default job")
+    parser.add_argument("--no-muons", action="store_true", help="only the floors and the default job")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="another version's src/ folder (e.g. from `git archive`): its starts run in the same rounds, "
+        "and `*_over_baseline` ratios are reported",
+    )
     args = parser.parse_args()
     rounds: list[dict[str, tuple[float, float]]] = []
     load_before = os.getloadavg()[0]
@@ -150,15 +166,13 @@ def main() -> int:
             data = tmp / "data"
             _generate(data)
         for index in range(args.rounds):
-            rounds.append(one_round(tmp, data, index))
+            rounds.append(one_round(tmp, data, index, args.baseline_src))
             shown = ", ".join(f"{k} {v[0]:.2f}" for k, v in rounds[-1].items())
             print(f"round {index + 1}/{args.rounds}: {shown} (load {os.getloadavg()[0]:.2f})", flush=True)
     load_after = os.getloadavg()[0]
     summary: dict[str, object] = {}
-    print(f"\n{'case':16s} {'first update s':>14s} {'spread':>13s} {'in-process s':>13s}")
-    for case in CASES:
-        if case not in rounds[0]:
-            continue
+    print(f"\n{'case':24s} {'first update s':>14s} {'spread':>13s} {'in-process s':>13s}")
+    for case in [c for c in CASES if c in rounds[0]] + [c for c in rounds[0] if c not in CASES]:
         outside = [r[case][0] for r in rounds]
         inside = [r[case][1] for r in rounds]
         median = statistics.median(outside)
@@ -166,9 +180,14 @@ def main() -> int:
         summary[key] = round(median, 3)
         summary[key.removesuffix("_s") + "_spread"] = [round(min(outside), 3), round(max(outside), 3)]
         print(
-            f"{case:16s} {median:14.2f} {min(outside):6.2f}..{max(outside):<6.2f}"
+            f"{case:24s} {median:14.2f} {min(outside):6.2f}..{max(outside):<6.2f}"
             f"{statistics.median(inside):13.2f}"
         )
+    for case in CASES[2:] if args.baseline_src else []:
+        if f"baseline_{case}" in rounds[0]:  # ratio within each round, then the median: baseline over ours
+            ratios = [r[f"baseline_{case}"][0] / r[case][0] for r in rounds]
+            summary[f"{case}_speedup_over_baseline"] = round(statistics.median(ratios), 3)
+            summary[f"{case}_speedup_over_baseline_spread"] = [round(min(ratios), 3), round(max(ratios), 3)]
     summary["goal_default_s"] = GOAL
     summary["default_ratio"] = round(GOAL / float(summary["default_first_update_s"]), 3)  # type: ignore[arg-type]
     summary["default_over_import_torch"] = round(
