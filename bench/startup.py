@@ -64,9 +64,16 @@ FLOORS = {
 
 
 def floor(code: str) -> float:
+    """Seconds from launching `python -c CODE` to the end of CODE (not to the exit: torch's teardown would count)."""
     start = time.time()
-    subprocess.run([sys.executable, "-c", code], check=True, env=_env())
-    return time.time() - start
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}; import time; print(time.time())"],
+        check=True,
+        env=_env(),
+        capture_output=True,
+        text=True,
+    )
+    return float(done.stdout.split()[-1]) - start
 
 
 def _hop_record(run_dir: Path, hop: int) -> dict[str, object] | None:
