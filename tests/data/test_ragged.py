@@ -71,3 +71,19 @@ def test_take_ragged_equals_the_row_gather() -> None:
         out = np.full_like(expected, -1.0)
         take_ragged(values, offsets, index, out, np.empty(7, dtype=np.int64))
         assert np.array_equal(out, expected)
+
+
+def test_numbers_are_buffer_views_that_respect_slices_and_nulls() -> None:
+    from hpctrain.data.ragged import numbers
+
+    array = pa.array(np.arange(10, dtype=np.float32))
+    part = numbers(array.slice(3, 4))
+    assert part.dtype == np.float32 and part.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert not part.flags.writeable  # a view of Arrow's buffer, as to_numpy's zero copy
+    chunked = pa.chunked_array([pa.array([1, 2], pa.int32()), pa.array([3], pa.int32())])
+    assert numbers(chunked).tolist() == [1, 2, 3]
+    assert numbers(pa.array([], pa.int64())).shape == (0,)
+    with_null = numbers(pa.array([1.0, None, 3.0]))  # nulls: pyarrow's own copy (NaN for the null)
+    assert with_null[0] == 1.0 and np.isnan(with_null[1])
+    lists = pa.array([[1.0], [2.0, 3.0], []]).slice(1)
+    assert numbers(lists.offsets).tolist() == [1, 3, 3]  # the offsets of a slice start where it starts

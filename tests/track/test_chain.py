@@ -32,3 +32,20 @@ def test_goodput_per_hop_and_for_the_run(tmp_path: Path) -> None:
 def test_process_start_time_is_before_now() -> None:
     start = process_start_time()
     assert time.time() - 3600 < start <= time.time()
+
+
+def test_first_update_is_recorded_once_per_hop_and_written_at_once(tmp_path: Path) -> None:
+    chain = ChainLog(tmp_path)
+    chain.first_update_done()  # no hop open (e.g. ranks > 0 or before fit): nothing to record
+    assert not (tmp_path / "chain.json").exists()
+    chain.open_hop(None, "n1", 0, 1)
+    chain.first_update_done()
+    written = json.loads((tmp_path / "chain.json").read_text())[0]["startup_seconds"]
+    assert 0 <= written < 3600
+    chain.first_update_done()  # a later call keeps the first
+    assert json.loads((tmp_path / "chain.json").read_text())[0]["startup_seconds"] == written
+    hop = chain.close_hop(5, 0.1, "finished")
+    assert hop["startup_seconds"] == written
+    nxt = ChainLog(tmp_path)
+    nxt.open_hop(None, "n1", 5, 1)  # the next hop starts without one until its own first update
+    assert "startup_seconds" not in json.loads((tmp_path / "chain.json").read_text())[1]

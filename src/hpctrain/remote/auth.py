@@ -10,11 +10,12 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.remote import PelicanConfig
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 def resolve_token(pelican: PelicanConfig | None, env: dict[str, str] | None = None) -> str | None:
@@ -70,6 +71,8 @@ def ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
 
 async def make_client(ssl_ctx: ssl.SSLContext | None, timeout: float, **kwargs: Any) -> aiohttp.ClientSession:
     """fsspec's get_client with our CA and a stall timeout (no total limit: big files take long)."""
+    import aiohttp  # here: ~0.1 s that a run without remote files (and every token check) need not pay
+
     connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else True)
     kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
     return aiohttp.ClientSession(connector=connector, **kwargs)

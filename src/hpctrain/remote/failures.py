@@ -9,8 +9,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Literal
 
-import aiohttp
-
 Kind = Literal["transient", "bad", "fatal"]
 
 
@@ -39,6 +37,7 @@ def classify_failure(err: BaseException, fs: Any, path: str, scrub: Callable[[st
     transient: retry (refused, reset, timeout, 5xx, cut transfer); bad: this file (404, 403); fatal: the
     setup (certificate, scratch full) - every file would fail the same way.
     """
+    import aiohttp  # here, like the clients below: a run that never fails a remote read never loads them
     from aiowebdav2 import exceptions as dav
     from pelicanfs.exceptions import InvalidMetadata, NoAvailableSource
 
@@ -88,6 +87,7 @@ def classify_failure(err: BaseException, fs: Any, path: str, scrub: Callable[[st
 
 def probe_caches(fs: Any, path: str) -> tuple[Kind, str]:
     """Why no cache serves `path`: ask the director and the caches it names (pelicanfs hides the status)."""
+    import aiohttp
     from fsspec.asyn import sync
     from pelicanfs.dir_header_parser import parse_director_response
 

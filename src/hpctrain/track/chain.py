@@ -29,19 +29,23 @@ def process_start_time() -> float:
     slurm_start = os.environ.get("SLURM_JOB_START_TIME", "")
     if slurm_start.isdigit():
         candidates.append(float(slurm_start))
-    try:
-        # Field 22 of /proc/self/stat: start time in clock ticks after boot; btime in /proc/stat: boot time.
-        ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
-        candidates.append(boot + ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        pass
+    age = process_age()
+    if age is not None:
+        candidates.append(now - age)
     # A start more than a week ago is a clock or parsing problem, not a real job (SLURM caps far lower).
     return min(c for c in candidates if now - c < 86400 * 7)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux /proc, to 10 ms; None elsewhere). Field 22 of /proc/self/stat
+    is the start in clock ticks after boot, /proc/uptime the seconds since boot to 10 ms: the boot time in
+    /proc/stat is whole seconds, up to a second off for a start-up that takes two."""
+    try:
+        ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -104,6 +108,15 @@ class ChainLog:
         if self.current is None:
             return
         self.current.update(last_update=last_update, train_seconds=train_seconds, last_seen=time.time())
+        write_json(self.path, self.hops)
+
+    def first_update_done(self) -> None:
+        """Once per hop, when its first update is done: `startup_seconds` from the hop's start (the job's or the
+        process's) to then, the price of a hop's start. Written at once (one small file, once per hop): `status`
+        and bench/startup.py see it while the hop runs, and a hop killed later keeps it."""
+        if self.current is None or "startup_seconds" in self.current:
+            return
+        self.current["startup_seconds"] = time.time() - self.current["start"]
         write_json(self.path, self.hops)
 
     def close_hop(self, last_update: int, train_seconds: float, reason: str) -> dict[str, Any]:

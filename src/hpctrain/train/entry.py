@@ -89,6 +89,7 @@ def _train(
     verbose: bool,
 ) -> int:
     from hpctrain.runtime.budget import TimeBudget
+    from hpctrain.train.first_update import on_first_update
     from hpctrain.train.trainer import Trainer
 
     say = out.say
@@ -103,6 +104,9 @@ def _train(
         built.append(Trainer(cfg, task, env, run_dir, budget))
         trainer = built[0]
         trainer.build()
+    # chain.json's startup_seconds: the hop's start to its first update (chain is read when that comes: the
+    # resume may replace it).
+    on_first_update(trainer.optimizers, lambda: trainer.chain.first_update_done())
     _describe(cfg, env, trainer, budget, run_dir, say)
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()

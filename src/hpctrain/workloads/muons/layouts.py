@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows
+from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows, numbers
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
 from hpctrain.workloads.muons import file_cache, first_batch
@@ -276,10 +276,7 @@ class ParquetReader:
         ids = None
         if self.layout == "parquet":
             ids = np.stack(
-                [
-                    table.column(n).to_numpy().astype(np.int64)
-                    for n in ("primary_major_id", "primary_minor_id")
-                ],
+                [numbers(table.column(n)).astype(np.int64) for n in ("primary_major_id", "primary_minor_id")],
                 axis=1,
             ).reshape(-1, 2)
         events = _select(self.layout, raw_prim.reshape(-1, pwidth), raw_muons, counts, ids)
