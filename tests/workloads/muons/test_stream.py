@@ -295,3 +295,20 @@ def test_proven_muons_are_not_checked_again_unless_the_file_changed(tmp_path: Pa
     finally:
         decode.muons_fine = decode_fine  # type: ignore[assignment]
         stream.close()
+
+
+def test_a_file_truncated_in_place_while_open_is_one_line(tmp_path: Path) -> None:
+    """A file cut short in place while its reader is open (a copy over it, a full disk) fails with one line
+    naming it: read, never memory-mapped (a mapped file cut short kills the process with SIGBUS)."""
+    path = tmp_path / "f.parquet"
+    layouts.write_events(str(path), synthetic_events(400, 1, 0), "parquet", 100)
+    stream = event_stream([str(path)], 50, seed=0, shuffle=False)
+    try:
+        it = stream.epoch_batches(0, 0)
+        next(it)  # the reader is open now
+        with open(path, "r+b") as fh:
+            fh.truncate(os.path.getsize(path) // 3)
+        with pytest.raises(UserError, match=r"f\.parquet: .*on_bad_file=skip"):
+            list(it)
+    finally:
+        stream.close()
