@@ -312,3 +312,17 @@ def test_a_file_truncated_in_place_while_open_is_one_line(tmp_path: Path) -> Non
             list(it)
     finally:
         stream.close()
+
+
+def test_units_proven_in_workers_are_remembered_by_the_main_process(tmp_path: Path) -> None:
+    """Workers that are not persistent end with each epoch: the units they proved come back with their
+    results, so the next epoch's workers (forked from the main process's data set) start knowing them."""
+    path = tmp_path / "f.parquet"
+    layouts.write_events(str(path), synthetic_events(200, 1, 0), "parquet", 100)
+    stream = event_stream([str(path)], 50, seed=0, shuffle_window=100, num_workers=1)
+    try:
+        assert not stream._dataset._proven
+        list(stream.epoch_batches(0, 0))
+        assert {(f, u, rows) for f, u, rows, _ in stream._dataset._proven} == {(0, 0, 100), (0, 1, 100)}
+    finally:
+        stream.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -249,4 +250,10 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             data, offsets, row, where + start, self._scratch, self._recycled, lent
         )
         slot = item.loan.slot if item.loan is not None else -1
-        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent)
+        proofs = tuple(decoded.keys) if proven else ()  # for the main process to remember (see remember)
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent, proofs)
+
+    def remember(self, proven: tuple[Any, ...]) -> None:
+        """Main side: units a worker proved fine. Workers started later (not persistent: every epoch) are
+        forked from this object, so they begin with what the earlier ones proved."""
+        self._proven.update(proven)

@@ -33,7 +33,9 @@ class ItemResult:
     DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy;
     when it is the buffer lent with the item (`in_slot`), only its slot number travels.
 
-    `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it."""
+    `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it.
+    `proven`: keys of the units whose muons the worker proved fine (decode.py), for the main process to remember:
+    workers that are not persistent start each epoch from its copy."""
 
     events: MuonBatch
     sizes: list[PieceSize]
@@ -43,9 +45,10 @@ class ItemResult:
     buffer: torch.Tensor | None = None
     slot: int = -1
     in_slot: bool = False
+    proven: tuple[Any, ...] = ()
 
     def _head(self) -> tuple[Any, ...]:
-        return self.sizes, self.stats, self.epoch, self.chunk, self.slot
+        return self.sizes, self.stats, self.epoch, self.chunk, self.slot, self.proven
 
     def __reduce__(self) -> tuple[Any, ...]:
         shape = (len(self.events), self.events.num_muons)
@@ -105,24 +108,38 @@ def _rebuild_item(
     epoch: int,
     chunk: int,
     slot: int = -1,
+    proven: tuple[Any, ...] = (),
 ) -> ItemResult:
-    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer, slot)
+    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer, slot, proven=proven)
 
 
 def _rebuild_plain(
-    events: MuonBatch, sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
+    events: MuonBatch,
+    sizes: list[PieceSize],
+    stats: dict[str, int],
+    epoch: int,
+    chunk: int,
+    slot: int,
+    proven: tuple[Any, ...] = (),
 ) -> ItemResult:
-    return ItemResult(events, sizes, stats, epoch, chunk, None, slot)
+    return ItemResult(events, sizes, stats, epoch, chunk, None, slot, proven=proven)
 
 
 def _rebuild_lent(
-    shape: tuple[int, int], sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
+    shape: tuple[int, int],
+    sizes: list[PieceSize],
+    stats: dict[str, int],
+    epoch: int,
+    chunk: int,
+    slot: int,
+    proven: tuple[Any, ...] = (),
 ) -> ItemResult:
     """A result written into the buffer lent with its item, in the main process: every tensor is made from the
     main process's own view of that buffer, whose reference count then tells when it is free again."""
     buffer = torch.from_numpy(lent_buffers.returned(slot))
     nbytes = packed_size(*shape)
-    return ItemResult(from_buffer(buffer[:nbytes], *shape), sizes, stats, epoch, chunk, buffer, slot, True)
+    events = from_buffer(buffer[:nbytes], *shape)
+    return ItemResult(events, sizes, stats, epoch, chunk, buffer, slot, True, proven)
 
 
 class Recycled:
