@@ -72,8 +72,9 @@ def raw(files: list[str]) -> tuple[int, int]:
 
 def loader(
     files: list[str], workers: int, batch_size: int, passes: int, shuffle: bool = True
-) -> tuple[int, int, float, float, float]:
-    """Epoch 0 untimed (workers start), then `passes` epochs: (events, muons, seconds, CPU s, first epoch s)."""
+) -> tuple[int, int, float, float, float, float]:
+    """Epoch 0 untimed (workers start), then `passes` epochs: (events, muons, seconds, CPU s, first epoch s,
+    CPU s of the main process alone: with workers, its share is the part that does not scale with them)."""
     from hpctrain.workloads.muons.spec import MuonData
     from hpctrain.workloads.muons.stream import EventStream
 
@@ -91,15 +92,20 @@ def loader(
         for _ in stream.epoch_batches(0, 0):
             pass
         first = time.perf_counter() - t0
-        start, cpu = time.perf_counter(), _tree_cpu()
+        start, cpu, main = time.perf_counter(), _tree_cpu(), _own_cpu()
         for epoch in range(1, passes + 1):
             for batch, _ in stream.epoch_batches(epoch, 0):
                 events += len(batch)
                 muons += batch.num_muons
-        seconds, cpu = time.perf_counter() - start, _tree_cpu() - cpu
+        seconds, cpu, main = time.perf_counter() - start, _tree_cpu() - cpu, _own_cpu() - main
     finally:
         stream.close()
-    return events, muons, seconds, cpu, first
+    return events, muons, seconds, cpu, first, main
+
+
+def _own_cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
 
 
 def upstream(files: list[str], batch_size: int, limit: int) -> tuple[int, int]:
@@ -205,7 +211,7 @@ def phase(args: argparse.Namespace) -> None:
     name, passes = args.phase, args.passes
     if name.startswith("loader"):
         workers = 0 if name == "loader0_ordered" else int(name.removeprefix("loader"))
-        events, muons, seconds, cpu, first = loader(
+        events, muons, seconds, cpu, first, main = loader(
             files, workers, args.batch_size, passes, shuffle=name != "loader0_ordered"
         )
     else:
@@ -226,6 +232,7 @@ def phase(args: argparse.Namespace) -> None:
         else:
             events, muons = upstream_rewrite(files, args.batch_size, args.upstream_events)
         seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu
+        main = cpu
     print(
         json.dumps(
             {
@@ -234,6 +241,7 @@ def phase(args: argparse.Namespace) -> None:
                 "seconds": seconds,
                 "cpu_s": cpu,
                 "first_pass_s": first,
+                "main_cpu_share": main / cpu if cpu else 1.0,
                 "peak_rss_mb": _peak_mb(),
             }
         )
@@ -337,6 +345,8 @@ def main() -> int:
             f"{med['first_pass_s']:.2f} s)",
             flush=True,
         )
+    for name in ("loader1", "loader2"):  # what does not scale with the workers: the main process's part
+        print(f"{name}: main process {results[name]['main_cpu_share']:.1%} of the phase's CPU seconds")
     summary: dict[str, object] = {"results": results}
     for key, (ours, base, unit) in RATIOS.items():
         median, spread = _median_spread([rnd[ours][unit] / rnd[base][unit] for rnd in rounds])
