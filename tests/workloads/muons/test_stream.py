@@ -231,21 +231,21 @@ def test_kept_batches_are_never_overwritten(muon_files: list[str]) -> None:
 
 @pytest.mark.parametrize("rows", [1, 5, 1023, 1024, 1025, 3000])
 def test_the_fast_muon_check_misses_no_bad_value(rows: int) -> None:
-    """The per-column min/max proof (outliers._muons_fine) accepts good muons and rejects a zero, negative,
+    """The per-column min/max proof (outliers.muons_fine) accepts good muons and rejects a zero, negative,
     NaN or infinite energy and a NaN or infinite x/y, wherever it sits (also in the rows beyond the last
     full fold of 1024)."""
-    from hpctrain.workloads.muons.outliers import _muons_fine
+    from hpctrain.workloads.muons.outliers import muons_fine
 
     good = np.random.default_rng(rows).random((rows, 3), dtype=np.float32) + 0.5
     good[:, 1:] -= 1.0  # x, y of either sign
-    assert _muons_fine(good)
+    assert muons_fine(good)
     bad_values = {0: [0.0, -0.0, -1.0, np.nan, np.inf, -np.inf], 1: [np.nan, np.inf, -np.inf]}
     for col, values in bad_values.items():
         for value in values:
             for row in {0, rows // 2, rows - 1}:
                 muons = good.copy()
                 muons[row, col if col == 0 else 2 - row % 2] = value
-                assert not _muons_fine(muons), (col, value, row)
+                assert not muons_fine(muons), (col, value, row)
 
 
 @pytest.mark.parametrize(("first", "then"), [("parquet", "parquet-legacy"), ("parquet-legacy", "parquet")])
@@ -260,5 +260,69 @@ def test_a_file_rewritten_in_another_layout_is_one_line(tmp_path: Path, first: s
         layouts.write_events(str(path), events, then, 100)
         with pytest.raises(UserError, match=r"f\.parquet: .*on_bad_file=skip"):
             take(stream, 1)
+    finally:
+        stream.close()
+
+
+def test_proven_muons_are_not_checked_again_unless_the_file_changed(tmp_path: Path) -> None:
+    """A unit whose muons were proven fine is not proven again in a later epoch (0 workers: the same data
+    set object), and a file rewritten with a bad muon between epochs (same row groups) is still caught."""
+    from hpctrain.workloads.muons import decode
+
+    path = tmp_path / "f.parquet"
+    events = synthetic_events(200, 1, 0)
+    layouts.write_events(str(path), events, "parquet", 100)
+    proofs: list[int] = []
+
+    def counted(muons: np.ndarray) -> bool:
+        proofs.append(len(muons))
+        return decode_fine(muons)
+
+    decode_fine = decode.muons_fine
+    stream = event_stream([str(path)], 50, seed=0, shuffle_window=100)
+    try:
+        decode.muons_fine = counted  # type: ignore[assignment]
+        list(stream.epoch_batches(0, 0))
+        assert len(proofs) == 2  # one proof per chunk (a row group each)
+        list(stream.epoch_batches(1, 0))
+        assert len(proofs) == 2  # remembered: no second proof
+        nonempty = np.flatnonzero(events.counts > 0)
+        events.muons[events.offsets[nonempty[0]], 0] = -1.0  # a negative energy, same row groups
+        layouts.write_events(str(path), events, "parquet", 100)
+        stream._dataset.close()  # the next read opens the rewritten file (a new inode and mtime)
+        with pytest.raises(UserError, match=r"f\.parquet: event at row \d+ .*on_bad_event=skip"):
+            list(stream.epoch_batches(2, 0))
+    finally:
+        decode.muons_fine = decode_fine  # type: ignore[assignment]
+        stream.close()
+
+
+def test_a_file_truncated_in_place_while_open_is_one_line(tmp_path: Path) -> None:
+    """A file cut short in place while its reader is open (a copy over it, a full disk) fails with one line
+    naming it: read, never memory-mapped (a mapped file cut short kills the process with SIGBUS)."""
+    path = tmp_path / "f.parquet"
+    layouts.write_events(str(path), synthetic_events(400, 1, 0), "parquet", 100)
+    stream = event_stream([str(path)], 50, seed=0, shuffle=False)
+    try:
+        it = stream.epoch_batches(0, 0)
+        next(it)  # the reader is open now
+        with open(path, "r+b") as fh:
+            fh.truncate(os.path.getsize(path) // 3)
+        with pytest.raises(UserError, match=r"f\.parquet: .*on_bad_file=skip"):
+            list(it)
+    finally:
+        stream.close()
+
+
+def test_units_proven_in_workers_are_remembered_by_the_main_process(tmp_path: Path) -> None:
+    """Workers that are not persistent end with each epoch: the units they proved come back with their
+    results, so the next epoch's workers (forked from the main process's data set) start knowing them."""
+    path = tmp_path / "f.parquet"
+    layouts.write_events(str(path), synthetic_events(200, 1, 0), "parquet", 100)
+    stream = event_stream([str(path)], 50, seed=0, shuffle_window=100, num_workers=1)
+    try:
+        assert not stream._dataset._proven
+        list(stream.epoch_batches(0, 0))
+        assert {(f, u, rows) for f, u, rows, _ in stream._dataset._proven} == {(0, 0, 100), (0, 1, 100)}
     finally:
         stream.close()

@@ -8,8 +8,10 @@ in batch order into one ItemResult.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -20,7 +22,7 @@ from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
 from hpctrain.workloads.muons.item_result import ItemError, ItemResult, Recycled, gather
-from hpctrain.workloads.muons.outliers import EventRules
+from hpctrain.workloads.muons.outliers import EventRules, muons_fine
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 _OPEN_FILES = 4  # readers kept open per worker
@@ -58,6 +60,7 @@ class Decoded:
         np.ndarray
     )  # (units of the chunk,) first row of each unit in `events` (-1: not decoded or unreadable)
     sources: list[tuple[int, int]]  # (file, unit) of each decoded unit, in order
+    keys: list[tuple[int, int, int, tuple[int, int, int]]]  # (file, unit, rows, file identity) of each
 
 
 class ChunkDataset(Dataset[ItemResult | ItemError]):
@@ -74,6 +77,11 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         self._scratch = np.empty(0, dtype=np.int64)
         self._recycled = Recycled()
         self._borrowed = Borrowed()
+        # Units whose muons were proven fine (outliers.muons_fine), keyed by (file, unit, rows, the file's
+        # identity when opened: inode, size, mtime): a later epoch checks only their primaries. The proof is
+        # two passes over the muons (~10% of a shuffled epoch's CPU); a file rewritten since gets a new key.
+        self._proven: set[tuple[int, int, int, tuple[int, int, int]]] = set()
+        self._identity: dict[int, tuple[int, int, int]] = {}
 
     def __len__(self) -> int:
         return self.index.total
@@ -106,6 +114,8 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         # the layout the index found (remote files: only the family is known before staging: detect it)
         known = None if self.index.remote[f] else self.index.layouts[f]
         reader = layouts.open_reader(path, self.read.hdf5_unit_events, known)
+        st = os.stat(path)
+        self._identity[f] = (st.st_ino, st.st_size, st.st_mtime_ns)
         expected = self.index.expected_rows[f]
         if list(reader.unit_rows) != expected:
             reader.close()
@@ -169,7 +179,7 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
 
     def _decode(self, units: list[Unit], need: np.ndarray, stats: dict[str, int]) -> Decoded:
         """The units `need` (indices into `units`) decoded and concatenated."""
-        parts, sources = [], []
+        parts, sources, keys = [], [], []
         base = np.full(len(units), -1, dtype=np.int64)
         rows_so_far = 0
         for j in need:
@@ -181,7 +191,18 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             rows_so_far += len(unit_events)
             parts.append(unit_events)
             sources.append((f, u))
-        return Decoded(layouts.concat_events(parts), base, sources)
+            keys.append((f, u, rows, self._identity[f]))
+        return Decoded(layouts.concat_events(parts), base, sources, keys)
+
+    def _muons_proven(self, decoded: Decoded) -> bool:
+        """Whether every decoded muon is fine: known from an earlier epoch, or proven now (and remembered)."""
+        if all(k in self._proven for k in decoded.keys):
+            return True
+        muons = decoded.events.muons
+        if not len(muons) or muons_fine(muons):
+            self._proven.update(decoded.keys)
+            return True
+        return False
 
     def _source(self, decoded: Decoded, row: int) -> tuple[str, int]:
         """(file, row in file) of a row of the decoded concatenation."""
@@ -205,7 +226,10 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         decoded = self._decode(at.units, np.unique(at.unit), stats)
         data = decoded.events
         offsets = data.offsets
-        keep_all = self.rules.keep(data, offsets, item.epoch, lambda r: self._source(decoded, r), stats)
+        proven = self._muons_proven(decoded)
+        keep_all = self.rules.keep(
+            data, offsets, item.epoch, lambda r: self._source(decoded, r), stats, proven
+        )
         # `row`: each wanted event's row in the decoded concatenation (dropped: unit unreadable or filtered)
         row = decoded.base[at.unit] + (at.wanted - at.unit_starts[at.unit])
         ok = decoded.base[at.unit] >= 0
@@ -226,4 +250,10 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             data, offsets, row, where + start, self._scratch, self._recycled, lent
         )
         slot = item.loan.slot if item.loan is not None else -1
-        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent)
+        proofs = tuple(decoded.keys) if proven else ()  # for the main process to remember (see remember)
+        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent, proofs)
+
+    def remember(self, proven: tuple[Any, ...]) -> None:
+        """Main side: units a worker proved fine. Workers started later (not persistent: every epoch) are
+        forked from this object, so they begin with what the earlier ones proved."""
+        self._proven.update(proven)

@@ -33,7 +33,9 @@ class ItemResult:
     DataLoader worker) then ships that one buffer, whose shared memory the main process maps without a copy;
     when it is the buffer lent with the item (`in_slot`), only its slot number travels.
 
-    `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it."""
+    `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it.
+    `proven`: keys of the units whose muons the worker proved fine (decode.py), for the main process to remember:
+    workers that are not persistent start each epoch from its copy."""
 
     events: MuonBatch
     sizes: list[PieceSize]
@@ -43,25 +45,27 @@ class ItemResult:
     buffer: torch.Tensor | None = None
     slot: int = -1
     in_slot: bool = False
+    proven: tuple[Any, ...] = ()
 
     def _head(self) -> tuple[Any, ...]:
-        return self.sizes, self.stats, self.epoch, self.chunk, self.slot
+        """Everything but the events and their buffer (what `_result` takes back)."""
+        return self.sizes, self.stats, self.epoch, self.chunk, self.slot, self.proven
 
     def __reduce__(self) -> tuple[Any, ...]:
         shape = (len(self.events), self.events.num_muons)
         if self.in_slot:
-            return (_rebuild_lent, (shape, *self._head()))
+            return (_rebuild_lent, (shape, self._head()))
         if self.buffer is None:
-            return (_rebuild_plain, (self.events, *self._head()))
-        return (_rebuild_item, (self.buffer, shape, *self._head()))
+            return (_result, (self.events, self._head()))
+        return (_rebuild_item, (self.buffer, shape, self._head()))
 
     def pin_memory(self) -> ItemResult:
         """Page-locked copies (the lent buffer, if any, is free again once this result is dropped)."""
         if self.buffer is None:
-            pinned = _rebuild_plain(self.events.pin_memory(), *self._head())
+            pinned = _result(self.events.pin_memory(), self._head())
         else:
             shape = (len(self.events), self.events.num_muons)
-            pinned = _rebuild_item(self.buffer.pin_memory(), shape, *self._head())
+            pinned = _rebuild_item(self.buffer.pin_memory(), shape, self._head())
         pinned.in_slot = self.in_slot
         return pinned
 
@@ -97,32 +101,24 @@ class ItemError:
     message: str
 
 
-def _rebuild_item(
-    buffer: torch.Tensor,
-    shape: tuple[int, int],
-    sizes: list[PieceSize],
-    stats: dict[str, int],
-    epoch: int,
-    chunk: int,
-    slot: int = -1,
+def _result(
+    events: MuonBatch, head: tuple[Any, ...], buffer: torch.Tensor | None = None, in_slot: bool = False
 ) -> ItemResult:
-    return ItemResult(from_buffer(buffer, *shape), sizes, stats, epoch, chunk, buffer, slot)
+    """An ItemResult from its events, `ItemResult._head()` and the buffer the events are views into."""
+    sizes, stats, epoch, chunk, slot, proven = head
+    return ItemResult(events, sizes, stats, epoch, chunk, buffer, slot, in_slot, proven)
 
 
-def _rebuild_plain(
-    events: MuonBatch, sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
-) -> ItemResult:
-    return ItemResult(events, sizes, stats, epoch, chunk, None, slot)
+def _rebuild_item(buffer: torch.Tensor, shape: tuple[int, int], head: tuple[Any, ...]) -> ItemResult:
+    return _result(from_buffer(buffer, *shape), head, buffer)
 
 
-def _rebuild_lent(
-    shape: tuple[int, int], sizes: list[PieceSize], stats: dict[str, int], epoch: int, chunk: int, slot: int
-) -> ItemResult:
+def _rebuild_lent(shape: tuple[int, int], head: tuple[Any, ...]) -> ItemResult:
     """A result written into the buffer lent with its item, in the main process: every tensor is made from the
     main process's own view of that buffer, whose reference count then tells when it is free again."""
-    buffer = torch.from_numpy(lent_buffers.returned(slot))
+    buffer = torch.from_numpy(lent_buffers.returned(head[4]))  # head[4]: the slot
     nbytes = packed_size(*shape)
-    return ItemResult(from_buffer(buffer[:nbytes], *shape), sizes, stats, epoch, chunk, buffer, slot, True)
+    return _result(from_buffer(buffer[:nbytes], *shape), head, buffer, in_slot=True)
 
 
 class Recycled:

@@ -37,11 +37,20 @@ class EventRules:
     rank: int = 0  # names this rank's outlier files
 
     def keep(
-        self, data: layouts.Events, offsets: np.ndarray, epoch: int, locate: Locate, stats: dict[str, int]
+        self,
+        data: layouts.Events,
+        offsets: np.ndarray,
+        epoch: int,
+        locate: Locate,
+        stats: dict[str, int],
+        muons_proven: bool | None = None,
     ) -> np.ndarray:
-        """(events,) bool: events kept after the bad-event, outlier and empty-event rules; counts in `stats`."""
+        """(events,) bool: events kept after the bad-event, outlier and empty-event rules; counts in `stats`.
+
+        `muons_proven`: whether muons_fine holds for `data.muons`, when the caller knows (True: only the
+        primaries are checked; False: the muons are checked event by event; None: proven here first)."""
         keep = np.ones(len(data), dtype=bool)
-        bad = _bad_events(data, offsets)
+        bad = _bad_events(data, offsets, muons_proven)
         if bad.any():
             if self.on_bad_event != "skip":
                 first = int(np.flatnonzero(bad)[0])
@@ -68,11 +77,13 @@ class EventRules:
         return keep
 
 
-def _bad_events(data: layouts.Events, offsets: np.ndarray) -> np.ndarray:
+def _bad_events(data: layouts.Events, offsets: np.ndarray, muons_proven: bool | None = None) -> np.ndarray:
     """(events,) bool: events with a zero, negative or non-finite energy/mass or value."""
     # Fast path: when the per-column extremes prove every muon fine, only the primaries need checking.
     muons = data.muons
-    if len(muons) and _muons_fine(muons):
+    if muons_proven is None:
+        muons_proven = len(muons) > 0 and muons_fine(muons)
+    if muons_proven:
         muons = muons[:0]
     return physics.bad_events(data.primaries, muons, offsets)
 
@@ -96,7 +107,7 @@ def _column_extremes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return stacked.min(axis=0), stacked.max(axis=0)
 
 
-def _muons_fine(muons: np.ndarray) -> bool:
+def muons_fine(muons: np.ndarray) -> bool:
     """True proves every muon energy positive and finite and every x, y finite (False: look row by row).
 
     NaN propagates through min and max, so a NaN anywhere makes a comparison below False."""

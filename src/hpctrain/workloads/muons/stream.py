@@ -252,6 +252,7 @@ class EventStream:
             raise UserError(result.message)
         if self._lent is not None:
             self._lent.note(result.slot, result.in_slot, result.nbytes)
+            self._dataset.remember(result.proven)  # (0 workers: the same object proved them)
         for key, value in result.stats.items():
             self.stats[key] = self.stats.get(key, 0) + value
             # say so in the log, at most at every doubling
