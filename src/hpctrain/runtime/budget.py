@@ -33,6 +33,19 @@ REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop", 4: "data_err
 CODES = {reason: code for code, reason in REASONS.items() if reason}
 # Time-based saves are spaced so that saving takes at most this share of the wall time (see save_interval).
 SAVE_SHARE = 0.02
+# The trainer asks the budget (and the ranks agree) every `check_stride` updates, not after each one: about this
+# many seconds of training apart, at most MAX_STRIDE updates. A signal is acted on within that time, and the
+# deadline check looks that far ahead (`ahead`), so the stop still comes before the walltime.
+CHECK_SECONDS = 0.25
+MAX_STRIDE = 100
+
+
+def check_stride(step_seconds: float) -> int:
+    """Updates between two budget checks for steps of `step_seconds` (an agreed figure under DDP, so that every
+    rank takes the same stride): about CHECK_SECONDS of training; 1 before any step is measured."""
+    if step_seconds <= 0:
+        return 1
+    return max(1, min(MAX_STRIDE, int(CHECK_SECONDS / step_seconds)))
 
 
 class StopRequested(Exception):
@@ -159,8 +172,9 @@ class TimeBudget:
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
 
-    def local_stop_reason(self, eval_next: bool) -> str | None:
-        """This rank's view: a signal arrived, or the next step (and eval) plus a save would not fit."""
+    def local_stop_reason(self, eval_next: bool, ahead: int = 1) -> str | None:
+        """This rank's view: a signal arrived, or the next `ahead` steps (the updates until the budget is asked
+        again), the evaluation after the next one if `eval_next`, and a save would not fit."""
         if self.signals.received:
             return "signal"
         self.refresh_deadline()
@@ -169,7 +183,7 @@ class TimeBudget:
             return None
         # Before any evaluation was timed, guess one as 20 steps.
         eval_time = self.eval.value if self.eval.recent else 20 * self.step.value
-        need = self.step.value + (eval_time if eval_next else 0.0) + self.save.value
+        need = ahead * self.step.value + (eval_time if eval_next else 0.0) + self.save.value
         return "time_budget" if remaining < need + self.cfg.margin_seconds else None
 
     def urgent_stop_reason(self) -> str | None:

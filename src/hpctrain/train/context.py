@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -40,22 +39,25 @@ class Context:
             name: [p for group in opt.param_groups for p in group["params"]]
             for name, opt in optimizers.items()
         }
+        # Found once, not per micro-batch: the DDP wrapper of each network (under torch.compile's), if any.
+        self._ddp = {
+            name: ddp
+            for name, module in modules.items()
+            if isinstance(ddp := getattr(module, "_orig_mod", module), DistributedDataParallel)
+        }
+        self._nothing = contextlib.nullcontext()  # reusable: one for every update that needs no context
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         if self.dtype is None:
-            return contextlib.nullcontext()
+            return self._nothing
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    @contextlib.contextmanager
-    def no_sync(self, name: str, last: bool) -> Iterator[None]:
+    def no_sync(self, name: str, last: bool) -> contextlib.AbstractContextManager[None]:
         """Skip the DDP all-reduce on all but the last micro-batch of an update."""
-        module = self.modules[name]
-        ddp = getattr(module, "_orig_mod", module)
-        if last or not isinstance(ddp, DistributedDataParallel):
-            yield
-        else:
-            with ddp.no_sync():
-                yield
+        ddp = self._ddp.get(name)
+        if last or ddp is None:
+            return self._nothing
+        return ddp.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:

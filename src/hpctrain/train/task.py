@@ -192,6 +192,13 @@ class SupervisedTask(Task[C]):
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
         model = ctx.modules["model"]
+        if len(micro_batches) == 1:  # the common case: no accumulation, no extra tensor arithmetic per update
+            micro = micro_batches[0]
+            with ctx.autocast():
+                loss, metrics = self.loss(model, micro.data)
+            ctx.backward(loss)
+            ctx.optimizer_step("main")
+            return StepOutput(loss.detach(), metrics, micro.samples)
         losses, extras = [], []
         for i, micro in enumerate(micro_batches):
             with ctx.no_sync("model", last=i == len(micro_batches) - 1):
@@ -201,8 +208,6 @@ class SupervisedTask(Task[C]):
             losses.append(loss.detach())
             extras.append(metrics)
         ctx.optimizer_step("main")
-        if len(micro_batches) == 1:  # the common case: no extra tensor arithmetic per update
-            return StepOutput(losses[0], extras[0], micro_batches[0].samples)
         weights = [m.weight for m in micro_batches]
         total = sum(w * x.float() for w, x in zip(weights, losses))
         merged = {k: sum(w * e[k].float() for w, e in zip(weights, extras)) for k in extras[0]}

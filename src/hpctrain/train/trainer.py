@@ -17,7 +17,7 @@ import torch
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
-from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, watch_waits
+from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, check_stride, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
@@ -93,6 +93,11 @@ class Trainer:
         self._window_first = 1  # the update of _window[0]
         self._last_save_clock = time.monotonic()  # rank 0's clock decides time-based saves for all ranks
         self._stretch_noted = False
+        # The update after which the budget is next asked and the ranks next agree (see _plan_next_check), and
+        # the step time they agreed on last (it sets the stride: the same on every rank).
+        self._next_check = 0
+        self._step_agreed = 0.0
+        self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -226,19 +231,26 @@ class Trainer:
             watch_waits(None)
 
     def _train(self) -> str | None:
-        """Updates until the last one (None) or an agreed stop (its reason)."""
+        """Updates until the last one (None) or an agreed stop (its reason).
+
+        Per update only what every update needs: its batch, its LR, the step, the counters and the timers. The
+        rest waits for log steps (the loss window, read then) and check steps (the budget, the stop decision,
+        evaluations and saves): see _plan_next_check."""
         self._last_save_clock = time.monotonic()
         self._window_first = self.state.step + 1
+        self._next_check = self.state.step + 1
         if self.budget.eval_owed == self.state.step and self.state.step < self.state.total_updates:
             # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
             reason = self._after_update(owed_eval=True)
             if reason is not None:
                 return reason
         batches = iter(self.train_stream)
-        window = self._window
-        while self.state.step < self.state.total_updates:
-            step_start = time.perf_counter()
-            before = self.train_stream.state_dict()
+        state, stream, timers, window = self.state, self.train_stream, self.timers, self._window
+        clock, observe = time.perf_counter, self.budget.step.observe
+        log_every, hist_every = self.cfg.logging.log_every, self.cfg.logging.tensorboard.hist_every
+        while state.step < state.total_updates:
+            step_start = clock()
+            before = stream.state_dict()
             try:
                 micro, waited = self._next_update(batches), 0
             except StopRequested as stop:  # a signal or the deadline while waiting for data
@@ -248,44 +260,41 @@ class Trainer:
             empty, stop_code = self._agree_fetch(micro is None and not waited, waited)
             if stop_code:
                 # Every rank drops this update; batches some ranks already took are given back.
-                self.train_stream.load_state_dict(before)
+                stream.load_state_dict(before)
                 return REASONS[stop_code]
             if empty:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
             self._set_lr()
-            self.timers.add("data", time.perf_counter() - step_start)
-            compute_start = time.perf_counter()
+            compute_start = clock()
+            timers.add("data", compute_start - step_start)
             out = self.task.train_step(micro, self.ctx)
-            self.state.step += 1
-            local_samples = sum(m.samples for m in micro)
-            self.state.samples += local_samples * self.env.world_size
-            window.append(out.loss.detach())
+            state.step += 1
+            samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
+            state.samples += samples * self.env.world_size
+            loss = out.loss
+            window.append(loss.detach() if loss.requires_grad else loss)  # device tensors, read at log steps
             if self.guard.skip:
-                self.guard.note_update(self.ctx.skipped_steps, self.state.step)
-            self.timers.add("step", time.perf_counter() - compute_start)
-            self.budget.step.observe(time.perf_counter() - step_start)
-            self.profiler.step(self.state.step)
-            if (
-                self.state.step % self.cfg.logging.log_every == 0
-                or self.state.step == self.state.total_updates
-            ):
-                losses = torch.stack(window)  # stacked only when logging: no per-update tensor arithmetic
-                self.guard.check_losses(losses, self._window_first)
-                self._log(out, losses.float().mean())
-                window.clear()
-                self._window_first = self.state.step + 1
+                self.guard.note_update(self.ctx.skipped_steps, state.step)
+            end = clock()
+            timers.add("step", end - compute_start)
+            observe(end - step_start)
+            self.profiler.step(state.step)
+            if state.step % log_every == 0 or state.step == state.total_updates:
+                self._log_window(out)
             else:
-                self.console.tick(self.state.step)
-            self._histograms(micro)
-            reason = self._after_update()
-            if reason is not None:
-                return reason
+                self.console.tick(state.step)
+            if hist_every and state.step % hist_every == 0:
+                self._histograms(micro)
+            if state.step >= self._next_check:
+                reason = self._after_update()
+                if reason is not None:
+                    return reason
         return None
 
     def _agree_fetch(self, empty: bool, stop: int) -> tuple[bool, int]:
         """Skip an update only if every rank skips it (one rank skipping alone would deadlock DDP); stop if any
-        rank was stopped while waiting for its data. One collective, as before for the skip alone."""
+        rank was stopped while waiting for its data. One collective per update (none at world size 1)."""
         if dist.active():
             agreed = dist.agree_max([float(empty), float(stop)])
             return bool(agreed[0]), int(agreed[1])
@@ -294,18 +303,21 @@ class Trainer:
     def _next_update(self, batches: Any) -> list[MicroBatch] | None:
         micro: list[MicroBatch] = []
         for _ in range(self.cfg.train.grad_accum_steps):
-            batch = next(batches)
-            micro.extend(self.task.split(batch))
+            micro.extend(self.task.split(next(batches)))
         total = sum(m.samples for m in micro)
-        micro = [m for m in micro if m.samples > 0]
         if total == 0:
             return None
+        device, to_device = self.device, self.task.to_device
         return [
-            MicroBatch(self.task.to_device(m.data, self.device), m.samples / total, m.samples) for m in micro
+            MicroBatch(to_device(m.data, device), m.samples / total, m.samples) for m in micro if m.samples
         ]
 
     def _set_lr(self) -> None:
+        """The schedule's LR for this update (a pure function of the update count), set when it changes."""
         factor = self.schedule.factor(self.state.step)
+        if factor == self._lr_factor:
+            return
+        self._lr_factor = factor
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
@@ -335,8 +347,27 @@ class Trainer:
             )
         return time.monotonic() - self._last_save_clock >= interval
 
+    def _plan_next_check(self) -> int:
+        """The next update after which the budget is asked and the ranks agree: a stride of about
+        CHECK_SECONDS of training away (from the step time agreed last, so the same on every rank), or sooner at
+        the next update that logs (the NaN guard's findings are agreed there), evaluates, saves, ends the run, or
+        comes right before an evaluation (whether it fits is decided there). Every update under skip_batch (the
+        guard may stop after any one). All of it is a function of agreed figures and the update count: every
+        rank calls the collective at the same updates."""
+        step, total = self.state.step, self.state.total_updates
+        stride = 1 if self.guard.skip else check_stride(self._step_agreed)
+        due = [step + stride, total, _next_multiple(step, self.cfg.logging.log_every)]
+        if self.cfg.checkpoint.every:
+            due.append(_next_multiple(step, self.cfg.checkpoint.every))
+        if self.has_val:
+            evals = [total] + (
+                [_next_multiple(step, self.cfg.train.eval_every)] if self.cfg.train.eval_every else []
+            )
+            due += [e - 1 if e - 1 > step else e for e in evals]
+        return min(due)
+
     def _after_update(self, owed_eval: bool = False) -> str | None:
-        """Evaluate, save and decide (all ranks together) whether to stop."""
+        """At a check step: evaluate, save and decide (all ranks together) whether to stop."""
         local = 0
         if owed_eval or self._eval_due(self.state.step):
             result = self._evaluate()
@@ -355,13 +386,16 @@ class Trainer:
         eval_next = self._eval_due(self.state.step + 1) or (
             self.has_val and self.state.step + 1 == self.state.total_updates
         )
-        budget_reason = self.budget.local_stop_reason(eval_next=eval_next)
+        # Until the next check the run trains on unasked: the budget looks that many updates ahead.
+        self._next_check = self._plan_next_check()
+        budget_reason = self.budget.local_stop_reason(eval_next, ahead=self._next_check - self.state.step)
         if budget_reason:
             local = max(local, CODES[budget_reason])
-        # One collective decides it all: stop (and why), a time-based save (rank 0's clock), and the first
-        # non-finite update any rank has found so far.
+        # One collective decides it all: stop (and why), a time-based save (rank 0's clock), the first
+        # non-finite update any rank has found so far, and the slowest rank's step time (the next stride).
         save_due = float(self.env.is_main and self._time_save_due())
-        agreed = dist.agree_max([float(local), save_due, self.guard.code()])
+        agreed = dist.agree_max([float(local), save_due, self.guard.code(), self.budget.step.value])
+        self._step_agreed = agreed[3]
         self.guard.raise_if(agreed[2])
         reason = REASONS[int(agreed[0])]
         if reason is None and agreed[1]:
@@ -394,9 +428,18 @@ class Trainer:
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
-    def _log(self, out: StepOutput, mean_loss: torch.Tensor) -> None:
+    def _log_window(self, out: StepOutput) -> None:
+        """At a log step: the losses since the last one are checked (every rank) and their mean logged."""
+        losses = torch.stack(self._window)  # stacked only when logging: no per-update tensor arithmetic
+        self.guard.check_losses(losses, self._window_first)
+        self._log(out, losses)
+        self._window.clear()
+        self._window_first = self.state.step + 1
+
+    def _log(self, out: StepOutput, losses: torch.Tensor) -> None:
         if not self.env.is_main:
             return
+        mean_loss = losses.float().mean()
         shares, elapsed = self.timers.shares()
         updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
         self.last_log_step = self.state.step
@@ -414,8 +457,7 @@ class Trainer:
         self.timers.reset_window()
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
-        hist_every = self.cfg.logging.tensorboard.hist_every
-        if self.env.is_main and hist_every and self.state.step % hist_every == 0:
+        if self.env.is_main:
             values = self.task.histograms(micro[0].data)
             self.trackers.log_histograms(
                 self.state.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
@@ -490,3 +532,8 @@ class Trainer:
         finally:
             if self.lock is not None:
                 self.lock.release()  # last: everything above may still write into the run folder
+
+
+def _next_multiple(step: int, every: int) -> int:
+    """The first multiple of `every` after `step`."""
+    return (step // every + 1) * every
