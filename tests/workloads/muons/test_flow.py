@@ -66,7 +66,8 @@ def test_flow_samples_isotropic_bundles_and_scores_them():
     counts = torch.tensor([0, 3000, 1, 2000])
     index = event_index(counts, int(counts.sum()))
     context = torch.randn(4, 6)
-    muons = flow.sample(context, index, torch.randn(len(index), MuonFlow.NOISE))
+    with torch.no_grad():
+        muons = flow.sample(context, index, torch.randn(len(index), MuonFlow.NOISE))
     assert muons.shape == (5001, 3) and torch.isfinite(muons).all()
     phi = torch.atan2(muons[:, 2], muons[:, 1])
     assert abs(float(torch.cos(phi).mean())) < 0.05 and abs(float(torch.sin(phi).mean())) < 0.05
