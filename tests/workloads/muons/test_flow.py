@@ -112,4 +112,4 @@ def test_likelihood_training_learns_the_truth_spectrum_given_the_primary():
     after = sample_w1()
     assert after[0] < 0.05 and after[1] < 0.05, (before, after)
     assert after[0] < before[0] and after[1] < before[1]
-    assert math.isfinite(float(loss))
+    assert math.isfinite(float(loss.detach()))
