@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import atomic_write_text
+from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.workloads.muons.sampling import Found
 
 
@@ -56,6 +56,11 @@ def sample(args: argparse.Namespace, found: Found) -> int:
         raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
+    folder = Path(args.out).expanduser().absolute().parent
+    if not folder.is_dir():  # checked before the model loads: no traceback from the writer after minutes
+        raise UserError(
+            f"--out {args.out}: no such folder {folder} (nearest existing folder: {nearest_existing_folder(folder)})"
+        )
 
     import torch
 
