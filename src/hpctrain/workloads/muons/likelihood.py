@@ -12,6 +12,7 @@ from torch import nn
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
+from hpctrain.workloads.muons.losses import likelihood_losses
 from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun
 from hpctrain.workloads.muons.task import muon_cap
@@ -44,12 +45,8 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
     def _losses(self, generator: nn.Module, b: MuonBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(NB NLL per event, muon NLL per muon), each a mean over the batch."""
         index = event_index(b.counts, b.num_muons)
-        none = b.primaries.new_zeros((len(b), 0))
-        out = generator(b.primaries, b.counts, index, none, none, real=b.muons, sample=False)
-        mult = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
-        assert out.real_log_prob is not None
-        muon = -out.real_log_prob.float().mean() if b.num_muons else mult.new_zeros(())
-        return mult, muon
+        no_latent = b.primaries.new_zeros((len(b), 0))
+        return likelihood_losses(generator, b.primaries, b.counts, index, b.muons, no_latent)
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
         raw: Generator = ctx.raw_modules["generator"]  # type: ignore[assignment]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpctrain.workloads.muons.networks import segment_sum
+from hpctrain.workloads.muons.networks import MultiplicityHead, segment_sum
 
 
 def normalize_scores(scores: torch.Tensor, how: str, clamp: float) -> torch.Tensor:
@@ -119,3 +119,22 @@ def gradient_penalty(
     norm = torch.sqrt(squared + 1e-12)
     has = (pairs.per_event > 0).to(norm.dtype)
     return ((norm - 1.0).pow(2) * has).sum() / has.sum().clamp_min(1.0)
+
+
+def likelihood_losses(
+    generator: torch.nn.Module,
+    primaries: torch.Tensor,
+    counts: torch.Tensor,
+    index: torch.Tensor,
+    muons: torch.Tensor,
+    z_global: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(NB NLL per event, real muons' NLL per muon under the flow head), each a mean over the batch, from one
+    call of the (possibly DDP-wrapped) generator that generates no muons. muons (M, 3) normalised, index (M,)
+    their events, z_global (B, latent_global)."""
+    no_muons = z_global.new_zeros((0, 3))
+    out = generator(primaries, counts, index, z_global, no_muons, real=muons, sample=False)
+    mult = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), counts).mean()
+    assert out.real_log_prob is not None
+    muon = -out.real_log_prob.float().mean() if muons.shape[0] else mult.new_zeros(())
+    return mult, muon

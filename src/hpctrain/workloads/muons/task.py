@@ -25,6 +25,7 @@ from hpctrain.workloads.muons.losses import (
     critic_loss,
     generator_loss,
     gradient_penalty,
+    likelihood_losses,
     normalize_scores,
     pair_muons,
 )
@@ -230,16 +231,13 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         nll_total, muon_total = zero, zero
         for i, p in enumerate(prepared):
             b = p.batch
-            z_global, _ = self._generator_noise(p, ctx.device, rng)
-            no_muons = z_global.new_zeros((0, 3))
+            # only the event latents: no muons are generated, so none of the per-muon ones are drawn
+            z_global = torch.randn(len(b), m.latent_global, device=ctx.device, generator=rng)
             with ctx.no_sync("generator", last=i == len(prepared) - 1):
                 with ctx.autocast():
-                    out = generator(
-                        b.primaries, b.counts, p.index, z_global, no_muons, real=b.muons, sample=False
+                    nll, muon_nll = likelihood_losses(
+                        generator, b.primaries, b.counts, p.index, b.muons, z_global
                     )
-                    nll = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
-                    assert out.real_log_prob is not None
-                    muon_nll = -out.real_log_prob.float().mean() if b.num_muons else zero
                 ctx.backward((m.multiplicity_weight * nll + muon_nll) * p.weight)
             nll_total = nll_total + nll.detach().float() * p.weight
             muon_total = muon_total + muon_nll.detach() * p.weight
