@@ -204,6 +204,15 @@ def test_parse_duration_rejects(text: str) -> None:
         ("lr=1", "lr=1: unknown key (did you mean optim.lr?)"),
         ("train.total_update=3", "unknown key (did you mean train.total_updates?)"),
         ("model.hiden=[3]", "unknown key (did you mean model.hidden"),
+        # a key of another model type: said so, not "did you mean" the very key
+        (
+            "model.critic_steps=2",
+            "model.critic_steps=2: not a key of model.type=regression (a key of muon_wgan)",
+        ),
+        (
+            "data.shuffle_window=4",
+            "data.shuffle_window=4: not a key of data.type=regression (a key of muons)",
+        ),
         ("train.compile=maybe", "train.compile='maybe'"),
     ],
 )

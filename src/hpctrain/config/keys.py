@@ -94,6 +94,21 @@ def all_keys(cls: type[BaseModel]) -> list[str]:
     return list(keys)
 
 
+def types_with(cls: type[BaseModel], dotted: str) -> list[str]:
+    """The `type`s of the union members of a section (model, data) that have the key below it: `types_with(cfg,
+    "model.critic_steps")` -> ["muon_wgan"]; [] for a key outside the unions."""
+    section, _, rest = dotted.partition(".")
+    info = cls.model_fields.get(section)
+    if info is None or not rest:
+        return []
+    members = _sections(info.annotation)
+    return [
+        tag
+        for m in members
+        if (tag := _section_type(m)) is not None and field_infos(m, rest) and len(members) > 1
+    ]
+
+
 def suggest(cls: type[BaseModel], key: str, limit: int = 3) -> list[str]:
     """The valid keys nearest to a misspelt one: a sibling in the same section (optim.lrr -> optim.lr), else a
     key anywhere with that name (lr -> optim.lr), else the nearest whole key (optimm.lr -> optim.lr)."""

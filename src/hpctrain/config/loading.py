@@ -355,8 +355,10 @@ def _format_error(
     parts = []
     for error in exc.errors():
         loc = [str(p) for p in error["loc"]]
+        tag = None  # the union member (model.type, data.type) the error is in
         # Drop the union member tag pydantic inserts (e.g. model.regression.hidden -> model.hidden).
         if len(loc) >= 2 and loc[0] in ("model", "data") and error.get("type") != "union_tag_invalid":
+            tag = loc[1] if len(loc) > 2 else None
             loc = [loc[0], *loc[2:]] if len(loc) > 2 else loc
         key = ".".join(loc)
         value = error.get("input")
@@ -369,8 +371,12 @@ def _format_error(
                 for part in full[len(key) + 1 :].split("."):
                     node = node.get(part) if isinstance(node, dict) else None
                 key, value = full, node
+            owners = keys.types_with(cls, key) if cls is not None and tag is not None else []
             near = keys.suggest(cls, key) if cls is not None else []
-            if near:
+            if owners:  # a key of another type of this section, not a misspelling
+                section = key.partition(".")[0]
+                message = f"not a key of {section}.type={tag} (a key of {' and '.join(owners)})"
+            elif near:
                 message += f" (did you mean {' or '.join(near)}?)"
         elif error["type"] == "union_tag_not_found":
             key, value, message = f"{key}.type", None, "missing: say which type this section is"

@@ -238,12 +238,14 @@ FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {h
 @pytest.mark.parametrize(
     "extra",
     [
-        # likelihood-only updates 1-3, then the game: the resume at update 4 crosses the boundary
+        # the generator by likelihood alone in updates 1-3 (the critic learns in 2-3), then the game: the resume
+        # at update 4 crosses the boundary
         (
             "model.muon_head=flow",
             "model.muon_nll_weight=0.5",
             "model.flow_bins=4",
             "model.likelihood_warmup=3",
+            "model.critic_warmup=2",
         ),
         (FLOW_MODEL, "checkpoint.best_metric=val_loss", "optim.lr=5e-3"),
     ],
@@ -258,10 +260,10 @@ def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
     assert run(make_cfg(data, whole, *extra), ClusterEnv()) == EXIT_OK
     records = [r for r in read_jsonl(whole / "t" / "metrics.jsonl") if "loss" in r]
     assert len(records) == 10 and all(np.isfinite(r["muon_nll"]) for r in records)
-    if "model.likelihood_warmup=3" in extra:  # no critic in the warm-up, the game after it
-        assert [r["gradient_penalty"] > 0 or r["wasserstein"] != 0 for r in records] == [False] * 3 + [
-            True
-        ] * 7
+    if "model.likelihood_warmup=3" in extra:  # the critic from update 2, the generator's game from update 4
+        critic = [r["gradient_penalty"] > 0 or r["wasserstein"] != 0 for r in records]
+        assert critic == [False] + [True] * 9
+        assert [r["generator_loss"] != 0 for r in records] == [False] * 3 + [True] * 7
     with monkeypatch.context() as patch:
         stop_at_update(patch, MuonFlowTask if "muon_flow" in extra[0] else MuonWGANTask, 4)
         assert run(make_cfg(data, tmp_path, *extra), ClusterEnv()) == EXIT_RESUMABLE
@@ -294,4 +296,13 @@ def test_muon_nll_weight_needs_the_flow_head(tmp_path: Path):
         cwd=Path(__file__).parents[3],
     )
     assert done.code == 2 and "muon_nll_weight=1 needs muon_head=flow" in done.err
+    assert len(done.err.strip().splitlines()) == 1
+
+
+def test_critic_warmup_must_fit_in_the_likelihood_warmup():
+    done = hpctrain(
+        "config", "show", "-c", "configs/muons_wgan.yaml", "model.critic_warmup=6000",
+        cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert done.code == 2 and "critic_warmup=6000 is longer than likelihood_warmup=5000" in done.err
     assert len(done.err.strip().splitlines()) == 1

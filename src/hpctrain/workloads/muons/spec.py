@@ -205,6 +205,13 @@ class MuonWGANConfig(ModelConfigBase):
         description="The first N updates train the generator by likelihood alone (multiplicity and flow head; "
         "no critic), so the adversarial game starts from the maximum-likelihood fit (needs muon_head=flow).",
     )
+    critic_warmup: int = Field(
+        0,
+        ge=0,
+        description="In the last N updates of likelihood_warmup the critic already trains against the "
+        "generator's muons (the generator still learns by likelihood alone): the game then starts against a "
+        "critic that knows the generator, not a random one whose first gradients push it off the fit.",
+    )
     critic_steps: int = Field(5, ge=1, description="Critic updates per generator update (same batch).")
     lambda_gp: float = Field(10.0, ge=0, description="Gradient-penalty weight (0 = no penalty).")
     gp_every: int = Field(
@@ -247,6 +254,11 @@ class MuonWGANConfig(ModelConfigBase):
         if self.likelihood_warmup > 0 and self.muon_head != "flow":
             raise ValueError(
                 f"likelihood_warmup={self.likelihood_warmup} needs muon_head=flow (the mlp head has no density)"
+            )
+        if self.critic_warmup > self.likelihood_warmup:
+            raise ValueError(
+                f"critic_warmup={self.critic_warmup} is longer than likelihood_warmup={self.likelihood_warmup}: "
+                "it counts the last updates of that warm-up"
             )
         return self
 

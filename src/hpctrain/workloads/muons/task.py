@@ -170,8 +170,13 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             for mb in micro_batches
         ]
         self.updates += 1
-        if self.updates <= self.cfg.model.likelihood_warmup:
-            metrics = self._likelihood_update(prepared, ctx)
+        m = self.cfg.model
+        if self.updates <= m.likelihood_warmup:
+            # the critic learns the generator in the warm-up's last critic_warmup updates (before its update)
+            critic_out: dict[str, torch.Tensor] = {}
+            if self.updates > m.likelihood_warmup - m.critic_warmup:
+                critic_out = self._critic_updates(prepared, ctx)
+            metrics = {**self._likelihood_update(prepared, ctx), **critic_out}
         else:
             critic_out = self._critic_updates(prepared, ctx)
             if self.cfg.model.adaptive_critic is not None:
@@ -223,7 +228,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
 
     def _likelihood_update(self, prepared: list[_Prepared], ctx: UpdateContext) -> dict[str, torch.Tensor]:
         """model.likelihood_warmup: one generator update on the likelihood alone (the multiplicity's NB and the
-        flow head's per-muon density of the real muons); no critic, no generated muons."""
+        flow head's per-muon density of the real muons): no critic in it, no generated muons."""
         m = self.cfg.model
         generator = ctx.modules["generator"]
         rng = self.rng(ctx.device)
