@@ -78,6 +78,33 @@ def test_the_floor_is_the_mean_of_independent_draws_and_a_truth_sample_is_within
     assert ok >= 0.9 * judged, {n: (f["bins_ok"], f["bins_judged"]) for n, f in perfect["features"].items()}
 
 
+def test_held_out_events_are_judged_over_several_splits_in_two() -> None:
+    """Held-out files: no fresh truth to draw, so the events are split in two FLOOR_DRAWS ways (parity, then at
+    random); each split's figures are averaged bin by bin, as the synthetic floor's draws are."""
+    primaries = truth.sample_primaries(12000, numpy_rng(11, 0))
+    events = truth_sample(primaries, 1)
+    splits = quality.held_out_splits(events, np.random.default_rng(3))
+    assert len(splits) == quality.FLOOR_DRAWS
+    for half, other in splits:  # complementary halves of every event, muons with their events
+        assert len(half) + len(other) == len(events) and abs(len(half) - len(other)) <= 1
+        assert len(half.muons) + len(other.muons) == len(events.muons)
+        got = np.sort(np.concatenate([half.ids[:, 1], other.ids[:, 1]]))
+        assert np.array_equal(got, np.arange(len(events)))
+    assert np.array_equal(splits[0][0].ids[:, 1], np.arange(0, len(events), 2))  # the first: by parity
+    assert not np.array_equal(splits[1][0].ids[:, 1], splits[2][0].ids[:, 1])
+    rng = np.random.default_rng(0)
+    # a perfect generator (fresh truth bundles for each half's primaries) is within 2 x floor on every feature
+    perfect = [(truth_sample(h.primaries, 20 + i), h, o) for i, (h, o) in enumerate(splits)]
+    same = quality.quality_over_splits(perfect, rng)
+    assert same["features_within_floor"] == len(quality.FEATURES)
+    one = quality.distances(perfect[1][0], perfect[1][1])["energy"]["w1"]
+    assert same["features"]["energy"]["ours_w1"] != one  # the mean over the splits, not one of them
+    # muon energies x2 in every split: the energy and energy sum fail
+    bad = quality.quality_over_splits([(shifted(g, 2.0), h, o) for g, h, o in perfect], rng)
+    assert not bad["features"]["energy"]["goal_met"] and not bad["features"]["energy_sum"]["goal_met"]
+    assert bad["features"]["multiplicity"]["within_floor"]
+
+
 def test_baseline_ignores_the_primary_and_ratios_use_only_informative_bins() -> None:
     primaries = truth.sample_primaries(6000, numpy_rng(8, 0))
     a = truth_sample(primaries, 1)

@@ -226,8 +226,8 @@ def reference_samples(
     n_events: int, seed: int, cap: int, data: layouts.Events | None
 ) -> tuple[layouts.Events, list[layouts.Events], layouts.Events, int]:
     """(true, floor samples, baseline reference, dropped): from the synthetic truth (quality.FLOOR_DRAWS fresh
-    bundle samples for the same primaries as the floor) or from held-out events split in two halves (the
-    second is the floor and the reference)."""
+    bundle samples for the same primaries as the floor) or from held-out events split in two halves by parity
+    (the second is the floor and the reference; evaluate_model judges held-out events over more splits)."""
     if data is not None:
         true, other = quality.split_halves(data)
         return true, [other], other, 0
@@ -247,25 +247,24 @@ def evaluate_model(
     compare; the result is evaluate.json's content."""
     import torch
 
-    from hpctrain.workloads.muons import sampling
     from hpctrain.workloads.muons.task import muon_cap
 
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
     true, floor, reference, dropped = reference_samples(n_events, seed, cap, data)
     torch.manual_seed(seed)
-    if model.model_type == "muon_multiplicity":
-        counts = sampling.sample_counts(model, true.primaries, batch_size)
-        generated = layouts.Events(true.primaries, np.zeros((0, 3), np.float32), counts, true.ids)
-        only: tuple[str, ...] = ("multiplicity",)
-    else:
-        generated = sampling.generate_events(model, true.primaries, true.ids, batch_size)
-        only = FEATURES
+    only: tuple[str, ...] = ("multiplicity",) if model.model_type == "muon_multiplicity" else FEATURES
+    generated = _generate(model, true, batch_size, only)
     result = compare(generated, true, only)
     judged_only = quality.FEATURES if only == FEATURES else only
-    result["quality"] = quality.quality(
-        generated, true, floor, reference, numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2), judged_only
-    )
+    rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2)
+    if data is None:
+        result["quality"] = quality.quality(generated, true, floor, reference, rng, judged_only)
+    else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above)
+        runs = [(generated, true, floor[0])]
+        for half, other in quality.held_out_splits(data, rng)[1:]:
+            runs.append((_generate(model, half, batch_size, only), half, other))
+        result["quality"] = quality.quality_over_splits(runs, rng, judged_only)
     q = result["quality"]
     result["metrics"].update(
         {
@@ -283,7 +282,7 @@ def evaluate_model(
         "source": "held-out files" if data is not None else "synthetic truth",
         "events": len(true),
         "floor_events": len(floor[0]),
-        "floor_draws": len(floor),
+        "floor_draws": len(floor) if data is None else quality.FLOOR_DRAWS,  # held out: splits
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
         "seed": seed,
@@ -293,6 +292,16 @@ def evaluate_model(
         "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
     }
     return result
+
+
+def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
+    """Bundles for the primaries of `true` (multiplicities only when `only` is the multiplicity)."""
+    from hpctrain.workloads.muons import sampling
+
+    if only == ("multiplicity",):
+        counts = sampling.sample_counts(model, true.primaries, batch_size)
+        return layouts.Events(true.primaries, np.zeros((0, 3), np.float32), counts, true.ids)
+    return sampling.generate_events(model, true.primaries, true.ids, batch_size)
 
 
 def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.Events:

@@ -6,7 +6,8 @@ So every feature is judged per bin of primary energy x zenith against
   generator would show); for the synthetic truth, fresh bundles for the same primaries, its mean over
   FLOOR_DRAWS independent draws (one draw's W1 varies by a factor 2-4 in the bins whose muons come from a few
   large events: a single draw would fail a perfect generator by chance); for held-out files, the other half
-  of the files (events split by parity);
+  of the events, over FLOOR_DRAWS splits in two (by parity, then at random): each split's half is
+  generated for and compared with, ours, the floor and the baseline are each the mean over the splits;
 - the BASELINE: bundles that ignore the primary (multiplicities from the marginal, muons from the pool of all
   muons of an independent reference sample).
 
@@ -158,16 +159,30 @@ def baseline_events(
     return layouts.Events(np.asarray(primaries, np.float32), muons, counts.astype(np.int64), ids)
 
 
-def split_halves(events: layouts.Events) -> tuple[layouts.Events, layouts.Events]:
-    """Events at even and at odd positions (both halves see every file and bin alike)."""
+def split_halves(
+    events: layouts.Events, rng: np.random.Generator | None = None
+) -> tuple[layouts.Events, layouts.Events]:
+    """Events at even and at odd positions (both halves see every file and bin alike), or, with `rng`, a
+    random half (in file order) and the rest."""
+    if rng is None:
+        first = np.arange(len(events)) % 2 == 0
+    else:
+        first = np.zeros(len(events), dtype=bool)
+        first[rng.permutation(len(events))[: (len(events) + 1) // 2]] = True
     out = []
-    for parity in (0, 1):
-        keep = np.arange(len(events)) % 2 == parity
+    for keep in (first, ~first):
         mask = np.repeat(keep, events.counts)
         out.append(
             layouts.Events(events.primaries[keep], events.muons[mask], events.counts[keep], events.ids[keep])
         )
     return out[0], out[1]
+
+
+def held_out_splits(
+    events: layouts.Events, rng: np.random.Generator, draws: int = FLOOR_DRAWS
+) -> list[tuple[layouts.Events, layouts.Events]]:
+    """`draws` splits of held-out events in two: (true, other), by parity first, then at random."""
+    return [split_halves(events, None if i == 0 else rng) for i in range(draws)]
 
 
 def _mean(values: list[float]) -> float:
@@ -301,3 +316,19 @@ def quality(
     ours = distances(generated, true, only)
     floor = mean_distances([distances(sample, true, only) for sample in samples])
     return judge(ours, distances(base, true, only), floor)
+
+
+def quality_over_splits(
+    runs: list[tuple[layouts.Events, layouts.Events, layouts.Events]],
+    rng: np.random.Generator,
+    only: tuple[str, ...] = FEATURES,
+) -> dict[str, Any]:
+    """Held-out events: `runs` of (generated for a split's true half, that half, the other half); ours, the
+    floor (other half vs true half) and the baseline (from the other half) each averaged over the splits,
+    bin by bin, then judged as `quality` does."""
+    ours = mean_distances([distances(gen, true, only) for gen, true, _ in runs])
+    floor = mean_distances([distances(other, true, only) for _, true, other in runs])
+    base = mean_distances(
+        [distances(baseline_events(other, true.primaries, rng), true, only) for _, true, other in runs]
+    )
+    return judge(ours, base, floor)
