@@ -15,7 +15,8 @@ between epochs (persistent_workers, as a training run of several epochs would se
 
 - raw: pyarrow row groups -> flat NumPy muons and counts from the offsets (no shuffle, no checks): the limit;
 - loader0 / loader0_ordered / loader1 / loader2: EventStream with 0, 1, 2 DataLoader workers (shuffled), and
-  with 0 workers in file order;
+  with 0 workers in file order; read as training reads it (the endless stream: the workers go on into the
+  next epoch while this one's last batches are used), `--passes` epochs' worth of batches;
 - upstream: the physicists' reader, cr_muons `ParquetBatchIterableDataset` as on their main branch
   (training/hf_dataloader.py), on their schema: `list<float>` primaries and `list<list<float>>` muons are not
   fixed-size lists, so both take its per-row fallback (each row's `as_py()`: a tensor per primary, an array per
@@ -88,19 +89,21 @@ def loader(
         persistent_workers=workers > 0,
     )
     stream = EventStream(files, data, seed=0)
+    per_epoch = stream.samples_per_epoch // batch_size
     events = muons = 0
     try:
+        batches = iter(stream)  # the endless stream, as training reads it: epochs follow without a pause
         t0 = time.perf_counter()
-        for _ in stream.epoch_batches(0, 0):
-            pass
+        for _ in range(per_epoch):
+            next(batches)
         first = time.perf_counter() - t0
-        for _ in stream.epoch_batches(1, 0):
-            pass
+        for _ in range(per_epoch):
+            next(batches)
         start, cpu, main = time.perf_counter(), _tree_cpu(), _own_cpu()
-        for epoch in range(2, passes + 2):
-            for batch, _ in stream.epoch_batches(epoch, 0):
-                events += len(batch)
-                muons += batch.num_muons
+        for _ in range(passes * per_epoch):
+            batch = next(batches)
+            events += len(batch)
+            muons += batch.num_muons
         seconds, cpu, main = time.perf_counter() - start, _tree_cpu() - cpu, _own_cpu() - main
     finally:
         stream.close()

@@ -100,6 +100,31 @@ def test_epoch_boundary_resume(muon_files: list[str]) -> None:
     assert np.array_equal(keys(take(again, 1)[0].ids.numpy()), seq[12])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_endless_stream_runs_on_into_the_next_epochs_as_epoch_by_epoch(
+    muon_files: list[str], workers: int
+) -> None:
+    """One loader pass over all epochs (no drain at the boundaries): the same batches, epochs and positions
+    as reading epoch after epoch; a partial last batch is dropped at every boundary."""
+    bs = 56  # 1200 events: 21 batches an epoch, 24 events left over
+    ref = event_stream(muon_files, bs, seed=5, shuffle_window=150)
+    per_epoch = ref.samples_per_epoch // bs
+    expected = []
+    for epoch in range(3):
+        for batch, end in ref.epoch_batches(epoch, 0):
+            expected.append((keys(batch.ids.numpy()).tolist(), epoch, end))
+    ref.close()
+    stream = event_stream(muon_files, bs, seed=5, shuffle_window=150, num_workers=workers)
+    got, it = [], iter(stream)
+    for _ in range(3 * per_epoch):
+        batch = next(it)
+        state = stream.state_dict()
+        got.append((keys(batch.ids.numpy()).tolist(), state["epoch"], state["position"]))
+    stream.close()
+    assert got == expected
+    assert [g[1:] for g in got[per_epoch - 1 : per_epoch + 1]] == [(0, per_epoch * bs), (1, bs)]
+
+
 def test_hdf5_and_layouts_stream(tmp_path: Path) -> None:
     for layout in layouts.LAYOUTS:
         files = write_set(tmp_path / layout, layout, files=2, events=100, row_group=30)
