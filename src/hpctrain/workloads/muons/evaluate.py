@@ -241,7 +241,7 @@ def reference_samples(
 
 
 def evaluate_model(
-    model: Any, n_events: int, seed: int, batch_size: int = 4096, data: layouts.Events | None = None
+    model: Any, n_events: int, seed: int, batch_size: int = 1024, data: layouts.Events | None = None
 ) -> dict[str, Any]:
     """Generate for the primaries of fresh truth events (or of held-out `data`, split in two halves) and
     compare; the result is evaluate.json's content."""

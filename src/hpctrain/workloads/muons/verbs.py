@@ -28,7 +28,9 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
-    g.add_argument("--batch-size", type=int, default=4096, help="events generated at once (default 4096)")
+    g.add_argument(
+        "--batch-size", type=int, default=1024, help="events generated at once (default 1024; more on a GPU)"
+    )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
 
 
@@ -105,7 +107,9 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
         "(default all)",
     )
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
-    g.add_argument("--batch-size", type=int, default=4096, help="events generated at once")
+    g.add_argument(
+        "--batch-size", type=int, default=1024, help="events generated at once (default 1024; more on a GPU)"
+    )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
 
