@@ -14,6 +14,7 @@ same on all ranks after DDP's all-reduce); this guard counts the skipped updates
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import nn
@@ -49,14 +50,17 @@ class NonFiniteGuard:
 
     # ---- finding ---------------------------------------------------------------------------------------------
 
-    def check_losses(self, losses: torch.Tensor, first_step: int) -> None:
-        """Look at the losses (stacked) of updates first_step, first_step+1, ... (one host sync). Not under
-        skip_batch: there a non-finite loss is handled by its gradients."""
+    def check_losses(self, losses: torch.Tensor | list[float], first_step: int) -> None:
+        """Look at the losses (stacked, or read to the host already) of updates first_step, first_step+1, ...
+        (one host sync for a tensor). Not under skip_batch: there a non-finite loss is handled by its
+        gradients."""
         if self.skip or self.first_bad is not None:
             return
-        bad = ~torch.isfinite(losses)
-        if bool(bad.any()):
-            self.first_bad = first_step + int(bad.nonzero()[0, 0])
+        values = losses.float().tolist() if isinstance(losses, torch.Tensor) else losses
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                self.first_bad = first_step + i
+                return
 
     def note_update(self, skipped_steps: int, step: int) -> None:
         """skip_batch: called after each update with the context's count of skipped optimizer steps."""

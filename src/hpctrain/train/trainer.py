@@ -7,6 +7,7 @@ evaluate, skip) are kept in one place on purpose; set-up (setup.py), evaluation 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -430,21 +431,21 @@ class Trainer:
 
     def _log_window(self, out: StepOutput) -> None:
         """At a log step: the losses since the last one are checked (every rank) and their mean logged."""
-        losses = torch.stack(self._window)  # stacked only when logging: no per-update tensor arithmetic
+        # read once, only when logging (no per-update tensor arithmetic); checked and averaged on the host
+        losses = torch.stack(self._window).float().tolist()
         self.guard.check_losses(losses, self._window_first)
-        self._log(out, losses)
+        self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()
         self._window_first = self.state.step + 1
 
-    def _log(self, out: StepOutput, losses: torch.Tensor) -> None:
+    def _log(self, out: StepOutput, mean_loss: float) -> None:
         if not self.env.is_main:
             return
-        mean_loss = losses.float().mean()
         shares, elapsed = self.timers.shares()
         updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
         self.last_log_step = self.state.step
         lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
-        scalars = update_scalars(out, float(mean_loss), self.ctx.grad_norms, lr)
+        scalars = update_scalars(out, mean_loss, self.ctx.grad_norms, lr)
         scalars.update(rates(out, updates, elapsed, self.env.world_size))
         scalars.update(shares)
         scalars.update(self.monitor.latest())
