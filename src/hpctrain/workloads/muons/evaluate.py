@@ -258,8 +258,9 @@ def evaluate_model(
     result = compare(generated, true, only)
     judged_only = quality.FEATURES if only == FEATURES else only
     rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2)
-    if data is None:
-        result["quality"] = quality.quality(generated, true, floor, reference, rng, judged_only)
+    if data is None:  # ours over as many draws of the generator as the floor has truth draws
+        draws = [generated] + [_generate(model, true, batch_size, only) for _ in floor[1:]]
+        result["quality"] = quality.quality(draws, true, floor, reference, rng, judged_only)
     else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above)
         runs = [(generated, true, floor[0])]
         for half, other in quality.held_out_splits(data, rng)[1:]:
@@ -283,6 +284,7 @@ def evaluate_model(
         "events": len(true),
         "floor_events": len(floor[0]),
         "floor_draws": len(floor) if data is None else quality.FLOOR_DRAWS,  # held out: splits
+        "generated_draws": len(floor) if data is None else quality.FLOOR_DRAWS,
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
         "seed": seed,

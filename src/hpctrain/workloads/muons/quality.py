@@ -5,7 +5,8 @@ So every feature is judged per bin of primary energy x zenith against
 - the FLOOR: the same figure between two independent samples of the truth of the same size (what a perfect
   generator would show); for the synthetic truth, fresh bundles for the same primaries, its mean over
   FLOOR_DRAWS independent draws (one draw's W1 varies by a factor 2-4 in the bins whose muons come from a few
-  large events: a single draw would fail a perfect generator by chance); for held-out files, the other half
+  large events: a single draw would fail a perfect generator by chance; ours is averaged over as many draws
+  of the generator, the same estimator on both sides); for held-out files, the other half
   of the events, over FLOOR_DRAWS splits in two (by parity, then at random): each split's half is
   generated for and compared with, ours, the floor and the baseline are each the mean over the splits;
 - the BASELINE: bundles that ignore the primary (multiplicities from the marginal, muons from the pool of all
@@ -301,7 +302,7 @@ def mean_distances(each: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str,
 
 
 def quality(
-    generated: layouts.Events,
+    generated: layouts.Events | list[layouts.Events],
     true: layouts.Events,
     floor_samples: layouts.Events | list[layouts.Events],
     reference: layouts.Events,
@@ -310,10 +311,12 @@ def quality(
 ) -> dict[str, Any]:
     """ours (generated vs true), the floor (each floor sample vs true: independent truth samples of the same
     size; with several, the mean of their distances: one draw is noisy, see FLOOR_DRAWS) and the baseline
-    (from `reference`, for true's primaries), judged per feature and bin."""
+    (from `reference`, for true's primaries), judged per feature and bin. Several generated samples (draws of
+    the generator for the same primaries) are averaged like the floor's: the same estimator on both sides."""
     samples = floor_samples if isinstance(floor_samples, list) else [floor_samples]
+    draws = generated if isinstance(generated, list) else [generated]
     base = baseline_events(reference, true.primaries, rng)
-    ours = distances(generated, true, only)
+    ours = mean_distances([distances(g, true, only) for g in draws])
     floor = mean_distances([distances(sample, true, only) for sample in samples])
     return judge(ours, distances(base, true, only), floor)
 
