@@ -102,11 +102,9 @@ def types_with(cls: type[BaseModel], dotted: str) -> list[str]:
     if info is None or not rest:
         return []
     members = _sections(info.annotation)
-    return [
-        tag
-        for m in members
-        if (tag := _section_type(m)) is not None and field_infos(m, rest) and len(members) > 1
-    ]
+    if len(members) < 2:
+        return []
+    return [tag for m in members if (tag := _section_type(m)) is not None and field_infos(m, rest)]
 
 
 def suggest(cls: type[BaseModel], key: str, limit: int = 3) -> list[str]:

@@ -263,7 +263,7 @@ def evaluate_model(
         result["quality"] = quality.quality(draws, true, floor, reference, rng, judged_only)
     else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above)
         runs = [(generated, true, floor[0])]
-        for half, other in quality.held_out_splits(data, rng)[1:]:
+        for half, other in quality.held_out_splits(data, rng, parity=False):
             runs.append((_generate(model, half, batch_size, only), half, other))
         result["quality"] = quality.quality_over_splits(runs, rng, judged_only)
     q = result["quality"]

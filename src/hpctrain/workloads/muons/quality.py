@@ -180,10 +180,12 @@ def split_halves(
 
 
 def held_out_splits(
-    events: layouts.Events, rng: np.random.Generator, draws: int = FLOOR_DRAWS
+    events: layouts.Events, rng: np.random.Generator, draws: int = FLOOR_DRAWS, parity: bool = True
 ) -> list[tuple[layouts.Events, layouts.Events]]:
-    """`draws` splits of held-out events in two: (true, other), by parity first, then at random."""
-    return [split_halves(events, None if i == 0 else rng) for i in range(draws)]
+    """`draws` splits of held-out events in two: (true, other), by parity first (unless `parity` is False: the
+    caller has that one already), then at random."""
+    first = [split_halves(events)] if parity else []
+    return first + [split_halves(events, rng) for _ in range(draws - 1)]
 
 
 def _mean(values: list[float]) -> float:

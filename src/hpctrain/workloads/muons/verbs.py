@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
-from hpctrain.workloads.muons.sampling import Found
+from hpctrain.workloads.muons.sampling import SAMPLE_BATCH, Found
 
 
 def sample_args(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,10 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
     g.add_argument(
-        "--batch-size", type=int, default=1024, help="events generated at once (default 1024; more on a GPU)"
+        "--batch-size",
+        type=int,
+        default=SAMPLE_BATCH,
+        help=f"events generated at once (default {SAMPLE_BATCH}; more on a GPU)",
     )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
 
@@ -108,7 +111,10 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
     g.add_argument(
-        "--batch-size", type=int, default=1024, help="events generated at once (default 1024; more on a GPU)"
+        "--batch-size",
+        type=int,
+        default=SAMPLE_BATCH,
+        help=f"events generated at once (default {SAMPLE_BATCH}; more on a GPU)",
     )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
