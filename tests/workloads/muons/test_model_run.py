@@ -157,6 +157,8 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
 
 
 def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):
+    bad = hpctrain("evaluate", str(reference), "--batch-size", "0", cwd=tmp_path)
+    assert bad.code == 2 and bad.err.strip() == "error: --batch-size must be at least 1, not 0", bad.err
     done = hpctrain("evaluate", str(reference), "--n-events", "400", cwd=tmp_path)
     assert done.code == 0, done.err
     result = json.loads((reference / "evaluate.json").read_text())

@@ -126,6 +126,8 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     evaluate.json in the run folder, appends the figures to metrics.jsonl and prints the table."""
     if args.n_events is not None and args.n_events < 1:
         raise UserError(f"--events must be at least 1, not {args.n_events}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
 
