@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
-from hpctrain.data.loader import IndexedStream, LoaderOptions, SeededLoader, load_position
+from hpctrain.data.loader import IndexedStream, LoaderOptions, SeededLoader, as_batch, load_position
 from hpctrain.runtime.seeding import CHUNK_EVENTS, EPOCH_UNITS, LOADER_WORKERS, derive, numpy_rng
 from tests.workloads.muons.conftest import event_stream, write_set
 
@@ -67,6 +67,53 @@ def test_resume_mid_epoch_continues_with_the_very_next_sample() -> None:
         again.close()
     resumed = [a + b for a, b in zip(*tail)]
     assert head + resumed == reference
+
+
+class Batched(Dataset[tuple[int, int]]):
+    """Fetches whole batches: by `__getitems__` (torch's protocol: a list of ints) or, with `takes`, by an index
+    tensor (TakesIndex); records what it was handed."""
+
+    def __init__(self, n: int) -> None:
+        self.data = torch.arange(n) * 10
+        self.handed: list[type] = []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        raise AssertionError("whole batches only")
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        self.handed.append(type(indices))
+        return torch.as_tensor(indices), self.data[torch.as_tensor(indices)]
+
+
+class Takes(Batched):
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.handed.append(type(index))
+        return index, self.data[index]
+
+
+@pytest.mark.parametrize("kind", [Batched, Takes])
+def test_batches_fetched_in_process_are_the_dataloaders(kind: type[Batched]) -> None:
+    """0 workers: the stream fetches its batches itself (no DataLoader); the same batches, epochs and resume
+    as through the DataLoader's workers, and the model's random stream untouched."""
+    n, bs, batches = 30, 4, 17  # 7 full batches an epoch: 2.4 epochs
+    before = torch.get_rng_state()
+    data = kind(n)
+    own = IndexedStream(data, bs, 5, collate_fn=as_batch)
+    it = iter(own)
+    mine = [next(it)[0].tolist() for _ in range(batches)]
+    assert own.state_dict() == {"epoch": 2, "position": 3 * bs}
+    assert torch.equal(torch.get_rng_state(), before)
+    assert set(data.handed) == {torch.Tensor if kind is Takes else list}
+    loaded = IndexedStream(kind(n), bs, 5, options=LoaderOptions(num_workers=1), collate_fn=as_batch)
+    assert take(loaded, batches) == mine
+    loaded.close()
+    resumed = IndexedStream(kind(n), bs, 5, collate_fn=as_batch)
+    resumed.load_state_dict({"epoch": 1, "position": 2 * bs})
+    assert take(resumed, batches - 9) == mine[9:]
+    assert sorted(i for b in mine[:7] for i in b) == sorted(set(i for b in mine[:7] for i in b))
 
 
 def test_position_state_is_one_key_for_both_streams(tmp_path: Path) -> None:

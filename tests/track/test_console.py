@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
+from hpctrain.track.base import FLUSH_SECONDS
 from hpctrain.track.console import REDRAW_SECONDS, Console
+from hpctrain.track.metrics_file import MetricsFile, read_metrics
 
 
 class Terminal(io.StringIO):
@@ -54,3 +57,33 @@ def test_log_file_gets_plain_lines_and_messages_do_not_tear_the_bar() -> None:
         log.getvalue()
         == "update 5/10 | loss 0.125 | updates/s 2 | data 25%\neval at update 5 | val_loss 0.1\n"
     )
+
+
+def test_progress_lines_reach_their_files_within_a_second_messages_at_once(tmp_path: Path) -> None:
+    """A log line every few updates is flushed about once a second (a write call per line costs the update
+    loop), a message and close() flush at once; metrics.jsonl the same, and all of it at its flush()."""
+    out, log = open(tmp_path / "out.txt", "w"), open(tmp_path / "training.log", "w")  # noqa: SIM115
+    console = Console(100, 0, "plain", stream=out, log_file=log)
+    metrics = MetricsFile(tmp_path / "metrics.jsonl", None)
+    shown = lambda: [(tmp_path / n).read_text().count("/100 |") for n in ("out.txt", "training.log")]  # noqa: E731
+    records = lambda: len(read_metrics(tmp_path / "metrics.jsonl"))  # noqa: E731
+    for step in (1, 2, 3):
+        console.update(step, {"loss": 1.0})
+        metrics.log_scalars(step, {"loss": 1.0})
+    assert shown() == [0, 0] and records() == 0  # buffered: no write call per line
+    time.sleep(FLUSH_SECONDS + 0.05)
+    console.update(4, {"loss": 1.0})
+    metrics.log_scalars(4, {"loss": 1.0})
+    assert shown() == [4, 4] and records() == 4  # the first line after a second takes the others along
+    console.update(5, {"loss": 1.0})
+    metrics.log_scalars(5, {"loss": 1.0})
+    console.message("eval at update 5")
+    assert shown() == [5, 5] and "eval at update 5" in (tmp_path / "out.txt").read_text()
+    metrics.show()  # before an evaluation (and flush() at a checkpoint commit)
+    assert records() == 5
+    console.update(6, {"loss": 1.0})
+    console.close()
+    assert shown() == [6, 6]
+    metrics.close()
+    out.close()
+    log.close()

@@ -17,11 +17,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.fingerprint import FileList, check_resume
@@ -183,8 +183,21 @@ class _RankBatches(Sampler[list[int]]):
         return (len(s.dataset) - s.position) // (s.batch_size * s.world_size)
 
 
+@runtime_checkable
+class TakesIndex(Protocol):
+    """A map-style data set that fetches a whole batch from an index tensor (no list of ints in between)."""
+
+    def take(self, index: torch.Tensor) -> Any:
+        """The samples `index` (B,) int64, as one batch."""
+
+
 class IndexedStream:
-    """Endless training batches (BatchStream protocol) of a map-style data set."""
+    """Endless training batches (BatchStream protocol) of a map-style data set.
+
+    With worker processes (or pinned memory) the batches come through the DataLoader; without, straight from
+    the data set in this process: the DataLoader would add nothing but a sampler, a fetcher and a profiler
+    record per batch (~10 us, the per-update cost that shows on small models). Both read the same order.
+    """
 
     def __init__(
         self,
@@ -212,6 +225,8 @@ class IndexedStream:
         self._loader = make_loader(
             dataset, options, seed, rank, batch_sampler=_RankBatches(self), collate_fn=collate_fn
         )
+        self._in_process = options.num_workers == 0 and not options.pin_memory
+        self._fetch = _fetcher(dataset, collate_fn)
 
     @classmethod
     def from_config(
@@ -244,9 +259,26 @@ class IndexedStream:
         return len(self.dataset) // global_batch * global_batch  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
+        return self._fetched() if self._in_process else self._loaded()
+
+    def _loaded(self) -> Iterator[Any]:
         while True:
             for batch in self._loader.epoch(self.epoch):
                 self.position += self.batch_size * self.world_size
+                yield batch
+            self.epoch += 1
+            self.position = 0
+
+    def _fetched(self) -> Iterator[Any]:
+        """The batches _RankBatches hands the DataLoader, fetched here (0 workers, nothing pinned)."""
+        n, size, fetch = len(self.dataset), self.batch_size, self._fetch
+        global_batch = size * self.world_size
+        while True:
+            order = epoch_order(n, self.seed, self.epoch, self.shuffle)
+            while self.position + global_batch <= n:
+                start = self.position + self.rank * size
+                batch = fetch(order[start : start + size])
+                self.position += global_batch
                 yield batch
             self.epoch += 1
             self.position = 0
@@ -259,6 +291,20 @@ class IndexedStream:
 
     def close(self) -> None:
         self._loader.close()
+
+
+def _fetcher(dataset: Any, collate_fn: Callable[[Any], Any] | None) -> Callable[[torch.Tensor], Any]:
+    """index (B,) -> the batch, as the DataLoader's own fetcher makes it (whole-batch `__getitems__` or one
+    sample at a time, then `collate_fn`); a TakesIndex data set takes the tensor itself."""
+    collate = collate_fn or default_collate
+    if isinstance(dataset, TakesIndex):
+        take = dataset.take
+        return take if collate is as_batch else lambda index: collate(take(index))
+    # torch's protocol for whole-batch fetching (what the DataLoader's fetcher looks for)
+    many = getattr(dataset, "__getitems__", None)
+    if many is not None:
+        return lambda index: collate(many(index.tolist()))
+    return lambda index: collate([dataset[i] for i in index.tolist()])
 
 
 def eval_batches(

@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+
+FLUSH_SECONDS = 1.0
+
+
+class Pace:
+    """Due about once every `seconds`: when the progress lines kept since the last time are written out.
+
+    Formatting and writing a line at every log step costs the update loop more than the work itself (cold code,
+    a write call each: measured, docs/training.md), while whoever reads the file (`tail -f`) is served as well by
+    the lines of the last second at once. The owners also write out at once at messages, evaluations, checkpoint
+    commits and close: what a hard kill can lose is the last second's progress lines, never a line a checkpoint
+    depends on."""
+
+    def __init__(self, seconds: float = FLUSH_SECONDS) -> None:
+        self.seconds = seconds
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
 
 
 class Tracker(Protocol):
@@ -25,6 +50,11 @@ class Tracker(Protocol):
 
     def flush(self) -> None:
         """Called after each checkpoint commit (and before mirroring)."""
+        ...
+
+    def show(self) -> None:
+        """What was logged so far out to readers (buffered lines written): cheap, no mirroring. Called before the
+        loop goes quiet for a while (an evaluation)."""
         ...
 
     def close(self) -> None: ...
@@ -53,6 +83,10 @@ class Trackers:
     def flush(self) -> None:
         for sink in self.sinks:
             sink.flush()
+
+    def show(self) -> None:
+        for sink in self.sinks:
+            sink.show()
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from hpctrain.track.base import Pace
+
 REDRAW_SECONDS = 0.25
 
 
@@ -38,6 +40,11 @@ SHOWN = ("loss", "lr", "updates_per_s", "samples_per_s", "events_per_s", "muons_
 ON_BAR = ("loss", "updates_per_s", "lr", "data_share")
 
 
+def _line(step: int, total: int, scalars: dict[str, float]) -> str:
+    shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
+    return f"update {step}/{total} | " + " | ".join(shown)
+
+
 class Console:
     """`update` at log steps, `tick` at every update (cheap: a bar redraw only when due), `message` for lines
     that must not tear the bar, `close` before the run's last line."""
@@ -53,6 +60,9 @@ class Console:
     ) -> None:
         self.stream = stream or sys.stdout
         self.log_file = log_file  # plain lines also go here (training.log), bar or not
+        # a log step's figures, shown about once a second (messages, flush and close at once): see Pace
+        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._pace = Pace()
         self.total = total
         self.start = start
         self._time_left = time_left or (lambda: None)
@@ -74,17 +84,28 @@ class Console:
             )
 
     def update(self, step: int, scalars: dict[str, float]) -> None:
+        """A log step's figures: on the bar at once (its rate), as lines about once a second (see Pace)."""
         self._rate = scalars.get("updates_per_s", self._rate)
-        shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
-        line = f"update {step}/{self.total} | " + " | ".join(shown)
-        self._to_log(line)
-        if self._bar is None:
-            print(line, file=self.stream, flush=True)
-            return
-        self._postfix = " | ".join(
-            _fmt(k.replace("_per_s", "/s"), scalars[k]) for k in ON_BAR if k in scalars
-        )
+        self._pending.append((step, scalars))
+        if self._pace.due():
+            self.flush()
         self.tick(step)
+
+    def flush(self) -> None:
+        """The lines of the figures kept since the last time, written and flushed out."""
+        if not self._pending:
+            return
+        lines = "".join(f"{_line(step, self.total, scalars)}\n" for step, scalars in self._pending)
+        last = self._pending[-1][1]
+        self._pending = []
+        if self.log_file is not None and not self.log_file.closed:
+            self.log_file.write(lines)
+            self.log_file.flush()
+        if self._bar is None:
+            self.stream.write(lines)
+            self.stream.flush()
+        else:
+            self._postfix = " | ".join(_fmt(k.replace("_per_s", "/s"), last[k]) for k in ON_BAR if k in last)
 
     def tick(self, step: int) -> None:
         if self._bar is None:
@@ -122,6 +143,7 @@ class Console:
             self.log_file.flush()
 
     def message(self, text: str) -> None:
+        self.flush()  # the progress lines before it first
         self._to_log(text)
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
@@ -130,6 +152,7 @@ class Console:
 
     def close(self) -> None:
         """End the bar's line; safe to call twice (the trainer closes it before its final line)."""
+        self.flush()
         if self._bar is not None:
             self._sync(self._step)  # the last state, even if its redraw was not due yet
             self._bar.close()
@@ -152,6 +175,9 @@ class NullConsole(Console):
         pass
 
     def message(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.fsutil import atomic_write_text
+from hpctrain.track.base import Pace
 
 
 def _clean(value: float) -> float | None:
@@ -28,7 +29,11 @@ class MetricsFile:
             self.truncate_after(resume_step)
         elif path.exists():
             path.unlink()
-        self._handle = open(path, "a", buffering=1)  # noqa: SIM115 (open for the run, closed in close())
+        self._handle = open(path, "a")  # noqa: SIM115 (open for the run, closed in close())
+        # Records kept and written about once a second (see Pace), and at every checkpoint commit (flush): a
+        # record past the last commit is dropped on resume anyway (truncate_after).
+        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._pace = Pace()
 
     def truncate_after(self, step: int) -> None:
         """Drop records of updates after the checkpoint we resume from: they will be done again."""
@@ -45,11 +50,16 @@ class MetricsFile:
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        self._pending.append((step, scalars))
+        if self._pace.due():
+            self.show()
+
+    def _line(self, step: int, scalars: dict[str, float]) -> str:
         record: dict[str, Any] = {"step": step}
         record.update({k: _clean(float(v)) for k, v in scalars.items()})
         if self._hop is not None:
             record["hop"], self._hop = self._hop, None
-        self._handle.write(json.dumps(record) + "\n")
+        return json.dumps(record) + "\n"
 
     def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
         pass
@@ -58,9 +68,16 @@ class MetricsFile:
         return {}
 
     def flush(self) -> None:
+        self.show()
+
+    def show(self) -> None:
+        if self._pending:
+            self._handle.write("".join(self._line(step, scalars) for step, scalars in self._pending))
+            self._pending.clear()
         self._handle.flush()
 
     def close(self) -> None:
+        self.show()
         self._handle.close()
 
 

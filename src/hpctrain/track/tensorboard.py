@@ -100,6 +100,9 @@ class TensorBoardTracker:
         self.writer.flush()
         self._mirror()
 
+    def show(self) -> None:
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
         self._mirror()

@@ -186,6 +186,9 @@ class WandbTracker:
     def flush(self) -> None:
         pass  # wandb writes its offline file continuously; nothing to force at a checkpoint
 
+    def show(self) -> None:
+        pass
+
     def close(self) -> None:
         self._add_run_summary()
         self._run.finish()

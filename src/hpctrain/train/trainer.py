@@ -302,13 +302,16 @@ class Trainer:
         return empty, stop
 
     def _next_update(self, batches: Any) -> list[MicroBatch] | None:
-        micro: list[MicroBatch] = []
-        for _ in range(self.cfg.train.grad_accum_steps):
-            micro.extend(self.task.split(next(batches)))
+        split, device, to_device = self.task.split, self.device, self.task.to_device
+        micro = split(next(batches))
+        for _ in range(self.cfg.train.grad_accum_steps - 1):
+            micro = micro + split(next(batches))
+        if len(micro) == 1:  # the common case, one piece: no passes over a list
+            m = micro[0]
+            return [MicroBatch(to_device(m.data, device), 1.0, m.samples)] if m.samples else None
         total = sum(m.samples for m in micro)
         if total == 0:
             return None
-        device, to_device = self.device, self.task.to_device
         return [
             MicroBatch(to_device(m.data, device), m.samples / total, m.samples) for m in micro if m.samples
         ]
@@ -406,6 +409,8 @@ class Trainer:
     # ---- evaluation ---------------------------------------------------------------------------------------
 
     def _evaluate(self) -> EvalResult:
+        self.console.flush()  # the progress lines so far out before the loop goes quiet
+        self.trackers.show()
         start = time.perf_counter()
         rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
         sums, stop = self.evaluator.sums(self.raw_modules)
@@ -473,6 +478,7 @@ class Trainer:
         self.budget.save.observe(seconds)
         self._last_save_clock = time.monotonic()
         self.chain.progress(self.state.step, self.timers.training_seconds)
+        self.console.flush()  # (the trackers' lines: at the commit)
 
     def _check_finite(self) -> None:
         """Before every save: the losses since the last check and the weights must be finite on every rank,

@@ -27,9 +27,12 @@ def make_dataset(n: int, in_features: int, noise: float, seed: int, split: int =
 class TensorSamples(TensorDataset):
     """In-memory samples fetched a whole batch at a time (one gather, no per-sample collate)."""
 
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The samples `index` (B,): one gather per tensor (data/loader.py TakesIndex)."""
+        return tuple([t[index] for t in self.tensors])
+
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
-        index = torch.as_tensor(indices)
-        return tuple(t[index] for t in self.tensors)
+        return self.take(torch.as_tensor(indices))
 
 
 class MLP(nn.Module):
