@@ -354,7 +354,8 @@ def test_chain_moves_to_an_empty_scratch_through_the_federation(setup: Setup) ->
             break
         time.sleep(0.01)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 75, err[-3000:]  # stopped after its first of 600 updates (0: not stopped in time)
+    # stopped after its first of 600 updates (0: not stopped in time)
+    assert proc.returncode == 75, err[-3000:]
     remote_latest_is_complete(s.root / "ns" / "runs" / "chain")
     hop2 = cli(s, "train", *common, f"run.out_dir={s.tmp / 'B'}", *remote_args)
     assert hop2.returncode == 0, hop2.stderr[-3000:]
