@@ -169,14 +169,8 @@ class _RankBatches(Sampler[list[int]]):
         self.stream = stream
 
     def __iter__(self) -> Iterator[list[int]]:
-        s = self.stream
-        order = epoch_order(len(s.dataset), s.seed, s.epoch, s.shuffle)
-        global_batch = s.batch_size * s.world_size
-        position = s.position
-        while position + global_batch <= len(order):
-            start = position + s.rank * s.batch_size
-            yield order[start : start + s.batch_size].tolist()
-            position += global_batch
+        for index in self.stream.rank_indices():
+            yield index.tolist()
 
     def __len__(self) -> int:
         s = self.stream
@@ -270,18 +264,26 @@ class IndexedStream:
             self.position = 0
 
     def _fetched(self) -> Iterator[Any]:
-        """The batches _RankBatches hands the DataLoader, fetched here (0 workers, nothing pinned)."""
-        n, size, fetch = len(self.dataset), self.batch_size, self._fetch
-        global_batch = size * self.world_size
+        """The batches of the indices _RankBatches hands the DataLoader, fetched here (0 workers, nothing
+        pinned)."""
+        fetch, global_batch = self._fetch, self.batch_size * self.world_size
         while True:
-            order = epoch_order(n, self.seed, self.epoch, self.shuffle)
-            while self.position + global_batch <= n:
-                start = self.position + self.rank * size
-                batch = fetch(order[start : start + size])
+            for index in self.rank_indices():
+                batch = fetch(index)
                 self.position += global_batch
                 yield batch
             self.epoch += 1
             self.position = 0
+
+    def rank_indices(self) -> Iterator[torch.Tensor]:
+        """(batch_size,) this rank's sample indices of each global batch of the epoch, from the position on."""
+        order = epoch_order(len(self.dataset), self.seed, self.epoch, self.shuffle)
+        global_batch = self.batch_size * self.world_size
+        position = self.position
+        while position + global_batch <= len(order):
+            start = position + self.rank * self.batch_size
+            yield order[start : start + self.batch_size]
+            position += global_batch
 
     def state_dict(self) -> dict[str, Any]:
         return position_state(self.epoch, self.position, self._files_state)
