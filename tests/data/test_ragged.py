@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from hpctrain.data import ragged
 from hpctrain.data.ragged import (
-    BLOCK_ROWS,
     fixed_list,
     fixed_rows,
     gather_ragged,
@@ -56,21 +56,38 @@ def test_fixed_rows_and_gather() -> None:
 
 
 def test_take_ragged_equals_the_row_gather() -> None:
-    """Big events copied as blocks, small ones gathered by row: the same rows in the same order as a per-row
-    gather, for any mix of sizes around the block threshold (empty events included)."""
+    """Events gathered as blocks of bytes: the same rows in the same order as a per-row gather, for any mix of
+    sizes (empty events, repeated and missing events included), into `out` or into a new writable array."""
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(0, 40))
-        counts = rng.integers(0, 3 * BLOCK_ROWS, size=n)
+        counts = rng.integers(0, 100, size=n)
         counts[rng.random(n) < 0.3] = 0
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        values = rng.random((int(offsets[-1]), 3), dtype=np.float32)
-        index = rng.permutation(n)[: int(rng.integers(0, n + 1))]
+        width = int(rng.integers(1, 5))
+        values = rng.random((int(offsets[-1]), width), dtype=np.float32)
+        index = rng.integers(0, n, size=int(rng.integers(0, 2 * n + 1))) if n else np.zeros(0, np.int64)
         expected = take_rows(values, gather_ragged(offsets, index)[0])
         out = np.full_like(expected, -1.0)
-        take_ragged(values, offsets, index, out, np.empty(7, dtype=np.int64))
+        assert take_ragged(values, offsets, index, out) is out
         assert np.array_equal(out, expected)
+        got = take_ragged(values, offsets, index)
+        assert got.shape == expected.shape and np.array_equal(got, expected)
+        if len(got):
+            got[0, 0] = 7.0  # writable, and not a view of `values`
+            assert got[0, 0] == 7.0 and not np.shares_memory(got, values)
+
+
+@pytest.mark.parametrize("limit", [2**31, 0])
+def test_take_ragged_of_int64_rows_and_a_sliced_source(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any row type (ids are int64 pairs) and values that start mid-buffer (a view); limit 0: the int64
+    offsets of sources past 2 GiB."""
+    monkeypatch.setattr(ragged, "BINARY_LIMIT", limit)
+    values = np.arange(40, dtype=np.int64).reshape(20, 2)[4:]
+    offsets = np.array([0, 3, 3, 10, 16])
+    got = take_ragged(values, offsets, np.array([3, 0, 2]))
+    assert np.array_equal(got, np.concatenate([values[10:16], values[0:3], values[3:10]]))
 
 
 def test_numbers_are_buffer_views_that_respect_slices_and_nulls() -> None:

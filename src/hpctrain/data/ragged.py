@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 def _single(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -151,48 +152,44 @@ def gather_ragged(
     return np.cumsum(rows, out=rows), counts
 
 
-BLOCK_ROWS = 32  # an event with at least this many rows is copied as one block (see take_ragged)
+BINARY_LIMIT = 2**31  # bytes an Arrow binary array's int32 offsets reach; beyond: large_binary (int64)
 
 
 def take_ragged(
-    values: np.ndarray,
-    offsets: np.ndarray,
-    index: np.ndarray,
-    out: np.ndarray,
-    scratch: np.ndarray | None = None,
+    values: np.ndarray, offsets: np.ndarray, index: np.ndarray, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """`values` rows of the events `index` concatenated in that order, written into `out` (sum counts, width).
+    """`values` rows of the events `index` concatenated in that order: (sum counts, width), written into `out`
+    when given, else a new writable array.
 
-    values (rows, width) C-contiguous with `offsets` (events + 1,) into it; `scratch` as in gather_ragged.
-    Big events (>= BLOCK_ROWS rows, most of the rows in muon data: ~20% of the events hold ~97% of the muons)
-    are copied as one block each, small ones through one row-index gather: a per-row index for every row
-    costs two passes over an int64 array as long as the output before the copy itself (~1.5x slower in all,
-    measured on the synthetic muon files). The loop runs once per big event, never per row."""
-    index = np.asarray(index, dtype=np.int64)
-    starts = offsets[index]
-    counts = offsets[index + 1] - starts
-    dst = np.zeros(len(index) + 1, dtype=np.int64)  # (n + 1,) where each event starts in `out`
-    np.cumsum(counts, out=dst[1:])
+    values (rows, width) C-contiguous with `offsets` (events + 1,) into it. Each event's rows are one block of
+    bytes, so the events are seen as an Arrow binary array (zero copy) and gathered by Arrow's `take`: one
+    memcpy per event in C++. Muon events are mostly big blocks (~20% of the events hold ~97% of the muons):
+    a per-row index for every row would cost two passes over an int64 array as long as the output before the
+    copy itself, and a Python loop over the big events ~0.6 us each; this is ~3.5x faster than either on the
+    synthetic muon files (~4x the plain copy of the same bytes, ~2x with `out`)."""
     values = np.ascontiguousarray(values)
+    index = np.asarray(index, dtype=np.int64)
     width = values.shape[1] if values.ndim == 2 else 1
-    if int(dst[-1]) == 0 or width == 0:
-        return out
-    big = counts >= BLOCK_ROWS
-    small = np.flatnonzero(~big)
-    item = np.dtype((np.void, width * values.dtype.itemsize))
-    src_items, out_items = values.view(item).reshape(-1), out.view(item).reshape(-1)
-    if len(small) and int(counts[small].sum()):
-        rows, _ = gather_ragged(offsets, index[small], scratch)
-        out_rows, _ = gather_ragged(dst, small)
-        out_items[out_rows] = src_items[rows]
-    # one block copy per big event, through byte views (cheaper to slice than 2-D arrays)
-    src_bytes, out_bytes = src_items.view(np.uint8), out_items.view(np.uint8)
-    b = np.flatnonzero(big)
-    size = item.itemsize
-    for s, d, k in zip(
-        (starts[b] * size).tolist(), (dst[b] * size).tolist(), (counts[b] * size).tolist(), strict=True
-    ):
-        out_bytes[d : d + k] = src_bytes[s : s + k]
+    row_bytes = width * values.dtype.itemsize
+    rows = int((offsets[index + 1] - offsets[index]).sum()) if len(index) else 0
+    shape = (rows, width) if values.ndim == 2 else (rows,)
+    if rows == 0 or row_bytes == 0:
+        return out if out is not None else np.empty(shape, dtype=values.dtype)
+    byte_offsets = np.asarray(offsets, dtype=np.int64) * row_bytes
+    large = int(byte_offsets[-1]) >= BINARY_LIMIT
+    kind, offset_type = (pa.large_binary(), np.int64) if large else (pa.binary(), np.int32)
+    blocks = pa.Array.from_buffers(
+        kind,
+        len(offsets) - 1,
+        [None, pa.py_buffer(byte_offsets.astype(offset_type, copy=False)), pa.py_buffer(values)],
+    )
+    taken = pc.take(
+        blocks, pa.array(index), boundscheck=False, memory_pool=pa.system_memory_pool()
+    ).buffers()[2]  # the blocks back to back, in the order of `index`
+    got = np.frombuffer(taken, dtype=values.dtype, count=rows * width).reshape(shape)
+    if out is None:
+        return got  # Arrow's writable buffer, kept alive by the array
+    out[...] = got
     return out
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -351,3 +352,84 @@ def test_units_proven_in_workers_are_remembered_by_the_main_process(tmp_path: Pa
         assert {(f, u, rows) for f, u, rows, _ in stream._dataset._proven} == {(0, 0, 100), (0, 1, 100)}
     finally:
         stream.close()
+
+
+def _batches(stream: EventStream, n: int) -> list[tuple[list[int], int, int, int]]:
+    """(event keys, muons, epoch, position) of the next n batches."""
+    out, it = [], iter(stream)
+    for _ in range(n):
+        batch = next(it)
+        state = stream.state_dict()
+        out.append(
+            (keys(batch.ids.numpy()).tolist(), float(batch.muons.sum()), state["epoch"], state["position"])
+        )
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_reading_ahead_changes_no_batch(
+    muon_files: list[str], world: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0 workers: the row groups are decoded on the read-ahead thread, and every batch, epoch and position is
+    the one read without it, over three epochs and after a resume mid-epoch."""
+    threads: set[str] = set()
+    fetch = layouts.ParquetReader.fetch_unit
+
+    def noted(reader: layouts.ParquetReader, i: int) -> object:
+        threads.add(threading.current_thread().name)
+        return fetch(reader, i)
+
+    monkeypatch.setattr(layouts.ParquetReader, "fetch_unit", noted)
+    bs = 24 // world
+    for rank in range(world):
+        runs = {}
+        for ahead in (False, True):
+            stream = event_stream(
+                muon_files, bs, seed=2, rank=rank, world_size=world, shuffle_window=150, read_ahead=ahead
+            )
+            per_epoch = stream.samples_per_epoch // (bs * world)
+            first = _batches(stream, per_epoch + 7)
+            state = stream.state_dict()
+            stream.close()
+            again = event_stream(
+                muon_files, bs, seed=2, rank=rank, world_size=world, shuffle_window=150, read_ahead=ahead
+            )
+            again.load_state_dict(state)
+            runs[ahead] = first + _batches(again, 2 * per_epoch)
+            again.close()
+        assert runs[True] == runs[False]
+    assert {"MainThread", "hpctrain-read-ahead_0"} <= threads  # both ways taken
+
+
+def test_a_corrupt_row_group_read_ahead_is_the_same_one_line_or_skip(tmp_path: Path) -> None:
+    """A row group that cannot be decoded fails where its batch is due (not when it is read ahead) with the
+    same line naming it; with on_bad_file=skip the same events are counted and the same batches follow."""
+    from .test_bad_data import corrupt_row_group
+
+    files = write_set(tmp_path / "d", files=2, events=200, row_group=50)
+    corrupt_row_group(files[1], 1)
+    expected = keys(layouts.read_all(files[0])[1].ids)
+    seen = {}
+    for ahead in (False, True):
+        stream = event_stream(files, 20, seed=0, shuffle=False, read_ahead=ahead)
+        try:
+            good = take(stream, 12)  # file 0, then file 1's first 40 events (its row group 0)
+            assert np.array_equal(np.concatenate([keys(b.ids.numpy()) for b in good[:10]]), expected)
+            with pytest.raises(
+                UserError, match=rf"{files[1]}: row group 1 cannot be read.*on_bad_file=skip"
+            ) as err:
+                take(stream, 1)
+        finally:
+            stream.close()
+        run = tmp_path / f"run{ahead}"
+        stream = event_stream(
+            files, 20, seed=0, shuffle=False, read_ahead=ahead, on_bad_file="skip", run_dir=run
+        )
+        try:
+            got = [keys(b.ids.numpy()).tolist() for b in take(stream, 30)]  # into the second epoch
+            assert stream.stats["bad_file_events"] >= 100  # row group 1, once an epoch
+            seen[ahead] = (str(err.value), got, dict(stream.stats), (run / "bad_files.txt").read_text())
+        finally:
+            stream.close()
+    assert "row group 1 cannot be read" in seen[True][3]
+    assert seen[True] == seen[False]

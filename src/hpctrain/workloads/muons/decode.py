@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
 from hpctrain.data.lent_buffers import Borrowed
+from hpctrain.data.read_ahead import ReadAhead
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
@@ -74,7 +75,6 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         self._plan: EpochPlan | None = None
         self._readers: OrderedDict[int, layouts.Reader] = OrderedDict()
         self._paths: dict[int, str] | None = None  # the current item's staged paths
-        self._scratch = np.empty(0, dtype=np.int64)
         self._recycled = Recycled()
         self._borrowed = Borrowed()
         # Units whose muons were proven fine (outliers.muons_fine), keyed by (file, unit, rows, the file's
@@ -82,6 +82,9 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         # two passes over the muons (~10% of a shuffled epoch's CPU); a file rewritten since gets a new key.
         self._proven: set[tuple[int, int, int, tuple[int, int, int]]] = set()
         self._identity: dict[int, tuple[int, int, int]] = {}
+        # 0 workers: units decoded on a background thread, announced an item ahead (start_read_ahead)
+        self._ahead: ReadAhead[Unit, tuple[layouts.Reader, Any]] | None = None
+        self._located: dict[tuple[int, int], Located] = {}  # announced items, located already
 
     def __len__(self) -> int:
         return self.index.total
@@ -92,7 +95,10 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         return self._plan
 
     def close(self) -> None:
-        """Close the open files."""
+        """Stop reading ahead, close the open files."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         while self._readers:
             self._readers.popitem()[1].close()
 
@@ -103,6 +109,29 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             UserError
         ) as err:  # raised again on the main side: a worker's exception would carry its traceback
             return ItemError(str(err))
+
+    # ---- reading ahead (main process, 0 workers, local files) ----------------------------------------------
+
+    def start_read_ahead(self) -> None:
+        """From now on every unit is decoded on one background thread; `announce` starts an item's early."""
+        if self._ahead is None:
+            self._ahead = ReadAhead(self._fetch)
+
+    def announce(self, item: WorkItem) -> None:
+        """Start decoding the units `item` needs (after those announced before): it comes next but one."""
+        if self._ahead is None:
+            return
+        at = self._locate(item)
+        while len(self._located) >= 4:  # announced but never asked for (a restart): forgotten
+            self._located.pop(next(iter(self._located)))
+        self._located[(item.epoch, item.chunk)] = at
+        self._ahead.announce(at.units[j] for j in np.unique(at.unit))
+
+    def forget_announced(self) -> None:
+        """The items announced so far will not come (the sampler starts again)."""
+        self._located.clear()
+        if self._ahead is not None:
+            self._ahead.forget()
 
     # ---- files ---------------------------------------------------------------------------------------------
 
@@ -130,13 +159,21 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             self._readers.popitem(last=False)[1].close()
         return reader
 
+    def _fetch(self, unit: Unit) -> tuple[layouts.Reader, Any]:
+        """The costly half of reading a unit (on the read-ahead thread, if there is one): its reader, and the
+        unit as the reader fetched it (`unit_of` makes its events)."""
+        reader = self._reader(unit.file)
+        return reader, reader.fetch_unit(unit.unit)
+
     def _read(self, f: int, u: int, rows: int, stats: dict[str, int]) -> layouts.Events | None:
         """Unit u of file f (its first `rows` events), or None when the file is bad and skipped."""
         if self._paths is not None and f not in self._paths:  # could not be staged: noted by the sampler
             stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
             return None
         try:
-            events = self._reader(f).read_unit(u)
+            unit = Unit(f, u, rows)
+            reader, fetched = self._fetch(unit) if self._ahead is None else self._ahead.get(unit)
+            events = reader.unit_of(u, fetched)
         except Exception as err:  # a corrupt row group, a file gone or changed: many types (see layouts)
             path = self.index.files[f]  # the URI of a staged file, not its copy on scratch
             local = path if self._paths is None else self._paths.get(f, path)
@@ -221,7 +258,7 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
     def _item(self, item: WorkItem) -> ItemResult:
         if item.paths is not None:
             self._use_staged(item.paths)
-        at = self._locate(item)
+        at = self._located.pop((item.epoch, item.chunk), None) or self._locate(item)
         stats: dict[str, int] = {}
         decoded = self._decode(at.units, np.unique(at.unit), stats)
         data = decoded.events
@@ -241,14 +278,9 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         where = at.where
         if not ok.all():
             row, where = row[ok], where[ok]
-        muons = int(data.counts[row].sum()) if len(row) else 0
-        if len(self._scratch) < muons:  # room for the muon indices of the gather, kept between items
-            self._scratch = np.empty(muons + muons // 4, dtype=np.int64)
         start = int(at.plan.starts[item.chunk])
         lent = self._borrowed.hold(item.loan) if item.loan is not None else None
-        events, buffer, in_lent = gather(
-            data, offsets, row, where + start, self._scratch, self._recycled, lent
-        )
+        events, buffer, in_lent = gather(data, offsets, row, where + start, self._recycled, lent)
         slot = item.loan.slot if item.loan is not None else -1
         proofs = tuple(decoded.keys) if proven else ()  # for the main process to remember (see remember)
         return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent, proofs)

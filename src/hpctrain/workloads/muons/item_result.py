@@ -8,6 +8,7 @@ recycled buffer (or as views, when the rows are consecutive).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -153,16 +154,17 @@ def gather(
     offsets: np.ndarray,
     row: np.ndarray,
     where: np.ndarray,
-    scratch: np.ndarray,
     recycled: Recycled,
     lent: torch.Tensor | None = None,
 ) -> tuple[MuonBatch, torch.Tensor | None, bool]:
     """The events `row` of `data` in that order as one batch (positions `where`), with one copy of the muons
-    (`scratch`: int64 room for the muon indices, see gather_ragged; `recycled`: the main process's buffers),
-    its buffer, and whether that is `lent`.
+    (`recycled`: the main process's buffers), its buffer (None: its tensors are not all in one), and whether
+    that is `lent`.
 
     In a DataLoader worker the batch is written straight into one shared-memory buffer (`lent`, the buffer lent
-    with the item, if big enough); in the main process consecutive rows stay views of the decoded arrays."""
+    with the item, if big enough). In the main process consecutive rows stay views of the decoded arrays; in
+    another order the muons are gathered into a buffer of their own (take_ragged's: no second copy) and the
+    rest into a recycled one."""
     shared = get_worker_info() is not None
     n = len(row)
     contiguous = n > 0 and int(row[-1] - row[0]) == n - 1 and bool(np.all(row[1:] > row[:-1]))
@@ -172,20 +174,26 @@ def gather(
         return MuonBatch.from_numpy(*views, where), None, False
     counts = data.counts[row]  # (n,)
     m = int(counts.sum())
-    nbytes = packed_size(n, m)
-    in_lent = shared and lent is not None and lent.numel() >= nbytes
+    in_lent = shared and lent is not None and lent.numel() >= packed_size(n, m)
+    buffer: torch.Tensor | None
     if in_lent:
         buffer, batch = packed(n, m, buffer=lent)
-    else:
-        buffer, batch = packed(n, m, shared=True) if shared else packed(n, m, buffer=recycled.get(nbytes))
+    elif shared:
+        buffer, batch = packed(n, m, shared=True)
+    else:  # in the main process: the muons in take_ragged's own buffer, the rest packed without them
+        _, batch = packed(n, 0, buffer=recycled.get(packed_size(n, 0)))
+        muons = torch.from_numpy(take_ragged(data.muons, offsets, row).reshape(m, 3))
+        buffer, batch = None, dataclasses.replace(batch, muons=muons)
     batch.counts.numpy()[:] = counts
     batch.offsets[0] = 0
     np.cumsum(counts, out=batch.offsets.numpy()[1:])
     take_rows(data.primaries, row, out=batch.primaries.numpy())
     take_rows(data.ids, row, out=batch.ids.numpy())
     batch.positions.numpy()[:] = where
-    if contiguous:
-        batch.muons.numpy()[:] = data.muons[offsets[row[0]] : offsets[row[-1] + 1]]
-    else:
-        take_ragged(data.muons, offsets, row, batch.muons.numpy(), scratch)
+    if buffer is not None:  # (else gathered above)
+        muons_out = batch.muons.numpy()
+        if contiguous:
+            muons_out[:] = data.muons[offsets[row[0]] : offsets[row[-1] + 1]]
+        else:
+            take_ragged(data.muons, offsets, row, muons_out)
     return batch, buffer, in_lent

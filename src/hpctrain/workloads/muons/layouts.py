@@ -257,10 +257,25 @@ class ParquetReader:
         )
 
     def read_unit(self, i: int) -> Events:
+        return self.unit_of(i, self.fetch_unit(i))
+
+    def fetch_unit(self, i: int) -> pa.Table | None:
+        """Row group i as Arrow decodes it: nearly all of a unit's cost, with the GIL released (a background
+        thread may run it: decode.py's read-ahead). `unit_of` makes the events of it."""
         if self.layout == "empty":
+            return None
+        try:
+            # one thread: the muon column is nearly all of the work, so pyarrow's pool would add hand-offs
+            return self.file.read_row_group(i, columns=self._columns, use_threads=False)
+        except Exception as err:  # a corrupt page or row group: pyarrow raises many types
+            raise unreadable(self.path, err, f"row group {i} cannot be read") from None
+
+    def unit_of(self, i: int, table: pa.Table | None) -> Events:
+        """The events of row group i from its table (`fetch_unit`), their widths checked."""
+        if table is None:
             return concat_events([])
         try:
-            events = self._read_unit(i)
+            events = self._events(i, table)
         except LayoutError:
             raise
         except Exception as err:  # a corrupt page or row group: pyarrow raises many types
@@ -268,9 +283,7 @@ class ParquetReader:
         first_batch.note(self.path, events)  # data.report_first_batch
         return events
 
-    def _read_unit(self, i: int) -> Events:
-        # one thread: the muon column is nearly all of the work, so pyarrow's pool would add hand-offs, not speed
-        table = self.file.read_row_group(i, columns=self._columns, use_threads=False)
+    def _events(self, i: int, table: pa.Table) -> Events:
         pwidth, mwidth, _, _ = _WIDTHS[self.layout]
         raw_prim, width = fixed_rows(table.column("primary"), f"{self.path}: primary")
         if len(raw_prim) and width != pwidth:
@@ -348,6 +361,10 @@ class HDF5Reader:
         self.unit_rows = [min(unit_events, n - s) for s in range(0, n, unit_events)]
 
     def read_unit(self, i: int) -> Events:
+        return self.unit_of(i, self.fetch_unit(i))
+
+    def fetch_unit(self, i: int) -> Events:
+        """Unit i's events (all the work: `unit_of` has nothing left to do)."""
         a = i * self.unit_events
         b = a + self.unit_rows[i]
         try:
@@ -357,6 +374,9 @@ class HDF5Reader:
             raise unreadable(self.path, err, f"events {a}..{b - 1} cannot be read") from None
         events = _select("hdf5", raw_prim, raw_muons, self.counts[a:b].copy(), None)
         first_batch.note(self.path, events)  # data.report_first_batch
+        return events
+
+    def unit_of(self, i: int, events: Events) -> Events:
         return events
 
     def close(self) -> None:

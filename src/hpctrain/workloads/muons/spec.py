@@ -90,6 +90,13 @@ class MuonData(DataConfigBase):
         description="Ready batches kept ahead by a background thread (0 = none).",
         json_schema_extra=MAY_CHANGE,
     )
+    read_ahead: bool = Field(
+        True,
+        description="With num_workers=0 and local files: one background thread decodes the next work item's "
+        "row groups while this one is gathered and trained on (Arrow's decode releases the GIL); false: "
+        "everything in the training thread.",
+        json_schema_extra=MAY_CHANGE,
+    )
     max_events: int = Field(0, ge=0, description="Use only the first N events of the files (0 = all).")
     hdf5_unit_events: int = Field(
         UNIT_EVENTS,

@@ -68,8 +68,24 @@ class _Items(Sampler[WorkItem]):
     def __iter__(self) -> Iterator[WorkItem]:
         s = self.stream
         if not s._continuous:
-            return self._epoch(s._start_epoch, s._start_position)
-        return self._epochs(s._start_epoch, s._start_position)
+            items = self._epoch(s._start_epoch, s._start_position)
+        else:
+            items = self._epochs(s._start_epoch, s._start_position)
+        return self._announced(items) if s.read_ahead else items
+
+    def _announced(self, items: Iterator[WorkItem]) -> Iterator[WorkItem]:
+        """The items, each announced to the data set (decoding starts) while the one before is handed out."""
+        dataset = self.stream._dataset
+        dataset.forget_announced()
+        current = next(items, None)
+        if current is None:
+            return
+        dataset.announce(current)
+        for following in items:
+            dataset.announce(following)
+            yield current
+            current = following
+        yield current
 
     def _epoch(self, epoch: int, position: int) -> Iterator[WorkItem]:
         s = self.stream
@@ -158,6 +174,10 @@ class EventStream:
         # more for batches the consumer still holds); 0 workers reuse their own (decode.Recycled)
         workers = options.num_workers
         self._lent = LentBuffers(workers * options.prefetch_factor + 4) if workers else None
+        # 0 workers, local files: units decoded on a background thread an item ahead (data.read_ahead)
+        self.read_ahead = data.read_ahead and workers == 0 and self._staged is None
+        if self.read_ahead:
+            self._dataset.start_read_ahead()
         self._loader = make_loader(
             self._dataset,
             options,
