@@ -16,7 +16,11 @@ between epochs (persistent_workers, as a training run of several epochs would se
 - raw: pyarrow row groups -> flat NumPy muons and counts from the offsets (no shuffle, no checks): the limit;
 - loader0 / loader0_ordered / loader1 / loader2: EventStream with 0, 1, 2 DataLoader workers (shuffled), and
   with 0 workers in file order; read as training reads it (the endless stream: the workers go on into the
-  next epoch while this one's last batches are used), `--passes` epochs' worth of batches;
+  next epoch while this one's last batches are used), `--passes` epochs' worth of batches. With 0 workers
+  the row groups are decoded an item ahead on one background thread (data.read_ahead: the default where
+  CUDA is available; its CPU cost shows in the cpu_ratio figures);
+- loader0_sync: 0 workers, shuffled, read_ahead off (the default on CPU, where torch's threads use every
+  core): decode, gather and bookkeeping one after the other in one thread;
 - upstream: the physicists' reader, cr_muons `ParquetBatchIterableDataset` as on their main branch
   (training/hf_dataloader.py), on their schema: `list<float>` primaries and `list<list<float>>` muons are not
   fixed-size lists, so both take its per-row fallback (each row's `as_py()`: a tensor per primary, an array per
@@ -25,7 +29,8 @@ between epochs (persistent_workers, as a training run of several epochs would se
   primaries vectorised, record batches of max(4096, batch size), muons still per row: the faster of the two.
 
 The LAST line printed is one JSON object, medians over the rounds (each with a `*_spread` [min, max]):
-ratio_vs_raw (loader, 0 workers, shuffled, over raw decode, in muons/s; goal >= 0.95), ordered_ratio_vs_raw,
+ratio_vs_raw (loader, 0 workers, shuffled, over raw decode, in muons/s; goal >= 0.95), sync_ratio_vs_raw
+(the same without reading ahead), ordered_ratio_vs_raw,
 workers1_ratio_vs_raw, workers2_over_1_ratio (goal >= 1.7), ratio_vs_upstream (loader, 0 workers, over the
 upstream reader, in muons/s; goal >= 50), workers2_ratio_vs_upstream (2 workers over the upstream's one core),
 ratio_vs_upstream_rewrite, the same per CPU second (cpu_ratio_*: what each costs, less bent by other processes
@@ -72,7 +77,12 @@ def raw(files: list[str]) -> tuple[int, int]:
 
 
 def loader(
-    files: list[str], workers: int, batch_size: int, passes: int, shuffle: bool = True
+    files: list[str],
+    workers: int,
+    batch_size: int,
+    passes: int,
+    shuffle: bool = True,
+    read_ahead: bool = True,
 ) -> tuple[int, int, float, float, float, float]:
     """Epochs 0 and 1 untimed (workers start; the lent buffers are made, over the first two epochs with two
     workers: ~15 ms of the main process's CPU each), then `passes` epochs: (events, muons, seconds, CPU s, first
@@ -87,6 +97,7 @@ def loader(
         prefetch_factor=4,
         shuffle=shuffle,
         persistent_workers=workers > 0,
+        read_ahead=read_ahead,
     )
     stream = EventStream(files, data, seed=0)
     per_epoch = stream.samples_per_epoch // batch_size
@@ -217,9 +228,9 @@ def phase(args: argparse.Namespace) -> None:
 
     name, passes = args.phase, args.passes
     if name.startswith("loader"):
-        workers = 0 if name == "loader0_ordered" else int(name.removeprefix("loader"))
+        workers = int(name.removeprefix("loader")[0])
         events, muons, seconds, cpu, first, main = loader(
-            files, workers, args.batch_size, passes, shuffle=name != "loader0_ordered"
+            files, workers, args.batch_size, passes, name != "loader0_ordered", name != "loader0_sync"
         )
     else:
         t0 = time.perf_counter()
@@ -263,9 +274,19 @@ def _median_spread(values: list[float]) -> tuple[float, list[float]]:
     return float(np.median(values)), [min(values), max(values)]
 
 
-PHASES = ("raw", "loader0", "loader0_ordered", "loader1", "loader2", "upstream", "upstream_rewrite")
+PHASES = (
+    "raw",
+    "loader0",
+    "loader0_sync",
+    "loader0_ordered",
+    "loader1",
+    "loader2",
+    "upstream",
+    "upstream_rewrite",
+)
 RATIOS = {  # name: (ours, baseline, unit)
     "ratio_vs_raw": ("loader0", "raw", "muons_per_s"),
+    "sync_ratio_vs_raw": ("loader0_sync", "raw", "muons_per_s"),
     "ordered_ratio_vs_raw": ("loader0_ordered", "raw", "muons_per_s"),
     "workers1_ratio_vs_raw": ("loader1", "raw", "muons_per_s"),
     "workers2_over_1_ratio": ("loader2", "loader1", "muons_per_s"),
@@ -274,6 +295,7 @@ RATIOS = {  # name: (ours, baseline, unit)
     "ratio_vs_upstream_rewrite": ("loader0", "upstream_rewrite", "muons_per_s"),
     # per CPU second (own process, threads, workers): what the loader costs, less bent by a loaded machine
     "cpu_ratio_vs_raw": ("loader0", "raw", "muons_per_cpu_s"),
+    "sync_cpu_ratio_vs_raw": ("loader0_sync", "raw", "muons_per_cpu_s"),
     "ordered_cpu_ratio_vs_raw": ("loader0_ordered", "raw", "muons_per_cpu_s"),
     "workers1_cpu_ratio_vs_raw": ("loader1", "raw", "muons_per_cpu_s"),
     "workers2_cpu_ratio_vs_raw": ("loader2", "raw", "muons_per_cpu_s"),

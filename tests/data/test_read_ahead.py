@@ -30,10 +30,8 @@ def test_announced_reads_run_ahead_in_order_on_one_thread() -> None:
     ahead = ReadAhead(reads)
     try:
         ahead.announce(["a", "b", "c"])
-        deadline = time.monotonic() + 30
-        while len(reads.done) < 3 and time.monotonic() < deadline:  # done meanwhile, without anyone asking
-            time.sleep(0.01)
-        assert reads.done == ["a", "b", "c"]
+        _settle(reads, 2)  # done meanwhile, without anyone asking (two ahead: the default depth)
+        assert reads.done == ["a", "b"]
         assert [ahead.get(k) for k in ("a", "b", "c")] == ["A", "B", "C"]
         assert ahead.get("d") == "D"  # not announced: read now, on the same thread
         assert reads.done == ["a", "b", "c", "d"]
@@ -59,16 +57,27 @@ def test_an_announced_key_is_read_once_and_its_error_raised_where_it_is_got() ->
         ahead.close()
 
 
-def test_unclaimed_reads_are_bounded_and_forgotten() -> None:
-    reads = Reads(delay=0.02)
-    ahead = ReadAhead(reads, keep=2)
+def _settle(reads: Reads, count: int) -> None:
+    """Wait (up to 30 s) until `count` reads are done; a moment more so that a read too many would show."""
+    deadline = time.monotonic() + 30
+    while len(reads.done) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def test_at_most_depth_reads_are_ahead_and_forgotten_ones_are_dropped() -> None:
+    reads = Reads()
+    ahead = ReadAhead(reads, depth=2)
     try:
-        ahead.announce(["a", "b", "c", "d"])  # a and b dropped: at most 2 wait to be got
-        assert ahead.get("d") == "D"
-        assert ahead.get("a") == "A"  # dropped before it ran (cancelled) or after: read again when asked
-        assert reads.done.count("a") in (1, 2) and len(ahead._pending) == 1  # c still waits
-        ahead.forget()
-        assert not ahead._pending
+        ahead.announce(["a", "b", "c", "d"])
+        _settle(reads, 2)
+        assert reads.done == ["a", "b"]  # two results held, the rest wait their turn
+        assert ahead.get("a") == "A"
+        _settle(reads, 3)
+        assert reads.done == ["a", "b", "c"]
+        ahead.forget()  # b and c read for nothing; d never read
+        assert ahead.get("d") == "D" and reads.done == ["a", "b", "c", "d"]
+        assert ahead.get("b") == "B" and reads.done.count("b") == 2  # forgotten: read again
     finally:
         ahead.close()
     with pytest.raises(RuntimeError):  # closed: the thread is gone

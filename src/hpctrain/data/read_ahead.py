@@ -1,4 +1,4 @@
-"""Reads announced ahead of their use, run in order on one background thread.
+"""Reads announced ahead of their use, run in order on one background thread, a bounded number ahead.
 
 With no DataLoader workers, the training thread would decode each work item's files itself and then gather it.
 Arrow's Parquet decode releases the GIL, so a second thread can decode the next item's units meanwhile: the
@@ -21,34 +21,44 @@ V = TypeVar("V")
 class ReadAhead(Generic[K, V]):
     """`read(key)` on one background thread: for keys announced ahead (in that order) and for any key got.
 
-    At most `keep` announced results wait to be got (the oldest are dropped beyond that: an announcement that
-    turned out wrong costs one wasted read, never memory without bound)."""
+    At most `depth` reads are started and not yet got: what is read ahead holds at most `depth` results in
+    memory (the rest of the announced keys wait their turn)."""
 
-    def __init__(self, read: Callable[[K], V], keep: int = 8) -> None:
-        self._read, self.keep = read, keep
+    def __init__(self, read: Callable[[K], V], depth: int = 2) -> None:
+        assert depth >= 1
+        self._read, self.depth = read, depth
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpctrain-read-ahead")
-        self._pending: OrderedDict[K, Future[V]] = OrderedDict()
+        self._waiting: OrderedDict[K, None] = OrderedDict()  # announced, not started
+        self._started: OrderedDict[K, Future[V]] = OrderedDict()  # started (maybe done), not got
 
     def announce(self, keys: Iterable[K]) -> None:
-        """Start reading `keys` (those not already pending), after the reads announced before."""
+        """Read `keys` (those not announced already) after the keys announced before."""
         for key in keys:
-            if key not in self._pending:
-                self._pending[key] = self._pool.submit(self._read, key)
-        while len(self._pending) > self.keep:
-            self._pending.popitem(last=False)[1].cancel()
+            if key not in self._started:
+                self._waiting[key] = None
+        self._start()
+
+    def _start(self) -> None:
+        while self._waiting and len(self._started) < self.depth:
+            key = next(iter(self._waiting))
+            del self._waiting[key]
+            self._started[key] = self._pool.submit(self._read, key)
 
     def get(self, key: K) -> V:
-        """The result of `read(key)`: the announced one, else read now (on the thread, after what is pending).
-        The read's exception, if any, is raised here."""
-        future = self._pending.pop(key, None)
+        """The result of `read(key)`: the one read ahead, else read now (on the thread, after the reads started
+        already). The read's exception, if any, is raised here."""
+        future = self._started.pop(key, None)
         if future is None:
+            self._waiting.pop(key, None)
             future = self._pool.submit(self._read, key)
+        self._start()  # the next announced reads follow this one at once
         return future.result()
 
     def forget(self) -> None:
         """Drop every announced read (the order they were announced for is no longer followed)."""
-        while self._pending:
-            self._pending.popitem()[1].cancel()
+        self._waiting.clear()
+        while self._started:
+            self._started.popitem()[1].cancel()  # (one already running ends, and its result is dropped)
 
     def close(self) -> None:
         """Stop the thread once the read in progress, if any, is done."""

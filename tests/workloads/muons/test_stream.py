@@ -433,3 +433,33 @@ def test_a_corrupt_row_group_read_ahead_is_the_same_one_line_or_skip(tmp_path: P
             stream.close()
     assert "row group 1 cannot be read" in seen[True][3]
     assert seen[True] == seen[False]
+
+
+def test_read_ahead_is_on_where_a_gpu_trains_and_off_with_workers(
+    muon_files: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto: off on CPU (torch's threads use every core), on when CUDA is there; never with workers. YAML's
+    on/off and true/false all mean a bool."""
+    from hpctrain.workloads.muons.spec import MuonData
+
+    assert [MuonData.model_validate({"read_ahead": v}).read_ahead for v in ("on", "off", True, "auto")] == [
+        True,
+        False,
+        True,
+        "auto",
+    ]
+    with pytest.raises(ValueError, match="read_ahead"):
+        MuonData.model_validate({"read_ahead": "sometimes"})
+    cases = {}
+    for cuda in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        for workers in (0, 1):
+            stream = event_stream(muon_files, 16, seed=0, num_workers=workers)
+            cases[cuda, workers] = stream.read_ahead, stream._dataset._ahead is not None
+            stream.close()
+    assert cases == {
+        (False, 0): (False, False),
+        (False, 1): (False, False),
+        (True, 0): (True, True),
+        (True, 1): (False, False),
+    }

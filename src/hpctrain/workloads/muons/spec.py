@@ -90,11 +90,12 @@ class MuonData(DataConfigBase):
         description="Ready batches kept ahead by a background thread (0 = none).",
         json_schema_extra=MAY_CHANGE,
     )
-    read_ahead: bool = Field(
-        True,
+    read_ahead: bool | Literal["auto"] = Field(
+        "auto",
         description="With num_workers=0 and local files: one background thread decodes the next work item's "
-        "row groups while this one is gathered and trained on (Arrow's decode releases the GIL); false: "
-        "everything in the training thread.",
+        "row groups while this one is gathered and trained on (Arrow's decode releases the GIL). auto: on "
+        "when CUDA is available (the CPU is idle during a GPU step), off on CPU, where torch's threads use "
+        "every core and the thread would compete with them.",
         json_schema_extra=MAY_CHANGE,
     )
     max_events: int = Field(0, ge=0, description="Use only the first N events of the files (0 = all).")

@@ -175,7 +175,8 @@ class EventStream:
         workers = options.num_workers
         self._lent = LentBuffers(workers * options.prefetch_factor + 4) if workers else None
         # 0 workers, local files: units decoded on a background thread an item ahead (data.read_ahead)
-        self.read_ahead = data.read_ahead and workers == 0 and self._staged is None
+        ahead = torch.cuda.is_available() if data.read_ahead == "auto" else data.read_ahead
+        self.read_ahead = ahead and workers == 0 and self._staged is None
         if self.read_ahead:
             self._dataset.start_read_ahead()
         self._loader = make_loader(
