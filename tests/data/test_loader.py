@@ -177,6 +177,45 @@ def test_close_ends_persistent_workers() -> None:
     pytest.fail(f"worker {pid} still runs after close()")
 
 
+LEFT_OPEN = """
+import sys
+import torch
+from torch.utils.data import Dataset
+from hpctrain.data.loader import IndexedStream, LoaderOptions
+from hpctrain.workloads.muons.spec import MuonData
+from hpctrain.workloads.muons.stream import EventStream
+
+class Squares(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.tensor(i * i)
+
+events = EventStream(sys.argv[1:], MuonData(batch_size=16, num_workers=2, persistent_workers=True), seed=0)
+squares = IndexedStream(Squares(), 4, 0, options=LoaderOptions(num_workers=1))
+held = [iter(events), iter(squares)]  # suspended, holding their DataLoader iterators, never closed
+for it in held:
+    next(it)
+print("done", flush=True)
+"""
+
+
+def test_streams_left_open_end_their_workers_at_exit(tmp_path: Path) -> None:
+    """A script that never closes its streams still exits: their workers ignore SIGTERM, so multiprocessing's
+    exit hook alone (terminate, then join) would wait for them forever."""
+    import subprocess
+    import sys
+
+    files = write_set(tmp_path / "d", files=1, events=200, row_group=50)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", LEFT_OPEN, *files], capture_output=True, text=True, timeout=180
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process with streams left open did not exit")
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+
+
 def test_work_items_cover_each_position_once_and_reassemble_in_order() -> None:
     unit_rows = [[3, 5], [4], [7, 0, 1]]
     plan = EpochPlan(unit_rows, seed=2, epoch=1, shuffle=True, window=4)

@@ -8,13 +8,15 @@ holds it, and a resume into other files stops or restarts the epoch (see data/fi
 
 `make_loader` builds the DataLoader of every stream (this module's `IndexedStream` and the muon `EventStream`):
 worker seeds from a private generator seeded per (seed, epoch, rank), workers that ignore stop signals, and a
-`close` that ends persistent workers. `position_state`/`load_position` are the one form of the position in a
+`close` that ends the workers (also at exit, for a loader left open). `position_state`/`load_position` are the one form of the position in a
 checkpoint.
 """
 
 from __future__ import annotations
 
+import atexit
 import random
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -22,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.fingerprint import FileList, check_resume
@@ -80,17 +83,40 @@ class SeededLoader:
 
     def __init__(self, loader: DataLoader[Any], generator: torch.Generator, seed: int, rank: int) -> None:
         self._loader, self._generator, self._seed, self._rank = loader, generator, seed, rank
+        self._iterators: weakref.WeakSet[Iterator[Any]] = weakref.WeakSet()
+        _OPEN.add(self)
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         """An iterator over the loader for `epoch`. The worker base seeds come from this private generator,
         never from the global torch RNG: creating an iterator (each epoch, after a resume, for validation)
         leaves the model's random stream alone."""
         self._generator.manual_seed(derive(self._seed, LOADER_WORKERS, epoch, self._rank))
-        return iter(self._loader)
+        iterator = iter(self._loader)
+        self._iterators.add(iterator)
+        return iterator
 
     def close(self) -> None:
-        # DataLoader has no close(): dropping its kept iterator shuts persistent workers down.
+        """End the workers of every iterator made, even one a suspended generator still holds (DataLoader has
+        no close(): its iterators end their workers when collected, which that reference prevents)."""
+        for iterator in list(self._iterators):
+            if isinstance(iterator, _MultiProcessingDataLoaderIter):
+                iterator._shutdown_workers()  # what its __del__ calls: idempotent
+        self._iterators = weakref.WeakSet()
         self._loader._iterator = None  # type: ignore[attr-defined]
+        _OPEN.discard(self)
+
+
+# Loaders not closed yet: closed at exit. Their workers ignore SIGTERM (the stop signals are the main process's
+# business), so multiprocessing's own exit hook, which terminates its children and then joins them, would wait
+# forever for a stream nobody closed. Registered after multiprocessing's hook (imported with torch), so it runs
+# before it.
+_OPEN: weakref.WeakSet[SeededLoader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    for loader in list(_OPEN):
+        loader.close()
 
 
 def make_loader(
