@@ -366,33 +366,49 @@ def _batches(stream: EventStream, n: int) -> list[tuple[list[int], int, int, int
     return out
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world,layout", [(1, "parquet"), (2, "parquet"), (1, "hdf5")])
 def test_reading_ahead_changes_no_batch(
-    muon_files: list[str], world: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, world: int, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """0 workers: the row groups are decoded on the read-ahead thread, and every batch, epoch and position is
-    the one read without it, over three epochs and after a resume mid-epoch."""
+    """0 workers: the units are decoded on the read-ahead thread, and every batch, epoch and position is the
+    one read without it, over three epochs and after a resume mid-epoch (Parquet row groups, HDF5 slices)."""
+    muon_files = write_set(tmp_path / "d", layout, row_group=100)
     threads: set[str] = set()
-    fetch = layouts.ParquetReader.fetch_unit
+    reader = layouts.HDF5Reader if layout == "hdf5" else layouts.ParquetReader
+    fetch = reader.fetch_unit
 
-    def noted(reader: layouts.ParquetReader, i: int) -> object:
+    def noted(self: layouts.Reader, i: int) -> object:
         threads.add(threading.current_thread().name)
-        return fetch(reader, i)
+        return fetch(self, i)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(layouts.ParquetReader, "fetch_unit", noted)
+    monkeypatch.setattr(reader, "fetch_unit", noted)
     bs = 24 // world
     for rank in range(world):
         runs = {}
         for ahead in (False, True):
             stream = event_stream(
-                muon_files, bs, seed=2, rank=rank, world_size=world, shuffle_window=150, read_ahead=ahead
+                muon_files,
+                bs,
+                seed=2,
+                rank=rank,
+                world_size=world,
+                shuffle_window=150,
+                read_ahead=ahead,
+                hdf5_unit_events=100,
             )
             per_epoch = stream.samples_per_epoch // (bs * world)
             first = _batches(stream, per_epoch + 7)
             state = stream.state_dict()
             stream.close()
             again = event_stream(
-                muon_files, bs, seed=2, rank=rank, world_size=world, shuffle_window=150, read_ahead=ahead
+                muon_files,
+                bs,
+                seed=2,
+                rank=rank,
+                world_size=world,
+                shuffle_window=150,
+                read_ahead=ahead,
+                hdf5_unit_events=100,
             )
             again.load_state_dict(state)
             runs[ahead] = first + _batches(again, 2 * per_epoch)
