@@ -386,30 +386,15 @@ def test_reading_ahead_changes_no_batch(
     for rank in range(world):
         runs = {}
         for ahead in (False, True):
-            stream = event_stream(
-                muon_files,
-                bs,
-                seed=2,
-                rank=rank,
-                world_size=world,
-                shuffle_window=150,
-                read_ahead=ahead,
-                hdf5_unit_events=100,
+            options = dict(
+                rank=rank, world_size=world, shuffle_window=150, read_ahead=ahead, hdf5_unit_events=100
             )
+            stream = event_stream(muon_files, bs, seed=2, **options)  # type: ignore[arg-type]
             per_epoch = stream.samples_per_epoch // (bs * world)
             first = _batches(stream, per_epoch + 7)
             state = stream.state_dict()
             stream.close()
-            again = event_stream(
-                muon_files,
-                bs,
-                seed=2,
-                rank=rank,
-                world_size=world,
-                shuffle_window=150,
-                read_ahead=ahead,
-                hdf5_unit_events=100,
-            )
+            again = event_stream(muon_files, bs, seed=2, **options)  # type: ignore[arg-type]
             again.load_state_dict(state)
             runs[ahead] = first + _batches(again, 2 * per_epoch)
             again.close()
