@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 
 def _single(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -183,9 +182,9 @@ def take_ragged(
         len(offsets) - 1,
         [None, pa.py_buffer(byte_offsets.astype(offset_type, copy=False)), pa.py_buffer(values)],
     )
-    taken = pc.take(
-        blocks, pa.array(index), boundscheck=False, memory_pool=pa.system_memory_pool()
-    ).buffers()[2]  # the blocks back to back, in the order of `index`
+    # the index as Arrow sees it: from its buffer (pa.array of a NumPy array would import pandas, ~0.35 s)
+    order = pa.Array.from_buffers(pa.int64(), len(index), [None, pa.py_buffer(np.ascontiguousarray(index))])
+    taken = blocks.take(order).buffers()[2]  # the blocks back to back, in the order of `index`
     got = np.frombuffer(taken, dtype=values.dtype, count=rows * width).reshape(shape)
     if out is None:
         return got  # Arrow's writable buffer, kept alive by the array
