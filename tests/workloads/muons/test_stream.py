@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hpctrain.data import lent_buffers
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.stream import EventStream
@@ -253,6 +254,29 @@ def test_kept_batches_are_never_overwritten(muon_files: list[str]) -> None:
         assert again._lent.stats["fitted"] > again._lent.keep  # more results than buffers: reused
     finally:
         again.close()
+
+
+def test_without_lent_buffers_the_same_batches(
+    muon_files: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where buffers cannot be lent (no memory files) workers write into fresh ones: the same batches."""
+
+    def two_epochs() -> tuple[list[tuple], dict[str, int]]:
+        stream = event_stream(muon_files, 16, seed=4, shuffle_window=100, num_workers=2, prefetch_factor=1)
+        try:
+            got = [_copy(b) for b in take(stream, 2 * (stream.samples_per_epoch // 16))]
+            assert stream._lent is not None
+            return got, dict(stream._lent.stats)
+        finally:
+            stream.close()
+
+    lending, lent_stats = two_epochs()
+    monkeypatch.setattr(lent_buffers, "can_lend", lambda: False)
+    fresh, fresh_stats = two_epochs()
+    assert lent_stats["fitted"] > 0 and fresh_stats == {"lent": 0, "fitted": 0}
+    assert len(lending) == len(fresh)
+    for a, b in zip(lending, fresh, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("rows", [1, 5, 1023, 1024, 1025, 3000])
