@@ -1,6 +1,6 @@
 """Muon loader throughput against raw pyarrow decode and the upstream per-row reader, side by side in one run.
 
-    python bench/loader.py [--files 4] [--events-per-file 25000] [--rounds 5] [--passes 3] [--dir DIR]
+    python bench/loader.py [--files 4] [--events-per-file 25000] [--rounds 5] [--passes 8] [--dir DIR]
 
 Every measurement runs in a fresh subprocess (so peak RSS and CPU seconds are its own). The phases run in
 ROUNDS: each round measures every phase once, one after the other, so a change in the machine's load hits all
@@ -338,7 +338,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--upstream-events", type=int, default=0, help="0 = the whole first file")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every phase; medians are reported")
-    parser.add_argument("--passes", type=int, default=3, help="timed passes per phase, after an untimed one")
+    parser.add_argument("--passes", type=int, default=8, help="timed passes per phase, after the untimed ones")
     parser.add_argument("--dir", help="existing data folder (default: generate into a temporary one)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
