@@ -338,7 +338,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--upstream-events", type=int, default=0, help="0 = the whole first file")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every phase; medians are reported")
-    parser.add_argument("--passes", type=int, default=8, help="timed passes per phase, after the untimed ones")
+    parser.add_argument(
+        "--passes", type=int, default=8, help="timed passes per phase, after the untimed ones"
+    )
     parser.add_argument("--dir", help="existing data folder (default: generate into a temporary one)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()

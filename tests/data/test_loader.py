@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import Dataset, get_worker_info
 
 from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
@@ -233,6 +235,60 @@ def test_work_items_cover_each_position_once_and_reassemble_in_order() -> None:
                 covered += [i for part in parts for i in part]
             batches.check_done()
         assert sorted(covered) == list(range(start, 20))
+
+
+def _work_items_batch_by_batch(
+    plan: EpochPlan, start: int, batch_size: int, rank: int, world_size: int, drop_last: bool
+) -> list[tuple[int, list[tuple[int, ...]]]]:
+    """work_items as first written, a search per batch: what the whole-epoch version must reproduce."""
+    g, n, k = batch_size * world_size, plan.total, 0
+    items: list[tuple[int, list[tuple[int, ...]]]] = []
+    while start + k * g + (g if drop_last else 1) <= n:
+        lo = start + k * g + rank * batch_size
+        hi, parts, pos = min(lo + batch_size, n), [], lo
+        while pos < hi:
+            c = plan.chunk_of(pos)
+            end = min(hi, int(plan.starts[c + 1]))
+            parts.append((c, pos - int(plan.starts[c]), end - int(plan.starts[c])))
+            pos = end
+        if not parts:
+            parts.append((plan.chunk_of(min(lo, n - 1)), 0, 0))
+        for i, (c, a, b) in enumerate(parts):
+            if not items or items[-1][0] != c:
+                items.append((c, []))
+            items[-1][1].append((k, i, len(parts), a, b))
+        k += 1
+    return items
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_size=1, max_size=5),
+    window=st.integers(1, 12),
+    shuffle=st.booleans(),
+    batch_size=st.integers(1, 7),
+    world_size=st.integers(1, 3),
+    start=st.integers(0, 40),
+    drop_last=st.booleans(),
+)
+def test_work_items_of_the_whole_epoch_are_those_found_batch_by_batch(
+    rows: list[list[int]],
+    window: int,
+    shuffle: bool,
+    batch_size: int,
+    world_size: int,
+    start: int,
+    drop_last: bool,
+) -> None:
+    assume(sum(map(sum, rows)) > 0)
+    plan = EpochPlan(rows, seed=1, epoch=0, shuffle=shuffle, window=window)
+    start = start % plan.total
+    for rank in range(world_size):
+        got = [
+            (item.chunk, [tuple(p) for p in item.pieces])
+            for item in work_items(plan, start, batch_size, rank, world_size, drop_last)
+        ]
+        assert got == _work_items_batch_by_batch(plan, start, batch_size, rank, world_size, drop_last)
 
 
 def test_seed_derivation() -> None:

@@ -127,14 +127,27 @@ def _batch_parts(plan: EpochPlan, lo: int, hi: int) -> list[tuple[int, int, int]
 def work_items(
     plan: EpochPlan, start: int, batch_size: int, rank: int, world_size: int, drop_last: bool
 ) -> Iterator[WorkItem]:
-    """This rank's work items from global position `start` (items in chunk order, pieces in batch order)."""
+    """This rank's work items from global position `start` (items in chunk order, pieces in batch order).
+
+    The batches' bounds and chunks are found for the whole epoch at once (a search per batch cost the main
+    process ~15 us per batch); a batch across chunks is split by `_batch_parts`."""
     g = batch_size * world_size
     n = plan.total
-    k = 0
+    last = n - (g if drop_last else 1) - start  # batch k is made while k * g <= last
+    count = last // g + 1 if last >= 0 else 0
+    lo = start + np.arange(count, dtype=np.int64) * g + rank * batch_size
+    hi = np.minimum(lo + batch_size, n)
+    first = np.searchsorted(plan.starts, np.minimum(lo, n - 1), side="right") - 1
+    end = np.searchsorted(plan.starts, np.maximum(hi - 1, lo), side="right") - 1
+    starts = plan.starts.tolist()
     current: WorkItem | None = None
-    while start + k * g + (g if drop_last else 1) <= n:
-        lo = start + k * g + rank * batch_size
-        parts = _batch_parts(plan, lo, min(lo + batch_size, n))
+    for k, (a, b, c, e) in enumerate(zip(lo.tolist(), hi.tolist(), first.tolist(), end.tolist())):
+        if a >= b:  # the rank's slice of a partial last batch is empty: still one (empty) batch
+            parts = [(c, 0, 0)]
+        elif c == e:  # within one chunk
+            parts = [(c, a - starts[c], b - starts[c])]
+        else:
+            parts = _batch_parts(plan, a, b)
         for i, (c, a, b) in enumerate(parts):
             if current is not None and current.chunk != c:
                 yield current
@@ -142,7 +155,6 @@ def work_items(
             if current is None:
                 current = WorkItem(plan.epoch, c, [])
             current.pieces.append(Piece(k, i, len(parts), a, b))
-        k += 1
     if current is not None:
         yield current
 

@@ -76,23 +76,31 @@ class ItemResult:
         return packed_size(len(self.events), self.events.num_muons)
 
     def pieces(self) -> Iterator[tuple[PieceSize, MuonBatch]]:
+        """Each piece's size and events, as views of `events` (its offsets rebased: a new small array). Cut
+        with one `split` per tensor (one call per item, not a slice per piece and tensor: ~2x less of the
+        main process's time per batch)."""
         ev = self.events
-        offsets = ev.offsets.numpy()  # (events + 1,) read through NumPy: tensor indexing costs µs per call
-        start = 0
-        for size in self.sizes:
-            stop = start + size.samples
-            lo, hi = int(offsets[start]), int(offsets[stop])
-            piece = MuonBatch(
-                ev.primaries[start:stop],
-                ev.muons[lo:hi],
-                ev.counts[start:stop],
-                torch.from_numpy(offsets[start : stop + 1] - lo),
-                ev.ids[start:stop],
-                ev.positions[start:stop],
-                ev.normalized,
-            )
-            yield size, piece
-            start = stop
+        if not self.sizes:
+            return
+        samples = [size.samples for size in self.sizes]
+        bounds = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum(samples, out=bounds[1:])
+        offsets = ev.offsets.numpy()  # (events + 1,)
+        lo = offsets[bounds]  # (pieces + 1,) each piece's first muon
+        # every piece's offsets (its events + 1) back to back, from its own first muon
+        spans = np.asarray(samples, dtype=np.int64) + 1
+        piece_of = np.repeat(np.arange(len(samples)), spans)
+        local = offsets[np.arange(len(piece_of)) - piece_of] - lo[piece_of]
+        cut = (  # (split_with_sizes: Tensor.split's Python wrapper costs as much again)
+            ev.primaries.split_with_sizes(samples),
+            ev.muons.split_with_sizes(np.diff(lo).tolist()),
+            ev.counts.split_with_sizes(samples),
+            torch.from_numpy(local).split_with_sizes(spans.tolist()),
+            ev.ids.split_with_sizes(samples),
+            ev.positions.split_with_sizes(samples),
+        )
+        for size, *tensors in zip(self.sizes, *cut, strict=True):
+            yield size, MuonBatch(*tensors, normalized=ev.normalized)
 
 
 @dataclass

@@ -255,14 +255,14 @@ class EventStream:
         epoch follows, so remote files of its start may be staged already)."""
         self._start_epoch, self._start_position, self._continuous = epoch, position, False
         self._begin_staging(epoch, position, then_next)
-        g = self.batch_size * self.world_size
+        g, total = self.batch_size * self.world_size, self.index.total  # (a sum over the files)
         batches: Reassembly[MuonBatch] = Reassembly()
         for result in self._loader.epoch(epoch):
             self._take(result)
             for size, piece in result.pieces():
                 batches.add(size, piece)
             for k, parts in batches.ready():
-                yield MuonBatch.concat(parts), min(position + (k + 1) * g, self.index.total)
+                yield MuonBatch.concat(parts), min(position + (k + 1) * g, total)
         batches.check_done()
         if self._staged is not None:
             self._staged.end_epoch()
@@ -325,7 +325,7 @@ class EventStream:
                     yield batch, epoch, end
                 epoch, position = epoch + 1, 0
         self._start_epoch, self._start_position, self._continuous = epoch, position, True
-        g = self.batch_size * self.world_size
+        g, total = self.batch_size * self.world_size, self.index.total  # (a sum over the files)
         batches: Reassembly[MuonBatch] = Reassembly()
         for item in self._loader.epoch(epoch):
             result = self._take(item)
@@ -335,7 +335,7 @@ class EventStream:
             for size, piece in result.pieces():
                 batches.add(size, piece)
             for k, parts in batches.ready():
-                yield MuonBatch.concat(parts), epoch, min(position + (k + 1) * g, self.index.total)
+                yield MuonBatch.concat(parts), epoch, min(position + (k + 1) * g, total)
 
     def __iter__(self) -> Iterator[MuonBatch]:
         self._stop_prefetcher()
