@@ -99,8 +99,8 @@ class ItemResult:
             ev.ids.split_with_sizes(samples),
             ev.positions.split_with_sizes(samples),
         )
-        for size, *tensors in zip(self.sizes, *cut, strict=True):
-            yield size, MuonBatch(*tensors, normalized=ev.normalized)
+        for size, prim, muons, counts, offs, ids, positions in zip(self.sizes, *cut, strict=True):
+            yield size, MuonBatch(prim, muons, counts, offs, ids, positions, ev.normalized)
 
 
 @dataclass
