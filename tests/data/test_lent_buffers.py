@@ -101,8 +101,11 @@ def test_a_loan_that_cannot_be_mapped_is_no_buffer() -> None:
     try:
         loan = lent.lend()
         assert loan is not None
-        gone = Loan(loan.slot, loan.owner, 10_000, loan.nbytes)  # a descriptor the owner does not have
+        gone = Loan(loan.slot, loan.owner, 10_000, loan.inode, loan.nbytes)  # a descriptor the owner lacks
         assert Borrowed().hold(gone) is None
+        with open(__file__, "rb") as other:  # a descriptor of another file: its inode is not the buffer's
+            assert Borrowed().hold(Loan(loan.slot, loan.owner, other.fileno(), loan.inode, 4096)) is None
+        assert Borrowed().hold(loan) is not None
     finally:
         lent.close()
 

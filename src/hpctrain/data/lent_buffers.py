@@ -13,9 +13,10 @@ main process owns a few buffers and lends one with each work item it hands out:
   a batch for as long as it likes never sees it overwritten. A result that never comes back (an abandoned
   epoch) keeps its buffer out of use for good.
 
-A loan travels as four integers. Each buffer is an anonymous memory file (memfd) the main process keeps open;
+A loan travels as five integers. Each buffer is an anonymous memory file (memfd) the main process keeps open;
 a worker maps it once, the first time it is lent that buffer, through /proc/<main pid>/fd/<fd>, and keeps the
-mapping. (A torch shared tensor in the loan would be pickled as a file descriptor: every loan then cost the
+mapping; the file's inode, in the loan, proves it is that buffer (not another process's file, as /proc of
+another pid namespace would give: the worker then writes into a fresh buffer). (A torch shared tensor in the loan would be pickled as a file descriptor: every loan then cost the
 worker a socket connection to the main process, an authentication handshake and a wait for the main process's
 GIL, ~2.4 ms per item, 12% of a worker's time on the bench files.) Where there are no memory files (not
 Linux) nothing is lent: workers write into fresh buffers.
@@ -40,17 +41,19 @@ import torch
 @dataclass(frozen=True)
 class Loan:
     """A buffer lent with one work item: its slot, and where the worker maps it from (the main process's pid
-    and its descriptor of the buffer's memory file) and its size."""
+    and its descriptor of the buffer's memory file, whose inode is `inode`) and its size."""
 
     slot: int
     owner: int
     fd: int
+    inode: int
     nbytes: int
 
 
 @dataclass
 class _Slot:
     fd: int
+    inode: int
     memory: mmap.mmap
     array: np.ndarray  # the main process's view: the only long-lived reference to it is in _SLOTS
     out: bool = False  # lent, its result not back yet
@@ -72,9 +75,12 @@ def returned(slot: int) -> np.ndarray:
     return entry.array
 
 
-def _map(path: str, nbytes: int) -> mmap.mmap:
+def _map(path: str, inode: int, nbytes: int) -> mmap.mmap:
+    """The memory file at `path` mapped, if it is the one with `inode` (OSError if not)."""
     fd = os.open(path, os.O_RDWR)
     try:
+        if os.fstat(fd).st_ino != inode:
+            raise OSError(f"{path} is not the lent buffer")
         return mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
@@ -88,7 +94,7 @@ def _new_slot(nbytes: int) -> _Slot:
     except OSError:
         os.close(fd)
         raise
-    return _Slot(fd, memory, np.frombuffer(memory, dtype=np.uint8))
+    return _Slot(fd, os.fstat(fd).st_ino, memory, np.frombuffer(memory, dtype=np.uint8))
 
 
 @functools.cache
@@ -101,7 +107,7 @@ def can_lend() -> bool:
     except OSError:
         return False
     try:
-        _map(f"/proc/{os.getpid()}/fd/{slot.fd}", mmap.PAGESIZE).close()
+        _map(f"/proc/{os.getpid()}/fd/{slot.fd}", slot.inode, mmap.PAGESIZE).close()
         return True
     except OSError:
         return False
@@ -136,7 +142,7 @@ class LentBuffers:
         entry = _SLOTS[slot]
         entry.out = True
         self.stats["lent"] += 1
-        return Loan(slot, os.getpid(), entry.fd, len(entry.array))
+        return Loan(slot, os.getpid(), entry.fd, entry.inode, len(entry.array))
 
     def note(self, slot: int, fitted: bool, nbytes: int) -> None:
         """A result of `nbytes` came back for a loan of `slot` (-1: none), written into it or not (too small:
@@ -172,7 +178,7 @@ class Borrowed:
         buffer = self._buffers.pop(key, None)
         if buffer is None:
             try:
-                memory = _map(f"/proc/{loan.owner}/fd/{loan.fd}", loan.nbytes)
+                memory = _map(f"/proc/{loan.owner}/fd/{loan.fd}", loan.inode, loan.nbytes)
             except OSError:
                 return None
             buffer = torch.frombuffer(memory, dtype=torch.uint8)  # keeps the mapping alive
