@@ -119,3 +119,14 @@ def test_where_buffers_cannot_be_lent_none_are(monkeypatch: pytest.MonkeyPatch) 
 def test_memory_files_reach_other_processes_here() -> None:
     """The CI machine and clusters run Linux: lending is on (else every worker result costs fresh pages)."""
     assert lent_buffers.can_lend() == hasattr(os, "memfd_create")
+
+
+def test_no_memory_file_to_make_is_no_loan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory or descriptors when a buffer is made: the item goes without a loan, nothing fails."""
+
+    def refuse(nbytes: int) -> None:
+        raise OSError(24, "Too many open files")
+
+    lent = _lender()
+    monkeypatch.setattr(lent_buffers, "_new_slot", refuse)
+    assert lent.lend() is None and lent.stats["lent"] == 0

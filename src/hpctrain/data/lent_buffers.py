@@ -15,11 +15,12 @@ main process owns a few buffers and lends one with each work item it hands out:
 
 A loan travels as five integers. Each buffer is an anonymous memory file (memfd) the main process keeps open;
 a worker maps it once, the first time it is lent that buffer, through /proc/<main pid>/fd/<fd>, and keeps the
-mapping; the file's inode, in the loan, proves it is that buffer (not another process's file, as /proc of
-another pid namespace would give: the worker then writes into a fresh buffer). (A torch shared tensor in the loan would be pickled as a file descriptor: every loan then cost the
-worker a socket connection to the main process, an authentication handshake and a wait for the main process's
-GIL, ~2.4 ms per item, 12% of a worker's time on the bench files.) Where there are no memory files (not
-Linux) nothing is lent: workers write into fresh buffers.
+mapping. The file's inode, in the loan, proves it is that buffer (not another process's file, as /proc of
+another pid namespace would give: the worker then writes into a fresh buffer). A torch shared tensor in the
+loan would be pickled as a file descriptor: every loan then cost the worker a socket connection to the main
+process, an authentication handshake and a wait for the main process's GIL, ~2.4 ms per item, 12% of a
+worker's time on the bench files. Where there are no memory files (not Linux) nothing is lent: workers write
+into fresh buffers.
 
 Buffers are sized from the results seen (1.25 x the biggest so far); one too small for an item is dropped and
 replaced by a bigger one. At most `keep` buffers exist.
@@ -134,8 +135,12 @@ class LentBuffers:
         writes into a fresh buffer)."""
         slot = next((s for s in self._slots if self._free(s)), None)
         if slot is None and len(self._slots) < self.keep and self._size:
+            try:
+                made = _new_slot(self._size)
+            except OSError:  # out of memory or descriptors: this item's result goes in a fresh buffer
+                return None
             slot = next(_next_slot)
-            _SLOTS[slot] = _new_slot(self._size)
+            _SLOTS[slot] = made
             self._slots.append(slot)
         if slot is None:
             return None
