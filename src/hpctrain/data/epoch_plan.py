@@ -110,17 +110,14 @@ class PieceSize(NamedTuple):
     samples: int
 
 
-def _batch_parts(plan: EpochPlan, lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """(chunk, chunk-local lo, chunk-local hi) of the global positions [lo, hi), in order."""
+def _batch_parts(starts: list[int], c: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(chunk, chunk-local lo, chunk-local hi) of the global positions [lo, hi), lo < hi, in chunk `c` (that
+    of lo) and those after it, in order (chunks are never empty)."""
     parts = []
-    pos = lo
-    while pos < hi:
-        c = plan.chunk_of(pos)
-        end = min(hi, int(plan.starts[c + 1]))
-        parts.append((c, pos - int(plan.starts[c]), end - int(plan.starts[c])))
-        pos = end
-    if not parts:  # the rank's slice of a partial last batch is empty: still one (empty) batch
-        parts.append((plan.chunk_of(min(lo, plan.total - 1)), 0, 0))
+    while lo < hi:
+        end = min(hi, starts[c + 1])
+        parts.append((c, lo - starts[c], end - starts[c]))
+        lo, c = end, c + 1
     return parts
 
 
@@ -130,7 +127,7 @@ def work_items(
     """This rank's work items from global position `start` (items in chunk order, pieces in batch order).
 
     The batches' bounds and chunks are found for the whole epoch at once (a search per batch cost the main
-    process ~15 us per batch); a batch across chunks is split by `_batch_parts`."""
+    process ~15 us per batch); a batch across chunks is cut by `_batch_parts`."""
     g = batch_size * world_size
     n = plan.total
     last = n - (g if drop_last else 1) - start  # batch k is made while k * g <= last
@@ -147,7 +144,7 @@ def work_items(
         elif c == e:  # within one chunk
             parts = [(c, a - starts[c], b - starts[c])]
         else:
-            parts = _batch_parts(plan, a, b)
+            parts = _batch_parts(starts, c, a, b)
         for i, (c, a, b) in enumerate(parts):
             if current is not None and current.chunk != c:
                 yield current

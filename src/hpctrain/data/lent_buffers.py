@@ -55,8 +55,7 @@ class Loan:
 class _Slot:
     fd: int
     inode: int
-    memory: mmap.mmap
-    array: np.ndarray  # the main process's view: the only long-lived reference to it is in _SLOTS
+    array: np.ndarray  # the main process's view of the mapping: the only long-lived reference to it is here
     out: bool = False  # lent, its result not back yet
 
     def drop(self) -> None:
@@ -95,7 +94,7 @@ def _new_slot(nbytes: int) -> _Slot:
     except OSError:
         os.close(fd)
         raise
-    return _Slot(fd, os.fstat(fd).st_ino, memory, np.frombuffer(memory, dtype=np.uint8))
+    return _Slot(fd, os.fstat(fd).st_ino, np.frombuffer(memory, dtype=np.uint8))  # (the view keeps the map)
 
 
 @functools.cache

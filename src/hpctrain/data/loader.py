@@ -8,8 +8,8 @@ holds it, and a resume into other files stops or restarts the epoch (see data/fi
 
 `make_loader` builds the DataLoader of every stream (this module's `IndexedStream` and the muon `EventStream`):
 worker seeds from a private generator seeded per (seed, epoch, rank), workers that ignore stop signals, and a
-`close` that ends the workers (also at exit, for a loader left open). `position_state`/`load_position` are the one form of the position in a
-checkpoint.
+`close` that ends the workers (also at exit, for a loader left open). `position_state`/`load_position` are the
+one form of the position in a checkpoint.
 """
 
 from __future__ import annotations
