@@ -344,6 +344,13 @@ def main() -> int:
     parser.add_argument("--dir", help="existing data folder (default: generate into a temporary one)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("files", "events_per_file", "batch_size", "rounds", "passes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.dir is not None and not (
+        os.path.isdir(args.dir) and any(f.endswith(".parquet") for f in os.listdir(args.dir))
+    ):
+        parser.error(f"--dir {args.dir}: not a folder of .parquet files (leave it out to generate one)")
     if args.phase:
         phase(args)
         return 0

@@ -300,3 +300,22 @@ def test_seed_derivation() -> None:
     old = np.random.default_rng([3, 1, EPOCH_UNITS]).permutation(100)
     assert np.array_equal(numpy_rng(3, 1, EPOCH_UNITS).permutation(100), old)
     assert EPOCH_UNITS == 17 and CHUNK_EVENTS == 29
+
+
+@pytest.mark.parametrize(
+    "args, culprit",
+    [
+        (["--dir", "/nonexistent"], "--dir /nonexistent"),
+        (["--passes", "0"], "--passes"),
+        (["--rounds", "-1"], "--rounds"),
+    ],
+)
+def test_the_loader_bench_refuses_bad_arguments_in_one_line(args: list[str], culprit: str) -> None:
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "loader.py"
+    done = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1].startswith(f"loader.py: error: {culprit}")
+    assert "Traceback" not in done.stderr
