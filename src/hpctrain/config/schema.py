@@ -261,7 +261,7 @@ class ProfileConfig(Section):
     ranks: Literal["0", "all"] = Field("0", description="Which ranks profile: rank 0, or every rank.")
 
 
-CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+CompileMode = Literal["auto", "off", "default", "reduce-overhead", "max-autotune"]
 
 
 def as_compile_mode(value: Any) -> Any:
@@ -303,10 +303,12 @@ class TrainConfig(Section):
         "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
     )
     compile: CompileMode | dict[str, CompileMode] = Field(
-        "off",
-        description="torch.compile mode of the networks: off, default, reduce-overhead or max-autotune (true = "
-        "default, false = off); a mapping network -> mode for workloads with several networks, e.g. "
-        "{generator: max-autotune, critic: off} (networks not named stay off).",
+        "auto",
+        description="torch.compile mode of the networks: auto (default on CUDA, off on CPU and MPS), off, "
+        "default, reduce-overhead or max-autotune (true = default, false = off); a mapping network -> mode for "
+        "workloads with several networks, e.g. {generator: max-autotune, critic: off} (networks not named stay "
+        "off). The first updates compile (seconds to a minute): they are booked as compile time, never as step "
+        "time, so the time budget's step estimate stays that of a compiled step.",
         json_schema_extra=MAY_CHANGE,
     )
     memory_budget: float | None = Field(
@@ -371,7 +373,7 @@ class TrainConfig(Section):
         value = as_compile_mode(value)
         if value not in typing.get_args(CompileMode):
             raise ValueError(
-                "must be off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
+                "must be auto, off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
             )
         return value
 

@@ -25,6 +25,33 @@ def compile_mode_of(setting: str | Mapping[str, str], name: str) -> str:
     return str(setting.get(name, "off"))
 
 
+def on_cuda(device_setting: str) -> bool:
+    """Whether train.device puts the networks on a CUDA device (auto: when this torch sees one)."""
+    return device_setting in ("auto", "cuda") and torch.cuda.is_available()
+
+
+def resolve_compile(mode: str, cuda: bool) -> str:
+    """`auto` as what the GPU bench found to pay (bench/gpu.py, docs/performance.md): torch's default mode on
+    CUDA, off on CPU (there the compile costs a minute of 2 cores and buys little); other modes as given."""
+    if mode == "auto":
+        return "default" if cuda else "off"
+    return mode
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far: a change across an update means it compiled (or
+    recompiled) in it, so that update's time is compile time, not step time."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether `module` is torch.compile's wrapper (by its `_orig_mod`: no import of torch._dynamo, which a run
+    that compiles nothing need not pay for)."""
+    return hasattr(module, "_orig_mod")
+
+
 def check_compile_names(setting: str | Mapping[str, str], names: list[str], workload: str) -> None:
     """A per-network mapping must name networks of this workload: a typo would silently compile nothing."""
     if not isinstance(setting, str):
@@ -36,12 +63,19 @@ def check_compile_names(setting: str | Mapping[str, str], names: list[str], work
             )
 
 
-def compile_network(module: nn.Module, mode: str, memory_budget: float | None) -> nn.Module:
-    """torch.compile(module) in `mode` ("default" = torch's own), with the activation-memory budget set."""
+def compile_network(
+    module: nn.Module, mode: str, memory_budget: float | None, dynamic: bool | None = None
+) -> nn.Module:
+    """torch.compile(module) in `mode` ("default" = torch's own), with the activation-memory budget set.
+
+    `dynamic=True` (ragged workloads: the number of muons changes every batch) compiles sizes as symbols from the
+    first call: one graph for every batch, instead of a static one, a recompile at the second batch and another
+    when the last batch of an epoch is short."""
     if memory_budget is not None:
         # The min-cut partitioner keeps at most this share of the activations and recomputes the rest.
         torch._functorch.config.activation_memory_budget = memory_budget
-    return torch.compile(module, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+    compiled = torch.compile(module, mode=None if mode == "default" else mode, dynamic=dynamic)
+    return compiled  # type: ignore[return-value]
 
 
 def blocks_of(module: nn.Module) -> list[nn.Module]:

@@ -101,7 +101,7 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
-                out = compile_network(out, mode, train.memory_budget)
+                out = compile_network(out, mode, train.memory_budget, self.task.dynamic_shapes or None)
                 budget = (
                     ""
                     if train.memory_budget is None

@@ -18,7 +18,7 @@ from torch import nn
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.memory import blocks_of, compile_mode_of
+from hpctrain.train.memory import blocks_of, compile_mode_of, on_cuda, resolve_compile
 
 
 @runtime_checkable
@@ -94,10 +94,13 @@ class Task(ABC, Generic[C]):
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
 
+    # Batch sizes change from batch to batch (ragged sets): networks are compiled with dynamic sizes.
+    dynamic_shapes: bool = False
+
     def compile_mode(self, name: str) -> str:
         """torch.compile mode of network `name`, "off" = not compiled (default: train.compile, one mode for every
-        network or a mode per network)."""
-        return compile_mode_of(self.cfg.train.compile, name)
+        network or a mode per network; auto resolved for the device the run uses)."""
+        return resolve_compile(compile_mode_of(self.cfg.train.compile, name), on_cuda(self.cfg.train.device))
 
     def activation_blocks(self, name: str, module: nn.Module) -> list[nn.Module] | None:
         """The blocks of network `name` that recompute their activations in backward under

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.memory import on_cuda, resolve_compile
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.losses import likelihood_losses
@@ -35,6 +36,12 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
             0, 1, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), False, "flow", m.flow_bins
         )
         return {"generator": generator}
+
+    def compile_mode(self, name: str) -> str:
+        own = self.cfg.model.compile.generator
+        if own is None:
+            return super().compile_mode(name)
+        return resolve_compile(own, on_cuda(self.cfg.train.device))
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler_ready": self.scaler_ready}
