@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,18 @@ def resolve_compile(mode: str, cuda: bool) -> str:
     if mode == "auto":
         return "default" if cuda else "off"
     return mode
+
+
+def keep_compiled_code(out_dir: Path) -> str:
+    """Point torch.compile's caches (Inductor's graphs and kernels, Triton's binaries) at `<run.out_dir>/
+    .compile-cache` unless TORCHINDUCTOR_CACHE_DIR is set: /tmp is node-local, so every hop of a chain (and every
+    run of a sweep) compiled from nothing, a minute each; on the shared run folder's file system the next hop
+    loads what the first compiled. Returns what to say at start (empty when the user chose the folder)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return ""
+    folder = out_dir / ".compile-cache"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return f"compiled code kept in {folder}"
 
 
 def compiled_graphs() -> int:

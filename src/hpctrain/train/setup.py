@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -14,7 +15,13 @@ from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
-from hpctrain.train.memory import check_compile_names, checkpoint_blocks, compile_network, recompute_wanted
+from hpctrain.train.memory import (
+    check_compile_names,
+    checkpoint_blocks,
+    compile_network,
+    keep_compiled_code,
+    recompute_wanted,
+)
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
@@ -101,6 +108,7 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
+                said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
                 out = compile_network(out, mode, train.memory_budget, self.task.dynamic_shapes or None)
                 budget = (
                     ""
@@ -110,7 +118,7 @@ class Setup:
                 said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
         if said and self.env.is_main:
-            print("networks: " + "; ".join(said), flush=True)
+            print("networks: " + "; ".join(dict.fromkeys(s for s in said if s)), flush=True)
         return wrapped
 
     def optimizers(
