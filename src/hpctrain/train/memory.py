@@ -32,6 +32,11 @@ def on_cuda(device_setting: str) -> bool:
     return device_setting in ("auto", "cuda") and torch.cuda.is_available()
 
 
+# `auto` compiles only in hops with at least this much time left: compiling the muon networks took 51-82 s on an
+# H100 (bench/gpu.py, docs/performance.md), over 10 % of anything shorter.
+AUTO_COMPILE_MIN_SECONDS = 600.0
+
+
 def resolve_compile(mode: str, cuda: bool) -> str:
     """`auto` as what the GPU bench found to pay (bench/gpu.py, docs/performance.md): torch's default mode on
     CUDA, off on CPU (there the compile costs a minute of 2 cores and buys little); other modes as given."""

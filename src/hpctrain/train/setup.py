@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -14,8 +15,10 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.torch_build import cpu_only_message
 from hpctrain.train.context import Context
 from hpctrain.train.memory import (
+    AUTO_COMPILE_MIN_SECONDS,
     check_compile_names,
     checkpoint_blocks,
     compile_network,
@@ -39,8 +42,15 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
         if env.world_size > 1:
             raise UserError(f"train.device='mps' runs one process, not {env.world_size}; use cuda or cpu")
         return torch.device("mps")
+    if choice == "cuda" and torch.version.cuda is None:
+        raise UserError(cpu_only_message(torch.__version__))
     if choice == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device='cuda' but no CUDA device is visible (use auto or cpu)")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise UserError(
+            f"train.device=cuda but no CUDA device is visible{shown}: run on a GPU node (sbatch --gres=gpu:N) or "
+            "set train.device=cpu"
+        )
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     index = env.local_rank % torch.cuda.device_count()
@@ -58,6 +68,11 @@ def per_gpu_batch(global_batch: int, world_size: int, accumulation: int) -> int:
             f"accumulation steps: use a multiple of {share} (e.g. {lower or share} or {upper})"
         )
     return global_batch // share
+
+
+def short_hop(seconds_left: float | None) -> bool:
+    """Whether a hop is too short for `auto` to compile (None: no deadline)."""
+    return seconds_left is not None and seconds_left < AUTO_COMPILE_MIN_SECONDS
 
 
 class Setup:
@@ -85,8 +100,9 @@ class Setup:
         """Samples per update over all ranks: per-GPU batch x world size x accumulation."""
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
-    def wrap(self, raw: dict[str, nn.Module]) -> dict[str, nn.Module]:
-        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start."""
+    def wrap(self, raw: dict[str, nn.Module], seconds_left: float | None = None) -> dict[str, nn.Module]:
+        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
+        `seconds_left`: the hop's time (the same on every rank); under it `auto` does not compile."""
         train = self.cfg.train
         check_compile_names(train.compile, list(raw), self.cfg.model.type)
         wrapped: dict[str, nn.Module] = {}
@@ -94,6 +110,12 @@ class Setup:
         for name, module in raw.items():
             out: nn.Module = module
             mode = self.task.compile_mode(name)
+            if mode != "off" and self.task.compile_setting(name) == "auto" and short_hop(seconds_left):
+                said.append(
+                    f"{name}: not compiled (train.compile=auto and {seconds_left or 0.0:.0f} s left in this hop: "
+                    f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
+                )
+                mode = "off"
             if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
                 blocks = self.task.activation_blocks(name, module)
                 if blocks is None:

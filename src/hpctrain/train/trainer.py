@@ -115,7 +115,9 @@ class Trainer:
         self.raw_modules = self.task.build_modules()
         for module in self.raw_modules.values():
             module.to(self.device)
-        self.modules = self.setup.wrap(self.raw_modules)
+        # every rank takes rank 0's view of the hop's time (under SLURM only rank 0 asks for the end time)
+        left = dist.broadcast_object(self.budget.remaining())
+        self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
         self._compiling = any(is_compiled(m) for m in self.modules.values())
         if self.device.type == "cuda":
             self.timeline = DeviceTimeline()

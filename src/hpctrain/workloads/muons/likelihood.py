@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.memory import on_cuda, resolve_compile
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.losses import likelihood_losses
@@ -37,11 +36,9 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
         )
         return {"generator": generator}
 
-    def compile_mode(self, name: str) -> str:
+    def compile_setting(self, name: str) -> str:
         own = self.cfg.model.compile.generator
-        if own is None:
-            return super().compile_mode(name)
-        return resolve_compile(own, on_cuda(self.cfg.train.device))
+        return super().compile_setting(name) if own is None else own
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler_ready": self.scaler_ready}

@@ -20,7 +20,7 @@ from torch import nn
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
-from hpctrain.train.memory import is_compiled, on_cuda, resolve_compile
+from hpctrain.train.memory import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.losses import (
@@ -106,12 +106,10 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         lr = self.cfg.model.generator_lr if name == "generator" else self.cfg.model.critic_lr
         return {} if lr is None else {"lr": lr}
 
-    def compile_mode(self, name: str) -> str:
+    def compile_setting(self, name: str) -> str:
         m = self.cfg.model
         own = m.compile.generator if name == "generator" else m.compile.critic
-        if own is None:
-            return super().compile_mode(name)
-        return resolve_compile(own, on_cuda(self.cfg.train.device))
+        return super().compile_setting(name) if own is None else own
 
     def _penalty(self, ctx: UpdateContext) -> tuple[nn.Module, Callable[..., torch.Tensor] | None]:
         """The critic and the penalty function the gradient penalty goes through: with a compiled critic, the
