@@ -57,7 +57,10 @@ class LengthChange:
                 f"the LR at update {self.step} stays lr {self._lrs(before)}, but updates {self.first_moved} to "
                 f"{self.step} were trained with other LRs than the new length gives"
             )
-        elif after > before and stage is not None and _decays(stage):
+        elif (
+            after > before and stage is not None and _decays(stage) and self.step >= self.old.bounds[index][1]
+        ):
+            # the old schedule had ended this decay: the new one takes it up again from near its start
             what = f"the {kind} decay restarts at update {self.step} from lr {self._lrs(before)} to {self._lrs(after)}"
         else:
             move = "rises" if after > before else "drops"
