@@ -39,7 +39,7 @@ def test_a_finished_cosine_run_asked_for_more_restarts_its_decay_and_needs_conse
         f"the cosine decay restarts at update 800 from lr 2.8e-05 to {new_lr:.1e} "
         "(the cosine stage spans updates 0-5000 instead of 0-800)"
     )
-    assert found.refusal("logs/muons", "train.total_updates", "800", "5000") == (
+    assert found.refusal("logs/muons", ["train.total_updates"], "800", "5000") == (
         f"logs/muons finished at update 800: train.total_updates 800 -> 5000 would rewrite its LR schedule: "
         f"{found.effect()}; pass checkpoint.accept_changes=[train.total_updates] to extend it anyway, or keep "
         "train.total_updates at 800"
@@ -57,8 +57,8 @@ def test_an_unfinished_run_shortened_under_a_cosine_is_refused_too():
         f"the LR at update 400 drops from lr {before:.1e} to {after:.1e} "
         "(the cosine stage spans updates 0-600 instead of 0-800)"
     )
-    assert "reached update 400 of 800" in found.refusal("r", "train.total_updates", "800", "600")
-    assert "to shorten it anyway" in found.refusal("r", "train.total_updates", "800", "600")
+    assert "reached update 400 of 800" in found.refusal("r", ["train.total_updates"], "800", "600")
+    assert "to shorten it anyway" in found.refusal("r", ["train.total_updates"], "800", "600")
 
 
 def test_a_length_that_leaves_the_updates_so_far_alone_goes_through_with_a_note():

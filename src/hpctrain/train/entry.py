@@ -125,7 +125,8 @@ def _train(
     if result.status == "already_finished":
         say(
             f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
-            f"raise train.total_updates to train further. params_sha256={result.params_sha256}"
+            "raise train.total_updates to train further (with checkpoint.accept_changes=[train.total_updates] "
+            f"where the LR schedule depends on the length). params_sha256={result.params_sha256}"
         )
     elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
         if env.is_main:

@@ -47,7 +47,7 @@ class LengthChange:
 
     def effect(self) -> str:
         """What the new length does to the LR, for a refusal: `the cosine decay restarts at update 800 from lr
-        2.8e-05 to 2.6e-03 (the cosine stage spans updates 0-5000 instead of 0-800)`."""
+        3.0e-05 to 2.8e-03 (the cosine stage spans updates 0-5000 instead of 0-800)`."""
         before, after = self.old.factor(self.step), self.new.factor(self.step)
         index = self._stage(self.new)
         stage = self.new.stages[index] if self.new.stages else None
@@ -85,8 +85,9 @@ class LengthChange:
             f"{self.step + 1} trains at lr {self._lrs(after)}{was}"
         )
 
-    def refusal(self, where: str, key: str, old: str, new: str) -> str:
-        """One line: the run, the change, what it does to the LR, and the two ways forward."""
+    def refusal(self, where: str, keys: list[str], old: str, new: str) -> str:
+        """One line: the run, the change (of keys[0]: `old` -> `new`), what it does to the LR, and the two ways
+        forward."""
         reached = (
             f"finished at update {self.step}"
             if self.finished
@@ -94,8 +95,8 @@ class LengthChange:
         )
         verb = "extend" if self.new_total > self.old_total else "shorten"
         return (
-            f"{where} {reached}: {key} {old} -> {new} would rewrite its LR schedule: {self.effect()}; pass "
-            f"checkpoint.accept_changes=[{key}] to {verb} it anyway, or keep {key} at {old}"
+            f"{where} {reached}: {keys[0]} {old} -> {new} would rewrite its LR schedule: {self.effect()}; pass "
+            f"checkpoint.accept_changes=[{','.join(keys)}] to {verb} it anyway, or keep {keys[0]} at {old}"
         )
 
     def _why_same(self) -> str:

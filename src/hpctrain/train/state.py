@@ -419,8 +419,8 @@ class StateKeeper:
             )
         if verdict.refused and all(c.mark == GROWS for c in verdict.refused):
             assert length is not None  # a length is refused only for what it does to the LR
-            first = verdict.refused[0]
-            raise UserError(length.refusal(where, first.key, show(first.old), show(first.new)))
+            first, keys = verdict.refused[0], [c.key for c in verdict.refused]
+            raise UserError(length.refusal(where, keys, show(first.old), show(first.new)))
         if verdict.refused:
             raise UserError(refusal(where, verdict.refused, remedy))
         self.length_note = length.note() if length is not None else ""
