@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from hpctrain.config.schema import ScheduleConfig
-from hpctrain.train.length import LengthChange, length_change
+from hpctrain.train.length import LengthChange, first_moved, length_change
 from hpctrain.train.optim import LRSchedule
 
 COSINE = [{"type": "cosine", "num_updates": -1, "start_factor": 1.0, "end_factor": 0.01}]
@@ -93,3 +93,23 @@ def test_a_finished_run_that_trains_nothing_more_and_the_same_length_need_nothin
     early = change(COSINE, step=500, old_total=800, new_total=600, finished=True)  # stopped early at 500
     assert early is not None and not early.needs_consent and early.note() == ""
     assert change(COSINE, step=500, old_total=800, new_total=800) is None
+
+
+def test_first_moved_skips_flat_pieces_and_finds_what_a_scan_of_every_update_finds():
+    stage_sets = [
+        COSINE,
+        WARMUP_COSINE,
+        WSD,
+        [{"type": "exponential", "num_updates": -1, "gamma": 0.9}, {"type": "constant", "num_updates": 5}],
+        [{"type": "constant", "num_updates": 8, "start_factor": 0.5}, {"type": "linear", "num_updates": -1}],
+    ]
+    for stages in stage_sets:
+        cfg = ScheduleConfig.model_validate({"stages": stages})
+        for old_total, new_total in [(30, 60), (60, 30), (120, 200), (5, 150)]:
+            old, new = LRSchedule(cfg, old_total), LRSchedule(cfg, new_total)
+            for step in range(0, max(old_total, new_total) + 1, 7):
+                scanned = next((u for u in range(step) if old.factor(u) != new.factor(u)), None)
+                assert first_moved(old, new, step) == scanned, (stages, old_total, new_total, step)
+    # A long run in its stable phase (its flat piece is compared once, not update by update).
+    cfg = ScheduleConfig.model_validate({"stages": WSD})
+    assert first_moved(LRSchedule(cfg, 2_000_000), LRSchedule(cfg, 3_000_000), 1_999_000) is None

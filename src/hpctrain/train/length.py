@@ -153,11 +153,33 @@ def length_change(
 def first_moved(old: LRSchedule, new: LRSchedule, step: int) -> int | None:
     """The first of the updates 0 .. step-1 that `new` gives another LR factor than `old` (None: none), for two
     schedules of the same stages. The stages before the first one whose bounds differ give the same factors: only
-    the updates from that stage's start are compared (none for a constant LR or stages of fixed length)."""
+    the updates from that stage's start are compared (none for a constant LR or stages of fixed length), piece by
+    piece between the stage bounds of either; a piece that is flat in both (a constant stage, past the last stage)
+    is compared once, so that the stable phase of a long run costs nothing."""
     moved = [min(a[0], b[0]) for a, b in zip(old.bounds, new.bounds) if a != b]
     if not moved:
         return None
-    return next((u for u in range(min(moved), step) if old.factor(u) != new.factor(u)), None)
+    bounds = {edge for pair in [*old.bounds, *new.bounds] for edge in pair}
+    cuts = sorted({min(moved), step, *(edge for edge in bounds if min(moved) < edge < step)})
+    for low, high in zip(cuts, cuts[1:]):
+        flat_old, flat_new = _flat(old, low), _flat(new, low)
+        if flat_old is not None and flat_new is not None:
+            if flat_old != flat_new:
+                return low
+            continue
+        found = next((u for u in range(low, high) if old.factor(u) != new.factor(u)), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _flat(schedule: LRSchedule, update: int) -> float | None:
+    """The factor when `update` lies in a constant stage or past the last stage (the same up to the next bound),
+    else None."""
+    for stage, (_, end) in zip(schedule.stages, schedule.bounds):
+        if update < end:
+            return stage.start_factor if stage.type == "constant" else None
+    return schedule.factor(update)
 
 
 def _decays(stage: Any) -> bool:
