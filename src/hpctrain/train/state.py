@@ -120,9 +120,8 @@ class StateKeeper:
         self.history: list[dict[str, Any]] = []
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
         self.remote = RemoteCheckpoints(owner.cfg)  # pelican:// checkpoint.dir / mirror_to uploads
-        self.length_note = (
-            ""  # what a new length does to the LR (train/length.py), said after the resume line
-        )
+        # What a new length does to the LR (train/length.py), said after the resume line.
+        self.length_note = ""
 
     def state(self) -> dict[str, Any]:
         t = self.t
