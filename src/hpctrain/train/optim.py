@@ -53,6 +53,7 @@ class LRSchedule:
 
     def __init__(self, cfg: ScheduleConfig, total_updates: int, updates_per_epoch: int | None = None) -> None:
         self.stages = cfg.stages
+        self.total_updates = total_updates
         self.bounds = stage_bounds(cfg.stages, total_updates)
         self.updates_per_epoch = updates_per_epoch
         if updates_per_epoch is None and any(s.gamma_every == "epoch" for s in cfg.stages if s.gamma):

@@ -169,6 +169,8 @@ class Trainer:
         self.store.clean_temporaries() if self.env.is_main else None
         dist.barrier()
         said = self.keeper.resume()
+        if self.keeper.length_note:
+            said += f"\n{self.keeper.length_note}"
         if self.env.is_main:
             self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
         return said
@@ -201,8 +203,13 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
+    @property
+    def already_finished(self) -> bool:
+        """Finished (or stopped early) with no more updates asked for than it had: nothing to train."""
+        return self.state.finished and self.state.total_updates <= self.state.finished_total
+
     def fit(self) -> RunResult:
-        if self.state.finished and self.state.total_updates <= self.state.finished_total:
+        if self.already_finished:
             # Finished (or stopped early) with this many updates asked for: nothing to train, no new hop; only
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
             result = self._result("already_finished", "finished", EXIT_OK)
