@@ -197,3 +197,20 @@ def test_the_table_of_real_runs_follows_a_running_one_live(tmp_path: Path) -> No
     records = read_jsonl(metrics)
     hop = json.loads((tmp_path / "logs" / "live" / "chain.json").read_text())[0]
     assert all(r["hop"] == 0 and hop["start"] <= r["time"] <= hop["end"] for r in records)
+
+
+def test_the_best_is_the_runs_only_where_the_records_read_reach_back_far_enough() -> None:
+    from hpctrain.commands.status_table import metric_figures
+    from hpctrain.track.runs import Tail
+
+    cfg = {"checkpoint": {"best_metric": "val_r2", "best_mode": "max"}}
+    records = [{"step": s, "val_r2": v, "time": 100.0 + s} for s, v in ((10, 0.5), (20, 0.7), (30, 0.6))]
+    summary = {"best": 0.65}  # of the hops before the running one, which began at t=115
+    both = metric_figures(Tail(records, False, False), cfg, summary, since=115.0)
+    assert (both["last"], both["best"], both["best_of"]) == (0.6, 0.7, "run")
+    late = metric_figures(Tail(records, False, False), cfg, summary, since=105.0)  # start not reached
+    assert late["best"] == 0.7 and late["best_of"] == "last 3 records"
+    closed = metric_figures(Tail(records[1:], False, False), {**cfg}, {"best": 0.9})  # no hop running
+    assert (closed["best"], closed["best_of"], closed["last_update"]) == (0.9, "run", 30)
+    no_eval = metric_figures(Tail([{"step": 5, "loss_mean": 2.0}], False, True), cfg, {})
+    assert (no_eval["metric"], no_eval["mode"], no_eval["best_of"]) == ("loss_mean", "min", "last 1 records")

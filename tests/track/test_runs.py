@@ -40,28 +40,36 @@ def _lines(path: Path, count: int) -> list[dict]:
         records.append({"step": step, "loss": 1.0 / step, "pad": "x" * 50})
         if step % 25 == 0:
             records.append({"step": step, "val_loss": 2.0 / step})
+        if step == 800:
+            records.append({"step": step, "test_loss": 0.5})  # once, about a fifth from the end
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
 
 
-def test_the_tail_of_a_large_file_keeps_every_evaluation_within_the_limit(tmp_path: Path) -> None:
+def test_the_tail_of_a_large_file_reads_back_only_as_far_as_needed(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     records = _lines(path, 1000)
     size = path.stat().st_size
-    whole = tail_records(path, keep=("val_loss",), block=size)
+    whole = tail_records(path, want=("val_loss",), block=size)
     assert whole.records == records and whole.whole and whole.kept_whole
 
-    tail = tail_records(path, keep=("val_loss",), block=2000, limit=size // 2)
+    # every evaluation within the limit (their best is wanted), every record of the last block
+    tail = tail_records(path, want=("val_loss",), all_of_want=True, block=2000, limit=size // 2)
     last = [r for r in tail.records if "loss" in r]
     assert not tail.whole and not tail.kept_whole
-    assert last == [r for r in records if "loss" in r][-len(last) :] and 10 < len(last) < 40  # the last block
+    assert last == [r for r in records if "loss" in r][-len(last) :] and 10 < len(last) < 40
     evals = [r["step"] for r in tail.records if "val_loss" in r]
     assert evals == list(range(evals[0], 1001, 25)) and 450 < evals[0] < 600  # all in the last half only
     assert [r["step"] for r in tail.records] == sorted(r["step"] for r in tail.records)  # in file order
-
-    kept = tail_records(path, keep=("val_loss",), block=2000, limit=size)  # the limit reaches the start
+    kept = tail_records(path, want=("val_loss",), all_of_want=True, block=2000, limit=size)
     assert not kept.whole and kept.kept_whole
     assert [r["step"] for r in kept.records if "val_loss" in r] == list(range(25, 1001, 25))
+
+    # only the last value wanted: read back until it is found, not further
+    found = tail_records(path, want=("test_loss",), block=2000, limit=size)
+    assert [r["step"] for r in found.records if "test_loss" in r] == [800] and not found.kept_whole
+    missing = tail_records(path, want=("nowhere",), block=2000, limit=size)
+    assert missing.kept_whole and not missing.whole  # looked through the whole file
 
     with path.open("a") as fh:
         fh.write('{"step": 1001, "loss": 0.1, "pa')  # cut by a kill

@@ -59,17 +59,23 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def metric_figures(tail: Tail, cfg: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def metric_figures(
+    tail: Tail, cfg: dict[str, Any], summary: dict[str, Any], since: float | None = None
+) -> dict[str, Any]:
     """The run's metric (checkpoint.best_metric when the run logs it, else the mean training loss), its last
     value and its best: of best_metric, summary.json's best (the run's, as of its last exit) joined with the
     best_metric records of the last TAIL_LIMIT bytes; of the loss, the best of the records read (`best_of`
-    says "run", or how many records it is the best of)."""
+    says "run", or how many records it is the best of). `since`: when the running hop began (its records are
+    not in summary.json's best: the ones read must reach back to then)."""
     records = tail.records
     ckpt = cfg.get("checkpoint") or {}
     chosen: str | None = ckpt.get("best_metric") or "val_loss"
     mode = ckpt.get("best_mode") or "min"
     known = _number(summary.get("best"))
-    whole = tail.kept_whole or known is not None
+    first = _number(records[0].get("time")) if records else None
+    whole = tail.kept_whole or (
+        known is not None and (since is None or (first is not None and first <= since))
+    )
     if known is None and not any(chosen in r for r in records):
         chosen = next((k for k in ("loss_mean", "loss") if any(k in r for r in records)), None)
         mode, whole = "min", tail.whole
@@ -94,27 +100,27 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     summary = read_json(run_dir / "summary.json", {}) or {}
     summary = summary if isinstance(summary, dict) else {}
     cfg = read_config(run_dir)
-    ckpt = cfg.get("checkpoint") or {}
-    tail = tail_records(run_dir / "metrics.jsonl", keep=(ckpt.get("best_metric") or "val_loss",))
     total = summary.get("total_updates") or (cfg.get("train") or {}).get("total_updates")
-    done = max(
-        [int(h.get("last_update") or 0) for h in hops]
-        + [int(summary.get("step") or 0)]
-        + [r["step"] for r in tail.records]
-    )
+    saved = max([int(h.get("last_update") or 0) for h in hops] + [int(summary.get("step") or 0)])
     finished = (
-        summary.get("status") in ("finished", "already_finished") and total is not None and done >= total
+        summary.get("status") in ("finished", "already_finished") and total is not None and saved >= total
     )
     job = str(hops[-1].get("job_id")) if hops and hops[-1].get("job_id") else None
     queued = queue.get(job) if job and not finished else None
     state, evidence = run_state(hops, summary, lock_holder(run_dir, now), queued, finished)
+    # The best of the run's metric is known up to its last exit (summary.json); past that, and in a first hop,
+    # only from the records: then every evaluation record within the tail's limit is read, else only the last.
+    metric = (cfg.get("checkpoint") or {}).get("best_metric") or "val_loss"
+    best_open = state == "running" or _number(summary.get("best")) is None
+    tail = tail_records(run_dir / "metrics.jsonl", want=(metric,), all_of_want=best_open)
     trained = sum(float(h.get("train_seconds") or 0.0) for h in hops)
-    ends = [h.get("end") or h.get("last_seen") or (now if state == "running" else h["start"]) for h in hops]
-    wall = sum(end - h["start"] for end, h in zip(ends, hops))
+    closed = [h.get("end") or h.get("last_seen") or h["start"] for h in hops]
+    wall = sum((now if state == "running" and i == len(hops) - 1 else end) - h["start"]
+               for i, (end, h) in enumerate(zip(closed, hops)))  # fmt: skip
     lock = read_json(run_dir / "run.lock", {})
     seen = [_mtime(run_dir / n) for n in ("metrics.jsonl", "chain.json", "summary.json")]
     seen += [tail.records[-1].get("time") if tail.records else None]
-    seen += [lock.get("heartbeat") if isinstance(lock, dict) else None, *ends]
+    seen += [lock.get("heartbeat") if isinstance(lock, dict) else None, *closed]
     activity = [t for t in map(_number, seen) if t is not None]
     return {
         "name": name,
@@ -122,9 +128,9 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
         "state": state,
         "evidence": evidence,
         "queue": queued,
-        "update": done,
+        "update": max([saved] + [r["step"] for r in tail.records]),  # live: records outrun checkpoints
         "total_updates": total,
-        **metric_figures(tail, cfg, summary),
+        **metric_figures(tail, cfg, summary, hops[-1]["start"] if state == "running" and hops else None),
         "hops": len(hops),
         "goodput": trained / wall if wall > 0 else None,
         "last_activity": max(activity) if activity else None,

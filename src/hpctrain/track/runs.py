@@ -19,7 +19,7 @@ RUN_MARKERS = ("chain.json", "summary.json", "config.yaml", "run.lock", "checkpo
 # A folder of sweeps holds folders of runs: run folders are looked for this many levels down.
 SEARCH_DEPTH = 2
 TAIL_BLOCK = 64 * 1024
-TAIL_LIMIT = 16 * 1024 * 1024
+TAIL_LIMIT = 16 * 1024 * 1024  # about 30000 records
 
 
 def is_run_dir(path: Path) -> bool:
@@ -63,27 +63,39 @@ class Tail:
 
 
 def tail_records(
-    path: Path, keep: tuple[str, ...] = (), block: int = TAIL_BLOCK, limit: int = TAIL_LIMIT
+    path: Path,
+    want: tuple[str, ...] = (),
+    all_of_want: bool = False,
+    block: int = TAIL_BLOCK,
+    limit: int = TAIL_LIMIT,
 ) -> Tail:
-    """Every record in the last `block` bytes of `path`, and before them, within the last `limit` bytes, the
-    records that hold a key of `keep` (an evaluation's figures: one record in many, and the best of them is
-    wanted): only those lines are parsed. A line cut by the start of what was read, or by a kill, is skipped."""
+    """Every record in the last `block` bytes of `path`; before them, the records that hold a key of `want` (an
+    evaluation's figures: one record in many), read back until each key of `want` is among them, or with
+    `all_of_want` (their best is wanted) as far as the limit: never more than the last `limit` bytes, and only
+    those lines are parsed. A line cut by the start of what was read, or by a kill, is skipped."""
     try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            start = max(size - limit, 0)
-            handle.seek(start)
-            data = handle.read(size - start)
+        handle = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError:
         return Tail([], True, True)
-    cut = max(len(data) - block, 0)
-    cut = data.find(b"\n", cut - 1) + 1 if cut else 0  # the last block from a line's start
-    early = data[:cut].split(b"\n")[1 if start else 0 :]  # a line cut by `start` is skipped
-    needles = [f'"{key}":'.encode() for key in keep]
-    lines = [line for line in early if any(n in line for n in needles)] + data[cut:].split(b"\n")
-    if start and not cut:
-        lines = lines[1:]
-    return Tail([r for r in map(_parse, lines) if r is not None], start == 0 and cut == 0, start == 0)
+    needles = [f'"{key}":'.encode() for key in want]
+    with handle:
+        size = handle.seek(0, os.SEEK_END)
+        span = min(block, limit)
+        while True:
+            start = max(size - span, 0)
+            handle.seek(start)
+            data = handle.read(size - start)
+            cut = max(len(data) - block, 0)
+            cut = data.find(b"\n", cut - 1) + 1 if cut else 0  # the last block, from a line's start
+            early, late = (data[:cut].split(b"\n") if cut else []), data[cut:].split(b"\n")
+            if start:  # what was read begins inside a line
+                early, late = (early[1:], late) if early else (early, late[1:])
+            lines = [line for line in early if any(n in line for n in needles)] + late
+            records = [r for r in map(_parse, lines) if r is not None]
+            seen = all(any(key in r for r in records) for key in want)
+            if start == 0 or span >= limit or (seen and not all_of_want):
+                return Tail(records, start == 0 and cut == 0, start == 0)
+            span = min(span * 4, limit)  # few reads, at most 4/3 of the bytes of the last one
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
