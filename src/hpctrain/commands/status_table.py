@@ -34,8 +34,12 @@ def queue_states(job_ids: set[str]) -> dict[str, str]:
     if not exe or not job_ids:
         return {}
     try:
+        user = ["-u", getpass.getuser()]
+    except (OSError, KeyError):  # no user name known to this process: every user's jobs, filtered below
+        user = []
+    try:
         done = subprocess.run(
-            [exe, "-h", "-u", getpass.getuser(), "-o", "%A|%i|%T"], capture_output=True, text=True, timeout=10
+            [exe, "-h", *user, "-o", "%A|%i|%T"], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -80,7 +84,14 @@ def metric_figures(
         chosen = next((k for k in ("loss_mean", "loss") if any(k in r for r in records)), None)
         mode, whole = "min", tail.whole
     if chosen is None:
-        return {"metric": None, "last": None, "last_update": None, "best": None, "best_of": None}
+        return {
+            "metric": None,
+            "mode": None,
+            "last": None,
+            "last_update": None,
+            "best": None,
+            "best_of": None,
+        }
     pairs = [(r["step"], v) for r in records if (v := _number(r.get(chosen))) is not None]
     values = [v for _, v in pairs] + ([known] if known is not None else [])
     pick = min if mode == "min" else max
@@ -190,7 +201,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
             _figure(row["last"]),
             _figure(row["best"]) + ("*" if row["best_of"] not in (None, "run") else ""),
             str(row["hops"]),
-            _figure(row["goodput"]) if row["goodput"] is None else f"{row['goodput']:.2f}",
+            "-" if row["goodput"] is None else f"{row['goodput']:.2f}",
             _age(row["last_activity"], now),
         ]
         for row in rows
@@ -207,10 +218,11 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     lines.append(
-        f"{len(rows)} runs: " + ", ".join(f"{n} {_STATE_SHOWN.get(s, s)}" for s, n in sorted(counts.items()))
+        f"{len(rows)} run{'s' if len(rows) > 1 else ''}: "
+        + ", ".join(f"{n} {_STATE_SHOWN.get(s, s)}" for s, n in sorted(counts.items()))
     )
     if any(row["best_of"] not in (None, "run") for row in rows):
         lines.append(
-            "* the best of the last records of a large metrics.jsonl (--json: best_of), not of the run"
+            "* the best of the records read from the end of metrics.jsonl (--json: best_of), not of the whole run"
         )
     return "\n".join(lines)

@@ -50,8 +50,8 @@ def _common_parts(paths: list[Path]) -> list[str]:
 
 
 def wall_hours(data: RunData) -> dict[int, float]:
-    """Record index -> hours in the run's hops up to that record (None where neither the record nor chain.json
-    says when it was logged)."""
+    """Record index -> hours in the run's hops up to that record (records that neither carry a time nor fall in
+    a hop of chain.json are left out)."""
     hops = data.hops
     walls = [max((h.get("end") or h.get("last_seen") or h["start"]) - h["start"], 0.0) for h in hops]
     offsets = np.concatenate([[0.0], np.cumsum(walls)]) if hops else np.zeros(1)
@@ -106,6 +106,15 @@ def metric_groups(runs: list[RunData]) -> list[tuple[str, list[str]]]:
     ]
 
 
+def _colors(count: int) -> list[Any]:
+    """A colour per run: the ten distinct default ones, else evenly spread over a colour map (never repeated)."""
+    if count <= 10:
+        return [f"C{i}" for i in range(count)]
+    from matplotlib import colormaps
+
+    return [colormaps["turbo"](0.05 + 0.9 * i / (count - 1)) for i in range(count)]
+
+
 def _time_unit(hours: float) -> tuple[str, float]:
     if hours >= 2:
         return "h", 1.0
@@ -117,15 +126,14 @@ def plot_metric(runs: list[RunData], names: list[str], hours: list[dict[int, flo
     """One metric of every run: by update (left) and by wall time in the run's hops (right)."""
     fig, axes = figure(1100, 340, 1, 2)
     by_update, by_time = axes[0]
-    colors = [f"C{i % 10}" for i in range(len(runs))]
     longest, drawn, timeless = 0.0, [], []
-    for data, name, when, color in zip(runs, names, hours, colors):
+    for data, name, when, color in zip(runs, names, hours, _colors(len(runs))):
+        label: str | None = name  # once per run, on its first line
         for key in keys:
             steps, at, values = _series(data, when, key)
             if not values.size:
                 continue
             style = {"marker": "o", "markersize": 3, "linestyle": "--"} if key.startswith("val_") else {}
-            label = name if key == keys[0] or len(keys) == 1 else None
             by_update.plot(steps, values, color=color, linewidth=1.0, label=label, **style)
             drawn.append(values)
             known = ~np.isnan(at)
@@ -134,6 +142,7 @@ def plot_metric(runs: list[RunData], names: list[str], hours: list[dict[int, flo
                 by_time.plot(at[known], values[known], color=color, linewidth=1.0, label=label, **style)
             else:
                 timeless.append(name)
+            label = None
     unit, scale = _time_unit(longest)
     for line in by_time.get_lines():
         line.set_xdata(np.asarray(line.get_xdata(), dtype=float) * scale)
