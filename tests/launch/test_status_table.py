@@ -214,3 +214,20 @@ def test_the_best_is_the_runs_only_where_the_records_read_reach_back_far_enough(
     assert (closed["best"], closed["best_of"], closed["last_update"]) == (0.9, "run", 30)
     no_eval = metric_figures(Tail([{"step": 5, "loss_mean": 2.0}], False, True), cfg, {})
     assert (no_eval["metric"], no_eval["mode"], no_eval["best_of"]) == ("loss_mean", "min", "last 1 records")
+
+
+def test_unreadable_files_make_a_row_not_a_traceback(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    _run(logs / "odd", [], None, [{"step": 3, "loss_mean": 1.5}])
+    (logs / "odd" / "chain.json").write_text('[{"hop": 0}, "x"]')  # hops without a start
+    (logs / "odd" / "summary.json").write_text("[1, 2]")
+    (logs / "odd" / "config.yaml").write_text(": not yaml :")
+    with (logs / "odd" / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 4, "loss_m')  # a line cut by a kill
+    _run(logs / "ok", [], None, [])
+    done = _status(tmp_path, str(logs), "--json")
+    assert done.returncode == 0, done.stderr
+    odd = json.loads(done.stdout)[0]
+    assert (odd["name"], odd["state"], odd["update"], odd["metric"], odd["total_updates"]) == (
+        "odd", "not started", 3, "loss_mean", None
+    )  # fmt: skip

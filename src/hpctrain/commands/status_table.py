@@ -107,7 +107,7 @@ def metric_figures(
 
 def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict[str, Any]:
     """One row of the table: what `hpctrain status RUN_DIR` says first, plus the live figures."""
-    hops = read_hops(run_dir)
+    hops = _hops(run_dir)
     summary = read_json(run_dir / "summary.json", {}) or {}
     summary = summary if isinstance(summary, dict) else {}
     cfg = read_config(run_dir)
@@ -148,11 +148,16 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     }
 
 
+def _hops(run_dir: Path) -> list[dict[str, Any]]:
+    """chain.json's hop records; a record without a start (a hand-edited or foreign file) is no hop."""
+    return [h for h in read_hops(run_dir) if isinstance(h, dict) and _number(h.get("start")) is not None]
+
+
 def collect_rows(folder: Path, runs: list[Path]) -> list[dict[str, Any]]:
     now = time.time()
     jobs = set()
     for run in runs:
-        hops = read_hops(run)
+        hops = _hops(run)
         if hops and hops[-1].get("job_id"):
             jobs.add(str(hops[-1]["job_id"]))
     queue = queue_states(jobs)
