@@ -195,9 +195,9 @@ def steady(run_dir: Path, skip_first: int) -> dict[str, Any]:
 
 def bench_e2e(root: Path, device: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    updates = 40 if args.tiny else 400
+    updates, every = (15, 5) if args.tiny else (400, 20)
     for mode in ("off", "auto"):
-        extra = [f"train.total_updates={updates}", f"train.compile={mode}", "logging.log_every=20"]
+        extra = [f"train.total_updates={updates}", f"train.compile={mode}", f"logging.log_every={every}"]
         done = hpctrain(train_args(root, f"e2e-{mode}", device, args.tiny, extra), env, 900)
         if done.returncode:
             raise SystemExit(f"e2e compile={mode} failed: {done.stderr[-3000:]}")
