@@ -2,7 +2,8 @@
 
 Each document's shell lines run in order, in a fresh copy of the project, as a reader would paste them. The
 environment only shortens training (`TOTAL_UPDATES=4`, the documented alias; a line that sets
-`train.total_updates` itself keeps its value): the commands are the documents' own. Lines for a cluster run on
+`train.total_updates` itself keeps its value) and trains on the CPU (`HPCTRAIN_TRAIN__DEVICE=cpu`: no GPU here):
+the commands are the documents' own. Lines for a cluster run on
 the local SLURM cluster (tests/integration/test_slurm_templates.py); the few that cannot run here are listed in
 tests/docs/commands.py with the reason.
 """
@@ -40,7 +41,9 @@ def _project(tmp: Path) -> Path:
 def test_documented_commands_run_as_written(doc: Path, tmp_path: Path) -> None:
     project = _project(tmp_path)
     bin_dir = str(Path(sys.executable).parent)  # `hpctrain` and `python` of this environment
-    env = clean_env(TOTAL_UPDATES="4", MPLBACKEND="Agg")
+    # This machine has no GPU: the GPU presets' train.device=cuda would (rightly) refuse a CPU-only torch, so the
+    # environment says what a user here would add on the command line
+    env = clean_env(TOTAL_UPDATES="4", MPLBACKEND="Agg", HPCTRAIN_TRAIN__DEVICE="cpu")
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     for command in _runnable(doc):
         done = subprocess.run(
