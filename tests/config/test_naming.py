@@ -77,7 +77,8 @@ def test_long_or_inexact_names_end_in_a_hash_and_stay_distinct() -> None:
     every = ["optim.lr", "optim.eps", "data.paths", "data.val_paths"]
     a = automatic_name("muons", {"data.paths": ["/data/a b/x*.parquet"]}, every)
     b = automatic_name("muons", {"data.paths": ["/data/a_b/x*.parquet"]}, every)
-    assert a != b and a.startswith("muons-paths_") and SAFE.fullmatch(a) and SAFE.fullmatch(b)
+    assert a != b and re.fullmatch(r"muons-paths-[0-9a-f]{8}", a) and SAFE.fullmatch(b)
+    assert automatic_name("muons", {"data.paths": ["a_b", "c"]}, every) != "muons-paths_a_b_c"  # = [a, b, c]
     many = {f"optim.k{i}": i * 1.5 for i in range(40)}
     long = automatic_name("single_gpu", many, list(many))
     assert len(long) <= MAX_LENGTH and SAFE.fullmatch(long) and re.search(r"-[0-9a-f]{8}$", long)

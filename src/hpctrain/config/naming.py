@@ -4,15 +4,15 @@
 
 - base: the config file's stem and the preset (`default_run_name`: debug, single_gpu, fields-single_gpu);
 - one token per identity key (config/identity.py) whose resolved value differs from the base's, i.e. from the
-  config file and preset alone: `lr2e-05`, `hidden64_64`, `seed1`, `precision_bf16`, in the schema's order.
+  config file and preset alone: `lr2e-05`, `hidden64_64`, `seed1`, `precision_bf16`, in the schema's order; a
+  value that is no folder-safe text (a path, a nested list) gives its key alone (`paths`) and the hash below.
   Values are compared, not spellings: `optim.lr=2e-5` on the command line, `LR=2e-5` from `sbatch
   --export` and `HPCTRAIN_OPTIM__LR=0.00002` name the same folder, and a value equal to the base's adds nothing;
 - keys that may change between hops (may_change: run.out_dir, checkpoint and resume settings, slurm.time,
   logging, workers, device) and the run's length (grows: train.total_updates, train.epochs) never enter: every
   hop of a chain, and the same command run again, continue the same folder;
-- a name over MAX_LENGTH characters, or one whose values lost characters to the folder-safe alphabet, keeps
-  the tokens that fit and ends in 8 hex digits of the differences' hash: two different runs never share a
-  folder.
+- a name over MAX_LENGTH characters, or one with such a value, keeps the tokens that fit and ends in 8 hex
+  digits of the differences' hash: two different runs never share a folder.
 
 An explicit `run.name` always wins. Nothing here imports torch (login nodes).
 """
@@ -94,9 +94,13 @@ def _text(value: Any) -> tuple[str, bool]:
 
 
 def _token(short: str, value: Any) -> tuple[str, bool]:
+    """`lr2e-05`, `precision_bf16`; a value that is no folder-safe text (paths, nested lists) is its key alone:
+    the name's hash tells it apart."""
     text, exact = _text(value)
-    glue = "" if text[:1].isdigit() else "_"
-    return f"{short.replace('.', '_')}{glue}{text}", exact
+    key = short.replace(".", "_")
+    if not exact:
+        return key, False
+    return f"{key}{'' if text[:1].isdigit() else '_'}{text}", True
 
 
 def automatic_name(base: str, differences: dict[str, Any], every_key: list[str]) -> str:
