@@ -224,3 +224,17 @@ def test_a_failing_or_missing_sbatch_is_one_line(tmp_path: Path) -> None:
     bare = clean_env(PATH=str(Path(sys.executable).parent))  # a login node without SLURM's commands
     missing = hpctrain("submit", *GRID, cwd=tmp_path, env=bare)
     assert missing.code == 2 and "sbatch not found on PATH" in missing.err
+
+
+def test_a_sweep_never_takes_an_earlier_sweeps_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpctrain.commands.submit import _sweep_folder
+
+    monkeypatch.chdir(tmp_path)
+    first = _sweep_folder("debug")
+    first.mkdir(parents=True)
+    second = _sweep_folder("debug")  # the same second, or a later one
+    assert second != first and second.parent == first.parent and second.name.startswith("debug-")
+    second.mkdir()
+    assert _sweep_folder("debug") not in (first, second)

@@ -211,8 +211,7 @@ def _sweep(args: Any) -> int:
         request, axes, registry.resolve, lambda cfg, sources: check(cfg, args, sources)[0]
     )
     base = default_run_name(args.config, args.preset if args.config or args.preset else "debug")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = (Path(sbatch.LOG_DIR) / "sweeps" / f"{base}-{stamp}").resolve()
+    folder = _sweep_folder(base)
     plan, script = folder / "plan.json", folder / "sweep.sh"
     text = sbatch.render_sweep_script(cfg.slurm, f"hpctrain-sweep-{base}", str(script), str(plan))
     command = ["sbatch", "--parsable", f"--array={sbatch.array_range(len(elements), args.max_parallel)}"]
@@ -235,6 +234,17 @@ def _sweep(args: Any) -> int:
     job = _run_sbatch(command)
     print(f"job array {job} (tasks 0-{len(elements) - 1}); plan {plan}", flush=True)
     return EXIT_OK
+
+
+def _sweep_folder(base: str) -> Path:
+    """logs/slurm/sweeps/<base>-<time>, one that no earlier sweep uses (two in one second get -2, -3, ...)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = (Path(sbatch.LOG_DIR) / "sweeps" / f"{base}-{stamp}").resolve()
+    candidate, n = folder, 1
+    while candidate.exists():
+        n += 1
+        candidate = folder.with_name(f"{folder.name}-{n}")
+    return candidate
 
 
 def _run_sbatch(command: list[str]) -> str:
