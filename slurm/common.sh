@@ -85,6 +85,8 @@ hpctrain_sweep_element() {
     fi
     words=$(python -m hpctrain.launch.sweep args "$plan" "$SLURM_ARRAY_TASK_ID") || return 2
     eval "HPCTRAIN_ORIGINAL_ARGS=($words)"
+    # Successors (afterany) append to this task's log, whatever their own job ids (they inherit the variable).
+    export HPCTRAIN_SWEEP_LOG="logs/slurm/${SLURM_JOB_NAME}-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out"
     hpctrain_log "sweep element $SLURM_ARRAY_TASK_ID of $plan: ${HPCTRAIN_ORIGINAL_ARGS[*]}"
 }
 
@@ -198,7 +200,7 @@ hpctrain_submit_successor() {
         ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
         ${SLURM_JOB_ACCOUNT:+--account="$SLURM_JOB_ACCOUNT"} ${SLURM_JOB_QOS:+--qos="$SLURM_JOB_QOS"} \
         ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
-        ${SLURM_MEM_PER_NODE:+--mem="${SLURM_MEM_PER_NODE}M"} \
+        ${SLURM_MEM_PER_NODE:+--mem="${SLURM_MEM_PER_NODE}M"} ${HPCTRAIN_SWEEP_LOG:+--output="$HPCTRAIN_SWEEP_LOG"} \
         "$script" "${HPCTRAIN_ORIGINAL_ARGS[@]}") || return 1
     hpctrain_successor=${hpctrain_successor%%;*}
     hpctrain_log "successor job $hpctrain_successor queued (afterany:$hpctrain_this_job)"

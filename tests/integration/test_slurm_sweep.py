@@ -131,3 +131,54 @@ def test_sweep_elements_are_interrupted_continue_their_own_folders_and_match_uni
         ), name
     digests = {read_json(run / "summary.json")["params_sha256"] for run in runs}
     assert len(digests) == 4  # four different trainings
+
+
+def test_an_afterany_element_continues_its_own_folder_in_a_successor_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    project = make_project(tmp_path / "proj")
+    submitted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "submit",
+            "--sweep",
+            "run.seed=1,2",
+            "slurm.resubmit=afterany",
+            *WORK,
+        ],
+        cwd=project,
+        env=job_env(slurm_cluster, **save_pause(1.0)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    match = re.search(r"^job array (\d+) \(tasks 0-1\)", submitted.stdout, flags=re.M)
+    assert match, submitted.stdout
+    array = match.group(1)
+    runs = [project / "logs" / "debug-seed1", project / "logs" / "debug-seed2"]
+    try:
+        wait_for(
+            lambda: (runs[0] / "checkpoints" / "latest").exists(), "element 0's first checkpoint", timeout=90
+        )
+        slurm_cluster.run(["scancel", "--signal=USR1", f"{array}_0"])
+        wait_for(
+            lambda: (
+                all(read_json(r / "summary.json", {}).get("status") == "finished" for r in runs)
+                and not slurm_cluster.active_jobs()
+            ),
+            "both elements finished and no job left",
+            timeout=150,
+        )
+    finally:
+        slurm_cluster.cancel_all()
+    hops = read_json(runs[0] / "chain.json", [])
+    assert [h["exit_reason"] for h in hops] == ["signal", "finished"], hops
+    assert hops[1]["first_update"] == hops[0]["last_update"] and hops[0]["job_id"] != hops[1]["job_id"]
+    assert loss_steps(runs[0]) == list(range(1, 61))
+    log = array_log(project, array, 0)  # the successor appended to the element's own log
+    assert f"successor job {hops[1]['job_id']} queued (afterany:{array}_0)" in log, log[-3000:]
+    assert "resumed from logs/debug-seed1/checkpoints/" in log
+    assert [h["exit_reason"] for h in read_json(runs[1] / "chain.json", [])] == ["finished"]
