@@ -193,7 +193,11 @@ hpctrain_submit_successor() {
     fi
     tres=$(scontrol show job -o "$hpctrain_this_job")
     gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
-    hpctrain_successor=$(sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
+    # The successor inherits this shell's environment (sbatch --export=ALL): no array task's variables, which SLURM
+    # would leave in place for a job that is no array task (it would take itself for this task).
+    hpctrain_successor=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
+        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP \
+        sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
         --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
         ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
