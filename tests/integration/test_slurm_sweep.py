@@ -113,7 +113,9 @@ def test_sweep_elements_are_interrupted_continue_their_own_folders_and_match_uni
         log = array_log(project, array, index)
         assert len(hops) >= 2, (name, hops, log[-3000:])  # interrupted, then continued
         assert hops[-1]["exit_reason"] == "finished"
-        assert len({h["job_id"] for h in hops}) == 1  # its own array task, requeued
+        assert {h["job_id"] for h in hops} == {
+            f"{array}_{index}"
+        }  # its own array task, requeued (squeue's name)
         for before, after in zip(hops, hops[1:]):
             assert after["first_update"] == before["last_update"]  # nothing lost, nothing repeated
         assert loss_steps(run) == list(range(1, 61))
@@ -129,6 +131,12 @@ def test_sweep_elements_are_interrupted_continue_their_own_folders_and_match_uni
             read_json(run / "summary.json")["params_sha256"]
             == read_json(ref / "summary.json")["params_sha256"]
         ), name
+        status = subprocess.run(
+            [sys.executable, "-m", "hpctrain", "status", str(run)], capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0 and f"job {array}_{index} on " in status.stdout, (
+            status.stdout + status.stderr
+        )
     digests = {read_json(run / "summary.json")["params_sha256"] for run in runs}
     assert len(digests) == 4  # four different trainings
 
