@@ -8,6 +8,15 @@
 
 hpctrain_log() { echo "[hpctrain $(date +%H:%M:%S) job ${SLURM_JOB_ID:-none}] $*" >&2; }
 
+# This job as scontrol, squeue and --dependency name it. An array task's own SLURM_JOB_ID may be the array's id
+# (the task holding the array's record), for which `scontrol show job` answers for every task and `scontrol
+# requeue` requeues them all: an array task is <array job>_<task>.
+if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+    hpctrain_this_job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+else
+    hpctrain_this_job=${SLURM_JOB_ID:-}
+fi
+
 # ---------------------------------------------------------------------------------------- environment
 hpctrain_setup_env() {
     cd "$HPCTRAIN_HOME" || { hpctrain_log "error: project folder $HPCTRAIN_HOME not found"; exit 2; }
@@ -61,6 +70,24 @@ hpctrain_parse_args() {
         done
         HPCTRAIN_ARGS=(--preset "$hpctrain_default_preset" "${HPCTRAIN_ARGS[@]}")
     fi
+}
+
+# An array task of a sweep (slurm/sweep.sh --sweep-plan PLAN): the arguments of its own element of the plan, by
+# SLURM_ARRAY_TASK_ID (a requeued task keeps it). They replace the original ones, so that an afterany successor
+# (a plain job, no array task) runs the same element, and so continues the same run folder.
+hpctrain_sweep_element() {
+    [ "${HPCTRAIN_ORIGINAL_ARGS[0]:-}" = --sweep-plan ] || return 0
+    local plan=${HPCTRAIN_ORIGINAL_ARGS[1]:-} words
+    if [ -z "${SLURM_ARRAY_TASK_ID:-}" ] || [ "${#HPCTRAIN_ORIGINAL_ARGS[@]}" != 2 ]; then
+        hpctrain_log "error: --sweep-plan PLAN runs as a job array task, with nothing after it" \
+            "(sbatch --array=0-N slurm/sweep.sh --sweep-plan PLAN)"
+        return 2
+    fi
+    words=$(python -m hpctrain.launch.sweep args "$plan" "$SLURM_ARRAY_TASK_ID") || return 2
+    eval "HPCTRAIN_ORIGINAL_ARGS=($words)"
+    # Successors (afterany) append to this task's log, whatever their own job ids (they inherit the variable).
+    export HPCTRAIN_SWEEP_LOG="logs/slurm/${SLURM_JOB_NAME}-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out"
+    hpctrain_log "sweep element $SLURM_ARRAY_TASK_ID of $plan: ${HPCTRAIN_ORIGINAL_ARGS[*]}"
 }
 
 # The short names hpctrain reads (config/loading.py ENV_ALIASES and ENV_KEYS, and DATA_DIR; a test keeps the two
@@ -143,7 +170,7 @@ hpctrain_chain() {  # hpctrain_chain start|next [exit code]
 }
 
 hpctrain_script_path() {
-    scontrol show job -o "$SLURM_JOB_ID" | grep -oE 'Command=[^ ]+' | cut -d= -f2
+    scontrol show job -o "$hpctrain_this_job" | grep -oE 'Command=[^ ]+' | cut -d= -f2
 }
 
 # afterany: queue the successor first, so a hop killed without warning still continues the chain.
@@ -152,10 +179,10 @@ hpctrain_submit_successor() {
     if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
         # Requeued by SLURM itself (node failure): the successor queued by the first run is still there.
         existing=$(squeue -h -u "${USER:-$(id -un)}" -o '%i %E' 2>/dev/null |
-            awk -v d="afterany:$SLURM_JOB_ID" 'index($2, d) {print $1; exit}')
+            awk -v d="afterany:$hpctrain_this_job" 'index($2, d) {print $1; exit}')
         if [ -n "$existing" ]; then
             hpctrain_successor=$existing
-            hpctrain_log "successor job $existing already queued (afterany:$SLURM_JOB_ID)"
+            hpctrain_log "successor job $existing already queued (afterany:$hpctrain_this_job)"
             return 0
         fi
     fi
@@ -164,19 +191,23 @@ hpctrain_submit_successor() {
         hpctrain_log "error: cannot find this job's script ($script) to queue its successor"
         return 1
     fi
-    tres=$(scontrol show job -o "$SLURM_JOB_ID")
+    tres=$(scontrol show job -o "$hpctrain_this_job")
     gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
-    hpctrain_successor=$(sbatch --parsable --dependency="afterany:$SLURM_JOB_ID" \
+    # The successor inherits this shell's environment (sbatch --export=ALL): no array task's variables, which SLURM
+    # would leave in place for a job that is no array task (it would take itself for this task).
+    hpctrain_successor=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
+        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP \
+        sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
         --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
         ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
         ${SLURM_JOB_PARTITION:+--partition="$SLURM_JOB_PARTITION"} \
         ${SLURM_JOB_ACCOUNT:+--account="$SLURM_JOB_ACCOUNT"} ${SLURM_JOB_QOS:+--qos="$SLURM_JOB_QOS"} \
         ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
-        ${SLURM_MEM_PER_NODE:+--mem="${SLURM_MEM_PER_NODE}M"} \
+        ${SLURM_MEM_PER_NODE:+--mem="${SLURM_MEM_PER_NODE}M"} ${HPCTRAIN_SWEEP_LOG:+--output="$HPCTRAIN_SWEEP_LOG"} \
         "$script" "${HPCTRAIN_ORIGINAL_ARGS[@]}") || return 1
     hpctrain_successor=${hpctrain_successor%%;*}
-    hpctrain_log "successor job $hpctrain_successor queued (afterany:$SLURM_JOB_ID)"
+    hpctrain_log "successor job $hpctrain_successor queued (afterany:$hpctrain_this_job)"
 }
 
 hpctrain_cancel_successor() {
@@ -231,7 +262,7 @@ hpctrain_forward() {
 hpctrain_defer_early_warning() {
     local end now remaining lead=${hpctrain_signal_lead:-}
     [ -n "$lead" ] || return 1
-    end=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -oE 'EndTime=[0-9T:-]+' | cut -d= -f2)
+    end=$(scontrol show job -o "$hpctrain_this_job" 2>/dev/null | grep -oE 'EndTime=[0-9T:-]+' | cut -d= -f2)
     [ -n "$end" ] || return 1
     end=$(date -d "$end" +%s 2>/dev/null) || return 1
     now=$(date +%s)
@@ -285,7 +316,8 @@ hpctrain_job() {
     trap 'hpctrain_forward USR1' USR2
     trap 'hpctrain_forward TERM' TERM
     hpctrain_setup_env
-    hpctrain_parse_args "$@" || exit 2
+    hpctrain_sweep_element || exit 2
+    hpctrain_parse_args "${HPCTRAIN_ORIGINAL_ARGS[@]}" || exit 2
     mkdir -p logs/slurm
     hpctrain_check
     hpctrain_master
@@ -327,8 +359,8 @@ hpctrain_after() {
             fi
             case "$hpctrain_resubmit" in
                 requeue)
-                    hpctrain_log "stopped early and resumable: requeueing job $SLURM_JOB_ID"
-                    scontrol requeue "$SLURM_JOB_ID" || { hpctrain_log "error: scontrol requeue failed"; exit 75; }
+                    hpctrain_log "stopped early and resumable: requeueing job $hpctrain_this_job"
+                    scontrol requeue "$hpctrain_this_job" || { hpctrain_log "error: scontrol requeue failed"; exit 75; }
                     # The controller ends this run of the job now; do not report a state of our own.
                     trap - TERM
                     sleep 60 &

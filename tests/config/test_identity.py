@@ -79,8 +79,12 @@ def test_judge_sorts_changes_and_compares_only_what_the_checkpoint_knows():
     del old["train"]["eval_batches"]  # a key an older version did not have: not compared
     old["model"]["type"] = "other"  # another model type: only the type is reported, not its fields
     old["model"]["hidden"] = [1]
-    cfg = load(
-        "optim.lr=2e-5", "slurm.time=01:00:00", "train.eval_batches=3", "checkpoint.accept_changes=optim"
+    cfg = load(  # continuing the same folder (the automatic name would be another: debug-lr2e-05)
+        "run.name=debug",
+        "optim.lr=2e-5",
+        "slurm.time=01:00:00",
+        "train.eval_batches=3",
+        "checkpoint.accept_changes=optim",
     )
     verdict = judge(old, cfg, old_total=200, new_total=200, old_world=1, new_world=2)
     assert [str(c) for c in verdict.accepted] == ["optim.lr 0.001 -> 2e-05"]

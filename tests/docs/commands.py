@@ -37,7 +37,8 @@ class Command:
         submit_queues = self.text.startswith("hpctrain submit") and not re.search(
             r"--dry-run|--local", self.text
         )
-        return self.text.startswith(CLUSTER) or submit_queues
+        sbatch_loop = self.text.startswith("for ") and "sbatch " in self.text
+        return self.text.startswith(CLUSTER) or submit_queues or sbatch_loop
 
     @property
     def not_here(self) -> str | None:

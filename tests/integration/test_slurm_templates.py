@@ -174,11 +174,12 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
     )
     assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", log_of(project, job)[-3000:]
     assert {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()} == before  # untouched
-    summary = finished(project, "multi_gpu", world=2)  # the template's preset names its own run folder
+    # The template's preset and the exported LR name its own run folder.
+    summary = finished(project, "multi_gpu-lr2e-05", world=2)
     assert summary["step"] == 30
-    cfg = yaml.safe_load((project / "logs" / "multi_gpu" / "config.yaml").read_text())
+    cfg = yaml.safe_load((project / "logs" / "multi_gpu-lr2e-05" / "config.yaml").read_text())
     assert cfg["optim"]["lr"] == pytest.approx(2e-5) and cfg["train"]["precision"] == "bf16"
-    assert f"run folder {project / 'logs' / 'multi_gpu'}" in log_of(project, job)
+    assert f"run folder {project / 'logs' / 'multi_gpu-lr2e-05'}" in log_of(project, job)
 
 
 def test_every_documented_sbatch_line_is_accepted(slurm_cluster: SlurmCluster, project: Path) -> None:
@@ -187,12 +188,12 @@ def test_every_documented_sbatch_line_is_accepted(slurm_cluster: SlurmCluster, p
     above; `hpctrain submit` lines that queue are checked through their documented `--dry-run` twin."""
     from tests.docs.commands import all_commands
 
-    lines = [c for c in all_commands() if c.on_cluster and c.text.startswith("sbatch ")]
+    lines = [c for c in all_commands() if c.on_cluster and "sbatch " in c.text]  # also in a `for` loop
     assert len(lines) >= 6, lines
     held = submit(slurm_cluster, project, ["--hold", "--wrap", "true"])  # a job for `afterany:$LAST_JOB`
     try:
         for line in lines:
-            command = line.text.replace("sbatch ", "sbatch --test-only ", 1)
+            command = line.text.replace("sbatch ", "sbatch --test-only ")
             done = subprocess.run(
                 ["bash", "-c", command],
                 cwd=project,

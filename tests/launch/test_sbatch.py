@@ -29,6 +29,14 @@ def test_checked_in_templates_are_the_rendering(name: str) -> None:
     assert (ROOT / "slurm" / f"{name}.sh").read_text() == sbatch.render_template(name)
 
 
+def test_checked_in_sweep_template_is_the_rendering() -> None:
+    # slurm/sweep.sh: what `hpctrain submit --sweep` queues a copy of, with the config's slurm settings.
+    assert (ROOT / "slurm" / "sweep.sh").read_text() == sbatch.render_sweep_template()
+    header = [line for line in sbatch.render_sweep_template().splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --output=logs/slurm/%x-%A_%a.out" in header and not any("--array" in h for h in header)
+    assert sbatch.array_range(4, 2) == "0-3%2" and sbatch.array_range(3, 10) == "0-2"
+
+
 def test_rendered_header() -> None:
     slurm = SlurmConfig(
         partition="gpu",

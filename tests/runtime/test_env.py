@@ -76,3 +76,11 @@ def test_empty_variables_count_as_unset() -> None:
 def test_rank_outside_the_world_is_refused() -> None:
     with pytest.raises(ValueError, match="rank 4 is outside world size 4"):
         ClusterEnv.from_environ({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_an_array_task_is_named_by_its_array_and_index() -> None:
+    # The task holding the array's own id (77): `scontrol show job 77` answers for every task of the array.
+    task = ClusterEnv.from_environ({**SRUN_STEP, "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"})
+    assert (task.job_id, task.scheduler_job) == ("77", "77_3")
+    assert ClusterEnv.from_environ(SRUN_STEP).scheduler_job == "77"
+    assert ClusterEnv.from_environ({}).scheduler_job is None

@@ -136,16 +136,19 @@ def test_the_submitit_job_runs_the_same_life_cycle(tmp_path: Path, monkeypatch: 
 
     seen = []
 
-    def fake_run(cfg, env, factory) -> int:
-        seen.append((cfg.run.name, factory))
+    def fake_run(cfg, env, factory, naming=None) -> int:
+        seen.append((cfg.run.name, factory, naming))
         return 0
 
     monkeypatch.setattr(entry, "run", fake_run)
     request = ConfigRequest(None, None, [f"run.out_dir={tmp_path}", "run.name=sj"], None)
     assert submitit_launcher.TrainJob(request, resolve, make_task)() == 0
-    assert seen == [("sj", make_task)]  # the registry's task factory, handed over by `hpctrain submit`
+    assert seen == [("sj", make_task, None)]  # the registry's task factory, handed over by `hpctrain submit`
+    automatic = ConfigRequest(None, None, [f"run.out_dir={tmp_path}", "optim.lr=0.01"], None)
+    assert submitit_launcher.TrainJob(automatic, resolve, make_task)() == 0
+    assert seen[1] == ("debug-lr0.01", make_task, "automatic run.name: debug + optim.lr=0.01")
 
-    def mistake(cfg, env, factory) -> int:
+    def mistake(cfg, env, factory, naming=None) -> int:
         raise UserError("data.paths: /x: no such file or folder")
 
     monkeypatch.setattr(entry, "run", mistake)

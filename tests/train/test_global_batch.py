@@ -51,7 +51,7 @@ def test_a_saved_config_can_be_given_back(tmp_path: Path) -> None:
     """config.yaml of a global-batch run holds the form in use only, so --config takes it back."""
     done = hpctrain("train", "data.global_batch_size=64", "train.total_updates=3", cwd=tmp_path)
     assert done.code == 0, done.err
-    saved = tmp_path / "logs" / "debug" / "config.yaml"
+    saved = tmp_path / "logs" / "debug-global_batch_size64" / "config.yaml"  # its automatic name
     assert "global_batch_size: 64" in saved.read_text() and "\n  batch_size:" not in saved.read_text()
     again = hpctrain("train", "--config", str(saved), "train.total_updates=5", cwd=tmp_path)
     assert again.code == 0, again.err

@@ -37,8 +37,19 @@ def test_identity_change_is_refused_then_accepted_and_recorded(tmp_path: Path) -
     run_dir = tmp_path / "logs" / "debug"
     before = files(run_dir)
 
-    # The mistake: another learning rate (and batch) continuing the debug run.
-    refused = hpctrain("train", *SHORT, "data.batch_size=64", cwd=tmp_path, env=clean_env(LR="2e-5"))
+    # Another learning rate (and batch) without a name is another run, in its own folder: the debug run is
+    # left alone.
+    apart = hpctrain("train", *SHORT, "data.batch_size=64", cwd=tmp_path, env=clean_env(LR="2e-5"))
+    assert apart.code == EXIT_OK, apart.err
+    assert apart.out.startswith(
+        "run folder logs/debug-lr2e-05-batch_size64 (automatic run.name: debug + optim.lr=2e-05, "
+        "data.batch_size=64)\n"
+    )
+    assert files(run_dir) == before
+    # Named, it is the mistake: another learning rate (and batch) continuing the debug run.
+    refused = hpctrain(
+        "train", *SHORT, "run.name=debug", "data.batch_size=64", cwd=tmp_path, env=clean_env(LR="2e-5")
+    )
     assert refused.code == 2
     assert all(line.startswith("note: ") for line in refused.err.splitlines()[:-1]), refused.err
     assert refused.err.splitlines()[-1] + "\n" == (
@@ -53,6 +64,7 @@ def test_identity_change_is_refused_then_accepted_and_recorded(tmp_path: Path) -
         "train",
         "train.total_updates=60",
         "train.threads=1",
+        "run.name=debug",
         "checkpoint.accept_changes=[optim.lr]",
         cwd=tmp_path,
         env=clean_env(LR="2e-5"),

@@ -329,11 +329,15 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_one_line_exit_2(tmp_path: P
     assert hpctrain("train", *SMALL, "train.total_updates=3", cwd=tmp_path).code == 0
     # Without accepting it the identity check refuses the change first (tests/train/test_identity.py); an
     # accepted architecture change must still fail in one line, naming the parameters that differ.
-    refused = hpctrain("train", *SMALL, "train.total_updates=6", "model.hidden=[32,64]", cwd=tmp_path)
+    # (named: without run.name the other architecture would be another run, in its own folder)
+    refused = hpctrain(
+        "train", *SMALL, "run.name=debug", "train.total_updates=6", "model.hidden=[32,64]", cwd=tmp_path
+    )
     assert refused.code == 2 and "model.hidden [64,64] -> [32,64]" in one_error_line(refused.err)
     done = hpctrain(
         "train",
         *SMALL,
+        "run.name=debug",
         "train.total_updates=6",
         "model.hidden=[32,64]",
         "checkpoint.accept_changes=[model.hidden]",
@@ -448,7 +452,7 @@ def test_mirror_is_whole_at_every_moment_while_saves_go_on(tmp_path: Path):
     assert "mirroring checkpoints" not in done.err  # no failed copy
     assert not problems, problems[:5]
     assert reads["n"] > 10
-    local = tmp_path / "out" / "debug" / "checkpoints"
+    local = tmp_path / "out" / "debug-hidden256_256" / "checkpoints"  # model.hidden names the run
     assert listing(mirror) == listing(local)  # the final state, nothing stale, no temporaries
 
 

@@ -46,7 +46,8 @@ def on_terminal(*args: str, cwd: Path, timeout: float = 180) -> tuple[int, str, 
 def test_terminal_gets_a_short_config_and_one_calm_bar(tmp_path: Path) -> None:
     code, text, seconds = on_terminal("train", "train.total_updates=300", "model.hidden=[8]", cwd=tmp_path)
     assert code == 0, text[-3000:]
-    assert "config: logs/debug/config.yaml" in text and "keys differ from the defaults" in text
+    assert text.startswith("run folder logs/debug-hidden8 (automatic run.name: debug + model.hidden=[8])\r\n")
+    assert "config: logs/debug-hidden8/config.yaml" in text and "keys differ from the defaults" in text
     assert "model.hidden=[8]" in text and "\nrun:\n" not in text.replace("\r", "")  # not the 130-line dump
     redraws = text.count("\r") - text.count("\r\n")
     assert redraws <= 12 + 4 * seconds, (redraws, seconds)  # was one per update (305 for 300)
@@ -63,9 +64,9 @@ def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
     assert first.code == 0, first.err
     second = hpctrain("train", "train.total_updates=40", *args, cwd=tmp_path)
     assert second.code == 0, second.err
-    log = (tmp_path / "logs" / "debug" / "training.log").read_text()
+    log = (tmp_path / "logs" / "debug-n_val0" / "training.log").read_text()  # data.n_val names the run
     assert log.count("==== ") == 2  # one header per hop
-    assert "run:\n  name: debug" in log  # a log is not a terminal: the whole config
+    assert "run:\n  name: debug-n_val0" in log  # a log is not a terminal: the whole config
     for line in (
         "update 10/20 |",
         "update 20/20 |",

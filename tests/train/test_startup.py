@@ -109,9 +109,10 @@ def test_a_muon_train_start_imports_neither_pandas_nor_the_features_that_are_off
     rc, loaded, err = _verb([*argv, "train.total_updates=2", "train.eval_every=0"], tmp_path)
     assert rc == 0, err
     assert loaded == ["torch"]  # pyarrow's to_numpy would bring pandas: the loader reads Arrow buffers
-    assert (
-        tmp_path / "logs" / "muons" / "evaluate_val.json"
-    ).exists()  # the whole run, its last evaluation too
+    (run,) = (tmp_path / "logs").glob(
+        "muons-*"
+    )  # named from the data and batch given: muons-paths-...-<hash>
+    assert (run / "evaluate_val.json").exists()  # the whole run, its last evaluation too
 
 
 @pytest.mark.parametrize(

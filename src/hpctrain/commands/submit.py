@@ -1,8 +1,10 @@
 """`hpctrain submit`: validate the config and the job settings, then queue the training through submitit.
 
     hpctrain submit [--config FILE] [--preset NAME] [key=value ...] [--dry-run] [--local] [--check]
+    hpctrain submit [...] --sweep KEY=V1,V2,... [--sweep ...] [--sweep-file FILE] [--max-parallel N] [--yes]
 
-`--check` only validates (the sbatch templates call it first, in the batch shell, against the running
+`--sweep`/`--sweep-file` queue one job array of a grid instead (hpctrain.launch.sweep), with slurm/sweep.sh's
+body. `--check` only validates (the sbatch templates call it first, in the batch shell, against the running
 allocation) and prints the settings the templates need as shell assignments. Every mode checks the job
 settings and what can be checked before queueing (inputs, token file, output folders, resume path: see
 hpctrain.train.preflight). A failing sbatch or submitit is one line naming the command and its stderr, exit 2.
@@ -12,6 +14,7 @@ Never imports torch: login nodes are slow.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import re
 import shlex
@@ -26,9 +29,13 @@ from hpctrain.commands.common import ArgParser, add_config_arguments, announce, 
 from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
-from hpctrain.launch import sbatch
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.launch import sbatch, sweep
+from hpctrain.launch.sweep import MAX_ELEMENTS
 from hpctrain.runtime.torch_build import cuda_problem
 from hpctrain.train.preflight import check_config
+
+DEFAULT_MAX_PARALLEL = 10  # a sweep's elements running at once, unless --max-parallel says otherwise
 
 
 def _parser() -> ArgParser:
@@ -41,6 +48,26 @@ def _parser() -> ArgParser:
     mode.add_argument("--local", action="store_true", help="run the same path on this machine (waits for it)")
     mode.add_argument(
         "--check", action="store_true", help="validate only; print shell settings for the templates"
+    )
+    sweep = parser.add_argument_group("sweeps (one job array, one run folder per element; docs/slurm.md)")
+    sweep.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="a key and its values (repeat for a grid), e.g. --sweep optim.lr=1e-5,2e-5 --sweep "
+        "model.hidden=[64],[128]",
+    )
+    sweep.add_argument("--sweep-file", metavar="FILE", help="a YAML mapping key -> list of values (a grid)")
+    sweep.add_argument(
+        "--max-parallel",
+        type=int,
+        default=DEFAULT_MAX_PARALLEL,
+        metavar="N",
+        help=f"elements running at once (the array's %%N; default {DEFAULT_MAX_PARALLEL})",
+    )
+    sweep.add_argument(
+        "--yes", action="store_true", help=f"queue a sweep of more than {MAX_ELEMENTS} elements"
     )
     parser.add_argument(
         "--signal-lead",
@@ -91,7 +118,10 @@ def job_shape(cfg: ConfigBase, args: Any, sources: Provenance | None = None) -> 
     if args.check and sbatch.in_batch_shell():
         import os
 
-        fields = _allocation_fields(os.environ["SLURM_JOB_ID"], os.environ)
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        # An array task by its array form: its own id may be the array's, which scontrol answers for every task.
+        job = f"{array}_{task}" if array and task else os.environ["SLURM_JOB_ID"]
+        fields = _allocation_fields(job, os.environ)
         lead = job_signal_lead(cfg, args, sources or Provenance())
         return sbatch.shape_from_allocation(fields, os.environ, lead, cfg.slurm.launcher)
     shape = sbatch.shape_from_config(cfg.slurm)
@@ -137,6 +167,8 @@ def _absolute(request: ConfigRequest) -> ConfigRequest:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.sweep or args.sweep_file:
+        return _sweep(args)
     cfg, sources = resolve_from_args(args)
     run_dir, shape = check(cfg, args, sources)
     if not args.check:  # the templates' check is followed by `hpctrain train`, which says it once
@@ -161,6 +193,78 @@ def main(argv: list[str]) -> int:
     if args.local:
         return _wait_local(job)
     return EXIT_OK
+
+
+def _sweep(args: Any) -> int:
+    """One job array: every element resolved and checked first, then the plan and the script written, then
+    one sbatch (or, with --dry-run, the plan and the script printed, nothing written or queued)."""
+    from hpctrain.config.naming import default_run_name
+    from hpctrain.workloads import registry
+
+    if args.local or args.check:
+        raise UserError("--sweep queues one SLURM job array: not with --local or --check")
+    if args.max_parallel < 1:
+        raise UserError(f"--max-parallel must be at least 1, not {args.max_parallel}")
+    axes = sweep.parse_sweep_args(args.sweep)
+    for key, values in (sweep.read_sweep_file(args.sweep_file) if args.sweep_file else {}).items():
+        if key in axes:
+            raise UserError(f"--sweep {key}: also in --sweep-file {args.sweep_file}; give it once")
+        axes[key] = values
+    sweep.check_axes(axes, registry.config_model(), list(args.overrides), args.yes)
+    request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
+    elements, cfg = sweep.build_plan(
+        request, axes, registry.resolve, lambda cfg, sources: check(cfg, args, sources)[0]
+    )
+    base = default_run_name(args.config, args.preset if args.config or args.preset else "debug")
+    folder = _sweep_folder(base)
+    plan, script = folder / "plan.json", folder / "sweep.sh"
+    text = sbatch.render_sweep_script(cfg.slurm, f"hpctrain-sweep-{base}", str(script), str(plan))
+    command = ["sbatch", "--parsable", f"--array={sbatch.array_range(len(elements), args.max_parallel)}"]
+    command += [str(script), "--sweep-plan", str(plan)]
+    cap = min(args.max_parallel, len(elements))
+    print(
+        f"sweep of {len(elements)} runs ({' x '.join(f'{k}: {len(v)}' for k, v in axes.items())}), ", end=""
+    )
+    print(f"one job array, at most {cap} at once:")
+    width = max(len(str(e.run_dir)) for e in elements)
+    for e in elements:
+        print(f"  {e.index:>3}  {e.run_dir!s:<{width}}  {' '.join(e.overrides)}")
+    if args.dry_run:
+        print(f"# {shlex.join(command)}   (dry run: nothing written, nothing queued)")
+        print(text, end="")
+        return EXIT_OK
+    sbatch.ensure_log_dir()
+    sweep.write_plan(plan, sweep.plan_record(request, axes, elements))
+    atomic_write_text(script, text)
+    job = _run_sbatch(command)
+    print(f"job array {job} (tasks 0-{len(elements) - 1}); plan {plan}", flush=True)
+    return EXIT_OK
+
+
+def _sweep_folder(base: str) -> Path:
+    """logs/slurm/sweeps/<base>-<time>, one that no earlier sweep uses (two in one second get -2, -3, ...)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = (Path(sbatch.LOG_DIR) / "sweeps" / f"{base}-{stamp}").resolve()
+    candidate, n = folder, 1
+    while candidate.exists():
+        n += 1
+        candidate = folder.with_name(f"{folder.name}-{n}")
+    return candidate
+
+
+def _run_sbatch(command: list[str]) -> str:
+    """sbatch's job id; a missing or refusing sbatch is one UserError with its stderr."""
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "sbatch not found on PATH; run `hpctrain submit --sweep` on a SLURM login node (or --dry-run)"
+        )
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UserError(f"sbatch failed: {type(exc).__name__}: {_one_line(str(exc))}") from None
+    if done.returncode != 0:
+        raise UserError(f"sbatch failed (exit {done.returncode}): {_one_line(done.stderr or done.stdout)}")
+    return done.stdout.strip().split(";")[0]
 
 
 def _one_line(text: str) -> str:

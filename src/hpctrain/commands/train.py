@@ -6,7 +6,7 @@ Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failu
 
 from __future__ import annotations
 
-from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
+from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train import entry
@@ -15,9 +15,9 @@ from hpctrain.workloads.registry import make_task
 __all__ = ["main", "run"]
 
 
-def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False) -> int:
+def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False, naming: str | None = None) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
-    return entry.run(cfg, env, make_task, verbose=verbose)
+    return entry.run(cfg, env, make_task, verbose=verbose, naming=naming)
 
 
 def main(argv: list[str]) -> int:
@@ -29,5 +29,6 @@ def main(argv: list[str]) -> int:
         "-v", "--verbose", action="store_true", help="print the whole resolved config on a terminal too"
     )
     args = parser.parse_args(argv)
-    cfg = config_from_args(args)
-    return run(cfg, ClusterEnv.from_environ(), verbose=args.verbose)
+    cfg, sources = resolve_from_args(args)
+    announce(sources)
+    return run(cfg, ClusterEnv.from_environ(), verbose=args.verbose, naming=sources.naming)

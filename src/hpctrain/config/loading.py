@@ -7,12 +7,13 @@ named. A value typed on the command line or in a variable is read by its field's
 `2024` as text). Every mistake becomes a one-line `UserError` naming the dotted key, the value and what is
 allowed, before any work is done.
 
-Size (~560 lines): the layers are one pipeline (read, interpolate, type each value by its field, merge, name
+Size (~610 lines): the layers are one pipeline (read, interpolate, type each value by its field, merge, name
 where each value came from, validate): split, each step would need the others' intermediate trees.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hpctrain.config import keys, presets
 from hpctrain.config.identity import identity_values
+from hpctrain.config.naming import default_run_name, name_run
 from hpctrain.errors import UserError
 
 ENV_PREFIX = "HPCTRAIN_"
@@ -277,6 +279,7 @@ class Provenance:
 
     sets: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     raw: dict[str, str] = field(default_factory=dict)  # the text of variables, as the user wrote it
+    naming: str | None = None  # how an automatic run.name was formed (None: run.name was given)
 
     def add(self, key: str, value: Any, source: str) -> None:
         for dotted, leaf in _leaves(key, value):
@@ -452,6 +455,8 @@ def resolve_config(
             set_dotted(tree, key, value, f"preset {request.preset}")
             origins[key] = f"preset {request.preset}"
             sources.add(key, value, f"preset {request.preset}")
+    # The config file and preset alone: what automatic names compare with.
+    base_tree, base_origins = copy.deepcopy(tree), dict(origins)
     secrets = secret_keys(cls)
     for where, found in ((".env", file_vars), ("environment", environ)):
         for key, raw, source in env_overrides(found, where):
@@ -474,12 +479,57 @@ def resolve_config(
         sources.add(key, value, "command line")
 
     _one_batch_form(tree, origins, request.config_path)
-    run = tree.setdefault("run", {}) if isinstance(tree.get("run", {}), dict) else tree["run"]
-    if isinstance(run, dict) and not run.get("name"):
-        run["name"] = default_run_name(request.config_path, request.preset)
+    run = tree.get("run")
+    named = isinstance(run, dict) and bool(run.get("name"))
     if prepare is not None:
         prepare(tree)
-    return validate(cls, tree, origins), sources
+    cfg = validate(cls, tree, origins)
+    if not named:
+        base_name = default_run_name(request.config_path, request.preset)
+        base, retyped = _base_config(cls, (base_tree, base_origins), tree, request.config_path, prepare)
+        later = {key for key, sets in sources.sets.items() if not sets[-1][0].startswith(_NAMED_LAYERS)}
+        cfg.run.name, sources.naming = name_run(cfg, base_name, base, later, retyped)
+    return cfg, sources
+
+
+# The layers a name is based on; values from the others (.env, environment, command line) name the run.
+_NAMED_LAYERS = ("config file ", "preset ")
+
+
+def _base_config(
+    cls: type[BaseModel],
+    base_layers: tuple[dict[str, Any], dict[str, str]],
+    tree: dict[str, Any],
+    config_path: str | None,
+    prepare: Callable[[dict[str, Any]], None] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """The config of the config file and preset alone (None when it does not validate on its own: overrides
+    complete it), with the final model and data types; and the `type` keys the later layers changed (another
+    type is one difference, not one per key of its section)."""
+    base_tree, origins = base_layers
+    if prepare is not None:
+        prepare(base_tree)
+    retyped = {}
+    for section in ("model", "data"):
+        kind = _section(tree, section).get("type")
+        if kind is not None and _section(base_tree, section).get("type") != kind:
+            retyped[f"{section}.type"] = kind
+            base_tree[section] = {
+                "type": kind,
+                **{k: v for k, v in base_tree[section].items() if k != "type"},
+            }
+    try:
+        _one_batch_form(base_tree, origins, config_path)
+        return cls.model_validate(base_tree), retyped
+    except (UserError, ValidationError):
+        return None, retyped
+
+
+def _section(tree: dict[str, Any], name: str) -> dict[str, Any]:
+    node = tree.get(name)
+    if not isinstance(node, dict):
+        node = tree[name] = {}
+    return node
 
 
 _LAYERS = ("preset", ".env", "environment", "override")  # after the config file, in the order they win
@@ -507,17 +557,6 @@ def _one_batch_form(tree: dict[str, Any], origins: Mapping[str, str], config_pat
             "or the global batch split over the GPUs"
         )
     del data["batch_size" if per_gpu < whole else "global_batch_size"]
-
-
-def default_run_name(config_path: str | None, preset: str | None) -> str:
-    """<config stem>, <config stem>-<preset> with a preset, the preset alone without a config file (debug).
-
-    So a job with other settings (an sbatch template implies its preset) gets a folder of its own instead of
-    continuing another run's."""
-    if not config_path:
-        return preset if preset and preset != "none" else "default"
-    stem = Path(config_path).stem
-    return f"{stem}-{preset}" if preset and preset != "none" else stem
 
 
 def dump_config(cfg: BaseModel) -> dict[str, Any]:

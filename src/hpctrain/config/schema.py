@@ -66,10 +66,13 @@ def parse_duration(text: str) -> float:
 class RunConfig(Section):
     name: str | None = Field(
         None,
-        description="Run name: the run folder is <out_dir>/<name>. Default: the config file's stem, "
-        "<stem>-<preset> with a --preset (each sbatch template implies its own: multi_gpu.sh -> multi_gpu), "
-        "or without --config the preset's name (debug). The same command continues the same run; another "
-        "one (other identity keys) is refused there.",
+        description="Run name: the run folder is <out_dir>/<name>. Default (automatic): the config file's "
+        "stem, <stem>-<preset> with a --preset (each sbatch template implies its own: multi_gpu.sh -> "
+        "multi_gpu), or without --config the preset's name (debug), then one token per identity key the "
+        "environment or the command line set to another value (LR=2e-5 -> single_gpu-lr2e-05; a hash "
+        "suffix when long). Keys that may change between hops (out_dir, slurm, logging, checkpoint) and the "
+        "run's length never enter it: the same command and every hop continue the same folder. A given "
+        "name wins; another run (other identity keys) is refused in an existing folder.",
         json_schema_extra=MAY_CHANGE,
     )
     out_dir: str = Field(

@@ -173,8 +173,9 @@ def _check_tasks(shape: JobShape) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------- rendering
-def sbatch_options(slurm: SlurmConfig, job_name: str) -> list[str]:
-    """The #SBATCH options of a job described by the slurm section, in a stable order."""
+def sbatch_options(slurm: SlurmConfig, job_name: str, array: bool = False) -> list[str]:
+    """The #SBATCH options of a job described by the slurm section, in a stable order. `array`: a job array's
+    (its log per task: %A the array's job id, %a the task's index; the --array range is sbatch's argument)."""
     minutes = math.ceil(parse_duration(slurm.time) / 60)
     opts = [f"--job-name={job_name}"]
     for flag, value in (
@@ -197,7 +198,7 @@ def sbatch_options(slurm: SlurmConfig, job_name: str) -> list[str]:
         f"--signal=B:USR1@{slurm.signal_lead_seconds}",
         "--requeue" if slurm.resubmit == "requeue" else "--no-requeue",
         "--open-mode=append",
-        f"--output={LOG_DIR}/%x-%j.out",
+        f"--output={LOG_DIR}/%x-%A_%a.out" if array else f"--output={LOG_DIR}/%x-%j.out",
     ]
     return opts + list(slurm.extra_args)
 
@@ -267,6 +268,43 @@ def render_template(name: str) -> str:
         f"slurm/{name}.sh",
         preset=name,
     )
+
+
+SWEEP_BODY = """\
+# One job array for a sweep: array task k trains element k of the plan `hpctrain submit --sweep` wrote (its own
+# run folder, named from the element's values) and chains on its own: a requeued task keeps its index.
+# `hpctrain submit --sweep KEY=V1,V2 ...` queues a copy of this with the config's slurm settings; by hand, e.g.
+# elements 3 and 5 of a plan again:
+#   sbatch --array=3,5 {path} --sweep-plan {plan}
+# sbatch runs a copy of this file from its spool folder: the project is found from SLURM_SUBMIT_DIR.
+HPCTRAIN_HOME="${{HPCTRAIN_HOME:-${{SLURM_SUBMIT_DIR:-$PWD}}}}"
+source "$HPCTRAIN_HOME/slurm/common.sh" || exit 2
+hpctrain_job "$@"
+"""
+# The checked-in slurm/sweep.sh: one GPU per element (a test keeps it equal to the rendering).
+SWEEP_TEMPLATE = {"nodes": 1, "gpus_per_node": 1, "cpus_per_task": 8, "time": "04:00:00"}
+
+
+def render_sweep_script(
+    slurm: SlurmConfig,
+    job_name: str,
+    path: str = "slurm/sweep.sh",
+    plan: str = "logs/slurm/sweeps/<sweep>/plan.json",
+) -> str:
+    """The job-array script of a sweep: #SBATCH lines from the slurm section, then slurm/common.sh's body,
+    which turns `--sweep-plan PLAN` into the arguments of element SLURM_ARRAY_TASK_ID."""
+    header = "\n".join(f"#SBATCH {opt}" for opt in sbatch_options(slurm, job_name, array=True))
+    return f"#!/bin/bash\n{header}\n{SWEEP_BODY.format(path=path, plan=plan)}"
+
+
+def render_sweep_template() -> str:
+    return render_sweep_script(SlurmConfig(**SWEEP_TEMPLATE), "hpctrain-sweep")
+
+
+def array_range(count: int, max_parallel: int | None) -> str:
+    """sbatch's --array value: tasks 0..count-1, at most `max_parallel` running at once."""
+    cap = f"%{max_parallel}" if max_parallel is not None and max_parallel < count else ""
+    return f"0-{count - 1}{cap}"
 
 
 def ensure_log_dir(root: Path | str = ".") -> Path:

@@ -159,9 +159,9 @@ class TimeBudget:
         self._deadline_checked = now
         # Only rank 0 asks slurmctld (N ranks x every refresh would be a burst); ranks agree on its decision.
         if self.env.under_slurm and self.env.job_id and self.env.is_main:
-            end = job_end_time(self.env.job_id)
+            end = job_end_time(self.env.scheduler_job or self.env.job_id)
             if end is not None:
-                self.deadline, self.deadline_source = end, f"SLURM job {self.env.job_id} end time"
+                self.deadline, self.deadline_source = end, f"SLURM job {self.env.scheduler_job} end time"
                 return
         elif self.env.under_slurm and self.env.job_id:
             return

@@ -89,6 +89,14 @@ class ClusterEnv:
         return self.world_size > 1
 
     @property
+    def scheduler_job(self) -> str | None:
+        """The job as scontrol and squeue name it: `<array job>_<task>` for an array task, whose own id may be
+        the array's (then `scontrol show job ID` answers for every task, and `requeue ID` requeues them all)."""
+        if self.array_job_id and self.array_task_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+    @property
     def under_slurm(self) -> bool:
         return self.job_id is not None and "SLURM_JOB_ID" in os.environ
 

@@ -45,9 +45,16 @@ def _logging(env: ClusterEnv) -> None:
     )
 
 
-def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, verbose: bool = False) -> int:
+def run(
+    cfg: ConfigBase,
+    env: ClusterEnv,
+    make_task: TaskFactory,
+    verbose: bool = False,
+    naming: str | None = None,
+) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
-    `verbose`: print the whole config on a terminal too (a log file always gets it)."""
+    `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
+    automatic run.name was formed (config/naming.py), said with the run folder first."""
     from hpctrain.runtime.budget import StopSignals
 
     signals = StopSignals().install()
@@ -63,6 +70,7 @@ def run(cfg: ConfigBase, env: ClusterEnv, make_task: TaskFactory, verbose: bool 
         from hpctrain.train.remote_ckpt import prepare_tokens
 
         prepare_tokens(cfg)  # data.pelican.auto_token: the login (cached; a batch job without one: exit 2)
+        out.say(f"run folder {cfg.run.dir} ({naming or f'run.name={cfg.run.name}'})")
         return _train(cfg, env, make_task, signals, built, out, verbose)
     except BaseException as exc:
         error = exc

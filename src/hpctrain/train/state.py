@@ -314,7 +314,7 @@ class StateKeeper:
         if env.restart_count < 1 or not env.job_id:
             return False
         hops = read_json(self.t.run_dir / "chain.json", [])
-        return bool(hops) and isinstance(hops[-1], dict) and hops[-1].get("job_id") == env.job_id
+        return bool(hops) and isinstance(hops[-1], dict) and hops[-1].get("job_id") == env.scheduler_job
 
     def _restore_modules(self, state: dict[str, Any], source: str, hint: str) -> None:
         saved = state["modules"]

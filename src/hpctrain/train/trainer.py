@@ -225,7 +225,7 @@ class Trainer:
                 )
             return result
         self.chain.open_hop(
-            self.env.job_id,
+            self.env.scheduler_job,  # what squeue knows it by (`hpctrain status`): <array>_<task> for a task
             self.env.node_list,
             self.state.step,
             self.env.world_size,
@@ -553,7 +553,7 @@ class Trainer:
                 last = saved if saved is not None else (self.state.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
             summary = summary_record(status, reason, last, self.state, digest, self.timers, hop)
-            summary.update(job_id=self.env.job_id, nonfinite_skips=self.guard.skipped, **extra)
+            summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
         return RunResult(status, reason, self.state.step, digest, code, message)
 

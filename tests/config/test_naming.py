@@ -1,0 +1,102 @@
+"""Automatic run names: a pure function of what a run trains (config/naming.py), on the real loader and CLI."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config.loading import ConfigRequest, resolve_config
+from hpctrain.config.naming import MAX_LENGTH, automatic_name
+from hpctrain.workloads.registry import config_model, fill_default_types
+from tests.conftest import ROOT, clean_env, hpctrain
+
+SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def name(*overrides: str, config: str | None = None, preset: str | None = None, **environ: str) -> str:
+    request = ConfigRequest(config, preset, list(overrides), None)
+    cfg, _ = resolve_config(request, config_model(), environ, fill_default_types)
+    return str(cfg.run.name)
+
+
+def test_the_seed_sweep_gets_one_folder_per_value_whatever_the_spelling() -> None:
+    # The template's preset, then LR from `sbatch slurm/single_gpu.sh --export=LR=...`.
+    assert [name(preset="single_gpu", LR=lr) for lr in ("1e-5", "2e-5", "5e-5")] == [
+        "single_gpu-lr1e-05",
+        "single_gpu-lr2e-05",
+        "single_gpu-lr5e-05",
+    ]
+    same = {
+        name("optim.lr=2e-5", preset="single_gpu"),
+        name(preset="single_gpu", HPCTRAIN_OPTIM__LR="0.00002"),
+        name("optim.lr=2.0e-5", preset="single_gpu", LR="7"),  # the command line wins over LR
+    }
+    assert same == {"single_gpu-lr2e-05"}
+    assert name("optim.lr=1e-3") == "debug"  # the config's own value adds nothing
+    assert name() == "debug" and name(config=str(ROOT / "configs" / "debug.yaml")) == "debug"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run.out_dir=elsewhere",
+        "checkpoint.every=7",
+        "checkpoint.resume=never",
+        "checkpoint.accept_changes=[optim.lr]",
+        "slurm.time=02:00:00",
+        "slurm.gpus_per_node=8",
+        "logging.log_every=1",
+        "budget.margin_seconds=60",
+        "train.threads=3",
+        "train.total_updates=5000",  # grows: raising it continues the run
+        "data.num_workers=2",
+    ],
+)
+def test_keys_that_may_change_between_hops_never_enter(override: str) -> None:
+    assert name(override, "optim.lr=2e-5") == "debug-lr2e-05"
+    assert (
+        name(override, "optim.lr=2e-5", RESULTS_DIR="/tmp/r", GPUS="4", TOTAL_UPDATES="9") == "debug-lr2e-05"
+    )
+
+
+def test_identity_keys_in_schema_order_and_an_explicit_name_wins() -> None:
+    assert name("model.hidden=[128,128]", "run.seed=3", "data.batch_size=64") == (
+        "debug-seed3-hidden128_128-batch_size64"
+    )
+    assert name("train.precision=bf16") == "debug-precision_bf16"
+    assert name("model.type=muon_flow") == "debug-model_type_muon_flow-data_type_muons"
+    assert name("run.name=mine", "optim.lr=2e-5") == "mine"
+    assert name(preset="single_gpu", HPCTRAIN_RUN__NAME="given", LR="1") == "given"
+    muons = str(ROOT / "configs" / "muons.yaml")
+    assert name("model.hidden=128", config=muons, preset="single_gpu") == "muons-single_gpu-model_hidden128"
+
+
+def test_long_or_inexact_names_end_in_a_hash_and_stay_distinct() -> None:
+    every = ["optim.lr", "optim.eps", "data.paths", "data.val_paths"]
+    a = automatic_name("muons", {"data.paths": ["/data/a b/x*.parquet"]}, every)
+    b = automatic_name("muons", {"data.paths": ["/data/a_b/x*.parquet"]}, every)
+    assert a != b and re.fullmatch(r"muons-paths-[0-9a-f]{8}", a) and SAFE.fullmatch(b)
+    assert automatic_name("muons", {"data.paths": ["a_b", "c"]}, every) != "muons-paths_a_b_c"  # = [a, b, c]
+    many = {f"optim.k{i}": i * 1.5 for i in range(40)}
+    long = automatic_name("single_gpu", many, list(many))
+    assert len(long) <= MAX_LENGTH and SAFE.fullmatch(long) and re.search(r"-[0-9a-f]{8}$", long)
+    other = automatic_name("single_gpu", {**many, "optim.k39": 0.0}, list(many))
+    assert other != long and other[:-9] == long[:-9]  # the same readable part, another hash
+    assert "k0" in long  # whole tokens kept, in order, while they fit
+
+
+def test_the_cli_says_the_folder_first_and_the_same_command_continues_it(tmp_path: Path) -> None:
+    args = ("train", "train.total_updates=3", "train.eval_every=0", "train.threads=1")
+    first = hpctrain(*args, cwd=tmp_path, env=clean_env(LR="2e-5"))
+    assert first.code == 0, first.err
+    assert first.out.splitlines()[0] == (
+        "run folder logs/debug-lr2e-05 (automatic run.name: debug + optim.lr=2e-05)"
+    )
+    again = hpctrain(*args, "optim.lr=2e-5", cwd=tmp_path)  # the same run, said another way
+    assert again.code == 0, again.err
+    assert "run 'debug-lr2e-05' already finished at update 3" in again.out
+    other = hpctrain(*args, cwd=tmp_path, env=clean_env(LR="5e-5"))
+    assert other.code == 0 and "finished at update 3/3" in other.out, other.err
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["debug-lr2e-05", "debug-lr5e-05"]
