@@ -94,6 +94,12 @@ class Task(ABC, Generic[C]):
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
 
+    def network_settings(self) -> dict[str, dict[str, Any]]:
+        """Each network's constructor keyword arguments (JSON values), by name: `type(network)(**settings)`
+        rebuilds it outside hpctrain (what `hpctrain export` records). A workload builds its networks from
+        these in `build_modules`, so the two cannot disagree; {} = not said (an export names the classes only)."""
+        return {}
+
     def compile_mode(self, name: str) -> str:
         """torch.compile mode of network `name`, "off" = not compiled (default: train.compile, one mode for every
         network or a mode per network)."""
