@@ -128,7 +128,8 @@ def readme(meta: dict[str, Any]) -> str:
         "|---|---|---|---:|",
         *(f"| `{n['file']}` | {name} | `{n['class']}` | {n['parameters']:,} |" for name, n in nets.items()),
         "",
-        "`config.yaml` is the run's resolved configuration (`hpctrain train --config config.yaml` trains it again); "
+        "`config.yaml` is the run's resolved configuration (`hpctrain train --config config.yaml run.name=NEW` "
+        "trains the same model afresh); "
         "`export.json` lists the files, each network's class and its constructor settings (`settings`).",
         "",
         "## With hpctrain",
