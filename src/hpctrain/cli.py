@@ -18,6 +18,7 @@ VERBS = {
     "evaluate": "quality figures of a trained model (muons: bundles vs the synthetic truth)",
     "report": "write PNG plots and an HTML page for a run",
     "export": "write a trained model's networks as plain state dicts, with its config and loading code",
+    "supervise": "restart a training command (torchrun) until its run is done, without SLURM",
     "sync": "upload a run's offline W&B data",
     "tb": "TensorBoard helpers (`tb merge`)",
     "auth": "Pelican/OSDF token: `auth login [URI]` (device flow, cached for batch jobs), `auth show`",
