@@ -108,17 +108,25 @@ def _train_arguments(command: list[str]) -> list[str] | None:
     return None
 
 
+DESCRIPTION = (
+    "Run COMMAND (e.g. `torchrun --standalone --nproc-per-node 4 -m hpctrain train ...`) until its run is done: "
+    "again at once after a resumable stop (exit 75; torchrun's 1 is read from the run's summary.json), after a "
+    "doubling pause after a crash; stop on 0 or 2, after --max-idle attempts in a row without an update, or on "
+    "SIGTERM/SIGINT (forwarded to COMMAND). docs/torchrun.md."
+)
+
+
 def main(argv: list[str]) -> int:
+    parser = ArgParser(prog="hpctrain supervise", usage=USAGE, description=DESCRIPTION)
+    parser.add_argument("--run-dir", help="the run folder (default: from the `hpctrain train` arguments)")
+    add_supervision_arguments(parser)
     if "--" not in argv:
         if any(a in ("-h", "--help") for a in argv):
-            print(f"usage: {USAGE}\n\n{__doc__}")
+            print(parser.format_help())
             return 0
         raise UserError(f"hpctrain supervise: give the command after `--` ({USAGE})")
     cut = argv.index("--")
     options, command = argv[:cut], argv[cut + 1 :]
-    parser = ArgParser(prog="hpctrain supervise", usage=USAGE)
-    parser.add_argument("--run-dir", help="the run folder (default: from the `hpctrain train` arguments)")
-    add_supervision_arguments(parser)
     args = parser.parse_args(options)
     if not command:
         raise UserError(f"hpctrain supervise: no command after `--` ({USAGE})")
