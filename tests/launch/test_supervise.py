@@ -211,9 +211,13 @@ sys.exit(75)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+@pytest.mark.parametrize(
+    ("sig", "sent"),
+    [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM), (signal.SIGHUP, signal.SIGTERM)],
+    ids=["ctrl_c", "sigterm", "hangup_as_sigterm"],
+)
 def test_a_signal_to_the_supervisor_reaches_the_child_once_and_ends_supervision(
-    tmp_path: Path, sig: signal.Signals
+    tmp_path: Path, sig: signal.Signals, sent: signal.Signals
 ) -> None:
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent(SIGNALLED_CHILD))
@@ -229,9 +233,8 @@ def test_a_signal_to_the_supervisor_reaches_the_child_once_and_ends_supervision(
     os.killpg(proc.pid, sig)  # as a terminal's Ctrl-C: to the supervisor's whole process group
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 75, err
-    assert got.read_text().splitlines() == [
-        sig.name
-    ]  # once, through the supervisor: not also from the terminal
+    # once, through the supervisor: not also from the terminal
+    assert got.read_text().splitlines() == [sent.name]
     assert err.strip().splitlines()[-1] == (
         f"hpctrain supervise: stopped by {sig.name}; the child ended with exit code 75: supervision ends"
     )

@@ -7,7 +7,8 @@ What a SLURM chain does across jobs (launch/chain.py), for a GPU box under tmux 
 - exit 0 (finished) or 2 (bad input: running it again cannot help): stop;
 - `max_idle` attempts in a row that completed no update (the chain's rule, `chain.hop_progress` over the hops an
   attempt added to chain.json; an attempt that added none made none either): stop;
-- SIGTERM or SIGINT to the supervisor: forwarded to the child, which saves and exits; supervision ends with it.
+- SIGTERM or SIGINT to the supervisor: forwarded to the child, which saves and exits; supervision ends with it
+  (SIGHUP too, passed on as SIGTERM: a closed terminal or tmux session leaves no training behind unsaved).
 
 The child runs in a session of its own, so a Ctrl-C on the terminal reaches it once, through the supervisor
 (twice would be the trainer's "stop now, do not save"). torchrun exits 1 whenever a worker exits non-zero, 75
@@ -30,7 +31,10 @@ from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import hop_progress, read_hops
 from hpctrain.track.chain import read_json
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# SIGHUP (the terminal or the tmux session closed) reaches the child as SIGTERM: the trainer saves and stops on
+# TERM, while a HUP would kill it unsaved.
+AS_SENT = {signal.SIGHUP: signal.SIGTERM}
 POLL_SECONDS = 0.2  # how soon a signal to the supervisor reaches the child
 
 
@@ -113,7 +117,7 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
+        self.received.append(AS_SENT.get(signal.Signals(signum), signum))
         if self.stopping is None:
             self.stopping = signum
 
