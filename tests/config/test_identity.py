@@ -86,12 +86,39 @@ def test_judge_sorts_changes_and_compares_only_what_the_checkpoint_knows():
     assert [str(c) for c in verdict.accepted] == ["optim.lr 0.001 -> 2e-05"]
     assert [c.key for c in verdict.allowed] == ["slurm.time", "world_size"]
     assert [c.key for c in verdict.refused] == ["model.type"]
+    # Another length is allowed, either way, unless train/length.py found what it does to the LR of the updates
+    # so far: then it is refused with that effect, unless accepted.
     shrunk = judge(
         dump_config(load()), load("train.total_updates=150"), old_total=200, new_total=150, **WORLD
     )
-    assert [c.key for c in shrunk.refused] == ["train.total_updates"]
+    assert [c.key for c in shrunk.allowed] == ["train.total_updates"] and not shrunk.refused
     grown = judge(dump_config(load()), load("train.total_updates=300"), old_total=200, new_total=300, **WORLD)
     assert [c.key for c in grown.allowed] == ["train.total_updates"] and not grown.refused
+    moved = judge(
+        dump_config(load()),
+        load("train.total_updates=300"),
+        old_total=200,
+        new_total=300,
+        length_effect="the LR moves",
+        **WORLD,
+    )
+    assert [str(c) for c in moved.refused] == ["train.total_updates 200 -> 300 (the LR moves)"]
+    assert not moved.allowed
+    taken = judge(
+        dump_config(load()),
+        load("train.total_updates=300", "checkpoint.accept_changes=[train.total_updates]"),
+        old_total=200,
+        new_total=300,
+        length_effect="the LR moves",
+        **WORLD,
+    )
+    assert [str(c) for c in taken.accepted] == ["train.total_updates 200 -> 300"] and not taken.refused
+    # The same keys, another length (train.epochs over another global batch): named by the key that sets it.
+    epochs = dump_config(load("train.epochs=2"))
+    same_keys = judge(
+        epochs, load("train.epochs=2"), old_total=256, new_total=128, length_effect="x", **WORLD
+    )
+    assert [str(c) for c in same_keys.refused] == ["train.epochs 256 updates -> 128 updates (x)"]
 
 
 WORLD = {"old_world": 1, "new_world": 1}

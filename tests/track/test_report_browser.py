@@ -83,3 +83,39 @@ def test_the_report_renders_offline_in_chromium(tmp_path: Path, make_run) -> Non
     with PILImage.open(shot) as image:
         assert image.size == (1200, 1600)
         assert np.asarray(image.convert("L"), dtype=float).std() > 10  # not a blank page
+
+
+def test_the_comparison_renders_offline_in_chromium(tmp_path: Path) -> None:
+    exe = _chromium()
+    logs = tmp_path / "logs"
+    for name in ("lr1", "lr2", "lr3"):
+        fields_run(logs / name)
+    config = json.loads((logs / "lr2" / "config.yaml").read_text())
+    (logs / "lr2" / "config.yaml").write_text(json.dumps({**config, "optim": {"lr": 2e-5}}))
+    out = tmp_path / "compare"
+    done = hpctrain("report", "--compare", str(logs), "--out", str(out), cwd=tmp_path)
+    assert done.code == 0, done.err
+    (out / "probe.html").write_text(PROBE)
+    seen = _browser(
+        exe,
+        tmp_path / "profile",
+        "--allow-file-access-from-files",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        (out / "probe.html").as_uri(),
+    )
+    found = re.search(r'<pre id="result">(.*?)</pre>', seen.stdout, re.S)
+    assert found and found.group(1) != "not loaded", seen.stdout[-2000:] + seen.stderr[-2000:]
+    rendered = json.loads(found.group(1))
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert sorted(i["src"] for i in rendered["images"]) == pngs and len(pngs) >= 5  # loss, R², RMSE, ..., LR
+    broken = [i["src"] for i in rendered["images"] if not (i["complete"] and i["width"] > 0)]
+    assert not broken, f"images the browser could not show: {broken}"
+    assert rendered["tables"] == {"figures": 4, "config": 2}  # header + 3 runs; header + optim.lr
+
+    shot = out / "screenshot.png"
+    _browser(exe, tmp_path / "profile", "--hide-scrollbars", "--window-size=1200,1600",
+             f"--screenshot={shot}", (out / "index.html").as_uri())  # fmt: skip
+    with PILImage.open(shot) as image:
+        assert image.size == (1200, 1600)
+        assert np.asarray(image.convert("L"), dtype=float).std() > 10  # not a blank page

@@ -68,9 +68,13 @@ def test_identity_change_is_refused_then_accepted_and_recorded(tmp_path: Path) -
     assert state["config_changes"] == [
         {"step": 40, "accepted": {"optim.lr": [0.001, 2e-05]}, "allowed": {"train.total_updates": [40, 60]}}
     ]
-    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "hop" in r]
-    assert [(r["step"], r["hop"]["hop"]) for r in records] == [(20, 0), (60, 1)]
-    assert records[1]["hop"]["accepted_changes"] == {"optim.lr": [0.001, 2e-05]}
+    logged = read_jsonl(run_dir / "metrics.jsonl")
+    assert [(r["step"], r["hop"]) for r in logged if "loss" in r] == [(20, 0), (40, 0), (60, 1)]  # its hop
+    times = [r["time"] for r in logged]  # when each was logged
+    assert times == sorted(times) and hops[0]["start"] <= times[0] and times[-1] <= hops[1]["end"]
+    records = [r for r in logged if "hop_start" in r]
+    assert [(r["step"], r["hop"]) for r in records] == [(20, 0), (60, 1)]
+    assert records[1]["hop_start"]["accepted_changes"] == {"optim.lr": [0.001, 2e-05]}
     assert records[1]["lr"] == pytest.approx(2e-5)
 
     status = hpctrain("status", str(run_dir), cwd=tmp_path)

@@ -1,20 +1,42 @@
-"""`hpctrain report RUN_DIR [--out DIR]`: PNG plots and one HTML page for a run (no torch)."""
+"""`hpctrain report RUN_DIR [--out DIR]`: PNG plots and one HTML page for a run; `hpctrain report --compare RUN
+[RUN ...]`: one page comparing runs (run folders, or folders of them). No torch."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
 
 
 def main(argv: list[str]) -> int:
     parser = ArgParser(
-        prog="hpctrain report", description="Write PNG plots and an HTML page for a run folder."
+        prog="hpctrain report",
+        description="Write PNG plots and an HTML page for a run folder, or one page comparing runs.",
     )
-    parser.add_argument("run_dir", help="the run folder (<run.out_dir>/<run.name>)")
-    parser.add_argument("--out", help="where to write (default: RUN_DIR/report)")
+    parser.add_argument("run_dir", nargs="?", help="the run folder (<run.out_dir>/<run.name>)")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="RUN",
+        help="compare these runs on one page: run folders, or folders of run folders (e.g. a sweep's)",
+    )
+    parser.add_argument(
+        "--out", help="where to write (default: RUN_DIR/report; with --compare, <the runs' folder>/compare)"
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        if args.run_dir:
+            raise UserError(
+                f"hpctrain report: {args.run_dir!r} before --compare: name every run after it "
+                "(hpctrain report --compare RUN [RUN ...])"
+            )
+        return _compare(args.compare, args.out)
+    if not args.run_dir:
+        raise UserError("hpctrain report: name a run folder, or runs to compare with --compare RUN [RUN ...]")
 
     from hpctrain.track.report import write_report
     from hpctrain.track.report.data import model_type_of
@@ -27,3 +49,60 @@ def main(argv: list[str]) -> int:
         raise UserError(str(exc)) from None
     print(f"report: {page}")
     return EXIT_OK
+
+
+def compared_runs(names: list[str]) -> list[Path]:
+    """The run folders named, a folder of runs standing for each of its runs that has logged anything (one
+    that has not yet is said on stderr and left out); each run once, in the order given."""
+    runs: list[Path] = []
+    for name in names:
+        path = Path(name)
+        if is_run_dir(path):
+            found = [path]
+        elif path.is_dir() and (found := find_runs(path)):
+            waiting = [p for p in found if not (p / "metrics.jsonl").is_file()]
+            if waiting:
+                print(
+                    f"note: no metrics.jsonl yet, left out: {', '.join(map(str, waiting))}", file=sys.stderr
+                )
+            found = [p for p in found if p not in waiting]
+        else:
+            why = (
+                "does not exist"
+                if not path.exists()
+                else f"is no run folder and holds none {SEARCH_DEPTH} levels down"
+            )
+            raise UserError(f"hpctrain report --compare: {name} {why}")
+        runs += [p for p in found if p.resolve() not in {r.resolve() for r in runs}]
+    if len(runs) < 2:
+        raise UserError(
+            f"hpctrain report --compare: needs two runs or more, found {len(runs)} "
+            f"({', '.join(map(str, runs)) or 'none'}); for one run: hpctrain report RUN_DIR"
+        )
+    return runs
+
+
+def _compare(names: list[str], out: str | None) -> int:
+    from hpctrain.track.report.compare import write_comparison
+
+    runs = compared_runs(names)
+    if out is None:
+        given = Path(names[0])
+        parent = given if len(names) == 1 else _common_folder(runs)
+        folder = parent / "compare"
+    else:
+        folder = Path(out)
+    try:
+        page = write_comparison(runs, folder)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"report: {page}")
+    return EXIT_OK
+
+
+def _common_folder(runs: list[Path]) -> Path:
+    """The deepest folder holding every run (as given when they are all relative or all absolute)."""
+    try:
+        return Path(os.path.commonpath([str(p.parent) for p in runs]))
+    except ValueError:  # relative and absolute paths mixed
+        return Path(os.path.commonpath([str(p.resolve().parent) for p in runs]))

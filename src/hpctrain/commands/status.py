@@ -1,4 +1,5 @@
 """`hpctrain status RUN_DIR`: progress, hops, last checkpoint, throughput, goodput, what is left, queue state.
+(A folder of run folders gets a table of its runs instead: status_table.py.)
 
 Reads only the run folder's small files (chain.json, summary.json, config.yaml, run.lock, checkpoints/latest)
 and asks `squeue` about the current job when it exists. Never imports torch: it runs on login nodes.
@@ -36,6 +37,7 @@ from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.fsutil import pid_alive
 from hpctrain.launch.chain import read_hops
 from hpctrain.track.chain import changes_text
+from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
 
 
 def _read(path: Path, default: Any) -> Any:
@@ -193,10 +195,10 @@ def collect(run_dir: Path) -> dict[str, Any]:
     hops = read_hops(run_dir)
     summary = _read(run_dir / "summary.json", {}) or {}
     cfg = _read(run_dir / "config.yaml", {}) or {}
-    markers = ("chain.json", "summary.json", "config.yaml", "run.lock", "checkpoints")
-    if not any((run_dir / name).exists() for name in markers):
+    if not is_run_dir(run_dir):
         raise UserError(
-            f"{run_dir} is not a run folder (no chain.json, summary.json, config.yaml or run.lock)"
+            f"{run_dir} is not a run folder (no chain.json, summary.json, config.yaml or run.lock) and holds "
+            f"none {SEARCH_DEPTH} levels down"
         )
     total = summary.get("total_updates") or cfg.get("train", {}).get("total_updates")
     pointer = _read(run_dir / "checkpoints" / "latest", None)
@@ -315,10 +317,27 @@ def render(info: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgParser(prog="hpctrain status", description="Progress, hops and goodput of a run folder.")
-    parser.add_argument("run_dir", type=Path, help="the run folder (<run.out_dir>/<run.name>)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser = ArgParser(
+        prog="hpctrain status",
+        description="Progress, hops and goodput of a run folder; a table of the runs in a folder of run folders.",
+    )
+    parser.add_argument(
+        "run_dir", type=Path, help="a run folder (<run.out_dir>/<run.name>), or a folder of them (e.g. logs/)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (a list of objects for a table)")
+    parser.add_argument("--sort", metavar="KEY", help="order the table by KEY (name, state, update, progress, "
+                        "last, best, hops, goodput, activity; default name)")  # fmt: skip
+    parser.add_argument("--reverse", action="store_true", help="the table in the opposite order")
     args = parser.parse_args(argv)
+    runs = [] if not args.run_dir.is_dir() or is_run_dir(args.run_dir) else find_runs(args.run_dir)
+    if runs:
+        from hpctrain.commands.status_table import collect_rows, render_table, sort_rows
+
+        rows = sort_rows(collect_rows(args.run_dir, runs), args.sort or "name", args.reverse)
+        print(json.dumps(rows) if args.json else render_table(rows))
+        return EXIT_OK
+    if args.sort or args.reverse:
+        raise UserError(f"--sort and --reverse order a table of runs; {args.run_dir} is one run folder")
     info = collect(args.run_dir)
     print(json.dumps(info) if args.json else render(info))
     return EXIT_OK

@@ -27,6 +27,7 @@ from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
 from hpctrain.launch import sbatch
+from hpctrain.runtime.torch_build import cuda_problem
 from hpctrain.train.preflight import check_config
 
 
@@ -101,7 +102,11 @@ def check(cfg: ConfigBase, args: Any, sources: Provenance | None = None) -> tupl
     """Raise UserError (exit 2) naming every mistake; return the run folder and the job's shape."""
     run_dir = cfg.run.dir
     shape = job_shape(cfg, args, sources)
-    errors = sbatch.validate_job(cfg, shape, run_dir) + check_config(cfg)
+    dry_run = bool(getattr(args, "dry_run", False))
+    errors = sbatch.validate_job(cfg, shape, run_dir) + check_config(cfg, device=not dry_run)
+    cuda = cuda_problem(cfg.train.device) if dry_run else None
+    if cuda:  # a plan is still worth seeing; queueing it would be refused
+        print(f"warning: {cuda} (queueing this job is refused until then)", file=sys.stderr)
     if errors:
         raise UserError("; ".join(errors))
     return run_dir, shape

@@ -5,7 +5,9 @@ Every config key is marked where it is defined (schema.py, the workloads' specs;
               precision, batch size): refused on resume unless named in `checkpoint.accept_changes`
   may_change  where, how fast and how the run is watched (time budget, SLURM, logging, evaluation and
               checkpoint intervals, workers, device, threads): listed in one line at start, then used
-  grows       the run's length (train.total_updates, train.epochs): may stay or grow, never shrink
+  grows       the run's length (train.total_updates, train.epochs): may change when the LR of the updates
+              already trained stays what the new length gives (train/length.py decides); otherwise it is refused
+              unless named in `checkpoint.accept_changes`, and it never falls below the update reached
 A field without its own mark takes the mark of the field that holds its section. Secrets are masked in the
 dumped config: they are never compared or shown. Nothing here imports torch (login nodes).
 """
@@ -75,9 +77,11 @@ class Change:
     old: Any
     new: Any
     mark: str
+    effect: str = ""  # what the change would do (a length's to the LR), said when it is refused
 
     def __str__(self) -> str:
-        return f"{self.key} {show(self.old)} -> {show(self.new)}"
+        shown = f"{self.key} {show(self.old)} -> {show(self.new)}"
+        return f"{shown} ({self.effect})" if self.effect else shown
 
 
 def differences(old: dict[str, Any], cfg: BaseModel) -> list[Change]:
@@ -137,19 +141,28 @@ def judge(
     new_total: int,
     old_world: int | None,
     new_world: int,
+    length_effect: str | None = None,
 ) -> Verdict:
-    """Sort the differences from the checkpoint's config into accepted, allowed and refused."""
+    """Sort the differences from the checkpoint's config into accepted, allowed and refused. A change of length
+    (old_total -> new_total updates) is allowed unless `length_effect` says what it would do to the LR of the
+    updates already trained (train/length.py): then it needs `checkpoint.accept_changes` like an identity key."""
     accept = list(getattr(getattr(cfg, "checkpoint", None), "accept_changes", []) or [])
+    needs_consent = length_effect is not None and old_total != new_total
+    changes = [c for c in differences(old, cfg) if c.key not in _NOT_LISTED]
+    if old_total is not None and old_total != new_total and not any(c.mark == GROWS for c in changes):
+        # The same keys, another length (train.epochs over another global batch): named by the key that sets it.
+        train = getattr(cfg, "train", None)
+        key = "train.epochs" if getattr(train, "epochs", None) is not None else "train.total_updates"
+        changes.append(Change(key, f"{old_total} updates", f"{new_total} updates", GROWS))
     verdict = Verdict()
-    for change in differences(old, cfg):
-        if change.key in _NOT_LISTED:
-            continue
-        shrinks = change.mark == GROWS and old_total is not None and new_total < old_total
-        if change.mark == MAY_CHANGE or (change.mark == GROWS and not shrinks):
+    for change in changes:
+        if change.mark == MAY_CHANGE or (change.mark == GROWS and not needs_consent):
             verdict.allowed.append(change)
         elif _accepts(accept, change.key):
             verdict.accepted.append(change)
         else:
+            if change.mark == GROWS:
+                change.effect = length_effect or ""
             verdict.refused.append(change)
     if old_world is not None and old_world != new_world:
         verdict.allowed.append(Change("world_size", old_world, new_world, MAY_CHANGE))

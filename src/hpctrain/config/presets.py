@@ -1,6 +1,8 @@
 """Presets: named, importable bundles of settings applied on top of a YAML file.
 
 Each function returns nested overrides; they touch only generic sections, so they combine with any workload.
+The GPU presets ask for `train.device: cuda`: on a CPU-only torch (or a node without a GPU) the run stops at
+once with one line saying how to install the CUDA build, instead of training on the CPU of a GPU allocation.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def debug() -> dict[str, Any]:
 def single_gpu() -> dict[str, Any]:
     """One GPU, bf16 autocast, workers feeding it."""
     return {
-        "train": {"device": "auto", "precision": "bf16", "allow_tf32": True},
+        "train": {"device": "cuda", "precision": "bf16", "allow_tf32": True},
         "data": {"num_workers": 4},
         "checkpoint": {"every_minutes": SAVE_EVERY_MINUTES},
         "slurm": {"nodes": 1, "gpus_per_node": 1, "cpus_per_task": 8, "time": "04:00:00"},
@@ -41,7 +43,7 @@ def single_gpu() -> dict[str, Any]:
 def multi_gpu() -> dict[str, Any]:
     """One node, four GPUs, one DDP task each."""
     return {
-        "train": {"device": "auto", "precision": "bf16"},
+        "train": {"device": "cuda", "precision": "bf16"},
         "data": {"num_workers": 4},
         "checkpoint": {"every_minutes": SAVE_EVERY_MINUTES},
         "slurm": {"nodes": 1, "gpus_per_node": 4, "cpus_per_task": 8, "time": "04:00:00"},
@@ -51,7 +53,7 @@ def multi_gpu() -> dict[str, Any]:
 def multi_node() -> dict[str, Any]:
     """Two nodes of four GPUs; longer collective timeout for cross-node start-up."""
     return {
-        "train": {"device": "auto", "precision": "bf16"},
+        "train": {"device": "cuda", "precision": "bf16"},
         "data": {"num_workers": 4},
         "checkpoint": {"every_minutes": SAVE_EVERY_MINUTES},
         "distributed": {"timeout_seconds": 600},

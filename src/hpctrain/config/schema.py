@@ -34,7 +34,9 @@ JsonDict = dict[str, Any]  # what `json_schema_extra=` takes (pydantic exports n
 # that every key of every workload's config has one):
 IDENTITY: JsonDict = {"resume": "identity"}  # another run: refused unless in checkpoint.accept_changes
 MAY_CHANGE: JsonDict = {"resume": "may_change"}  # where, how fast, how it is watched: listed at start
-GROWS: JsonDict = {"resume": "grows"}  # the run's length: may stay or grow, never shrink
+GROWS: JsonDict = {
+    "resume": "grows"
+}  # the run's length: changes unless it rewrites the LR trained (train/length.py)
 
 
 DURATION_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
@@ -261,7 +263,7 @@ class ProfileConfig(Section):
     ranks: Literal["0", "all"] = Field("0", description="Which ranks profile: rank 0, or every rank.")
 
 
-CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+CompileMode = Literal["auto", "off", "default", "reduce-overhead", "max-autotune"]
 
 
 def as_compile_mode(value: Any) -> Any:
@@ -278,7 +280,9 @@ class TrainConfig(Section):
     total_updates: int = Field(
         200,
         ge=1,
-        description="Optimizer updates in the whole run (all hops); may be raised when the run continues.",
+        description="Optimizer updates in the whole run (all hops). Changed when the run continues: taken when the "
+        "LR schedule gives the updates so far the same LR (e.g. a constant LR), else only with "
+        "checkpoint.accept_changes=[train.total_updates].",
         json_schema_extra=GROWS,
     )
     epochs: float | None = Field(
@@ -303,10 +307,12 @@ class TrainConfig(Section):
         "fp32", description="Autocast precision.", json_schema_extra=IDENTITY
     )
     compile: CompileMode | dict[str, CompileMode] = Field(
-        "off",
-        description="torch.compile mode of the networks: off, default, reduce-overhead or max-autotune (true = "
-        "default, false = off); a mapping network -> mode for workloads with several networks, e.g. "
-        "{generator: max-autotune, critic: off} (networks not named stay off).",
+        "auto",
+        description="torch.compile mode of the networks: auto (default on CUDA, off on CPU and MPS), off, "
+        "default, reduce-overhead or max-autotune (true = default, false = off); a mapping network -> mode for "
+        "workloads with several networks, e.g. {generator: max-autotune, critic: off} (networks not named stay "
+        "off). The first updates compile (seconds to a minute): they are booked as compile time, never as step "
+        "time, so the time budget's step estimate stays that of a compiled step.",
         json_schema_extra=MAY_CHANGE,
     )
     memory_budget: float | None = Field(
@@ -371,7 +377,7 @@ class TrainConfig(Section):
         value = as_compile_mode(value)
         if value not in typing.get_args(CompileMode):
             raise ValueError(
-                "must be off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
+                "must be auto, off, default, reduce-overhead or max-autotune, or a mapping network -> mode"
             )
         return value
 
@@ -425,8 +431,9 @@ class CheckpointConfig(Section):
     accept_changes: list[str] = Field(
         default_factory=list,
         description="Identity keys (or whole sections, e.g. optim) allowed to differ from the checkpoint's when "
-        "this run continues, e.g. [optim.lr] for a new learning rate for the rest of the run; recorded in the "
-        "checkpoint and chain.json. A single key or a comma-separated string works too.",
+        "this run continues, e.g. [optim.lr] for a new learning rate for the rest of the run, or "
+        "[train.total_updates] for a new length that rewrites the LR schedule (extending a finished cosine run); "
+        "recorded in the checkpoint and chain.json. A single key or a comma-separated string works too.",
     )
 
     @field_validator("dir")

@@ -26,9 +26,12 @@ class Pace:
     def __init__(self, seconds: float = FLUSH_SECONDS) -> None:
         self.seconds = seconds
         self._last = time.monotonic()
+        # The monotonic clock as the last `due()` read it: a caller stamping what it keeps (metrics.jsonl's
+        # `time`) reuses that reading instead of reading a clock again.
+        self.now = self._last
 
     def due(self) -> bool:
-        now = time.monotonic()
+        self.now = now = time.monotonic()
         if now - self._last < self.seconds:
             return False
         self._last = now

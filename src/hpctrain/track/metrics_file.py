@@ -1,9 +1,16 @@
-"""metrics.jsonl: one JSON object per logged update, exactly once per update across resumed hops."""
+"""metrics.jsonl: one JSON object per logged update, exactly once per update across resumed hops.
+
+Each record: `step`, the logged scalars, `time` (when it was logged, epoch seconds) and `hop` (the index of the
+job hop that logged it, as in chain.json); a hop's first record also has `hop_start` (world size, config hash
+and the changes accepted or allowed at that hop). Records written before `time` and `hop` existed lack them, and
+their hop's first record had the `hop_start` dict under `hop`: `record_hop` reads both.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +18,9 @@ import numpy as np
 
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.track.base import Pace
+
+# What every record says about itself, beside the logged scalars.
+RECORD_KEYS = ("step", "time", "hop", "hop_start")
 
 
 def _clean(value: float) -> float | None:
@@ -22,17 +32,20 @@ class MetricsFile:
 
     def __init__(self, path: Path, resume_step: int | None, hop: dict[str, Any] | None = None) -> None:
         self.path = path
-        # The hop's first record carries `hop`: its index, world size, config hash and changes (empty ones left
-        # out), so that the history shows where a hop began and what changed there.
-        self._hop = {k: v for k, v in (hop or {}).items() if v not in ({}, None)} or None
+        # Every record carries the hop's index; the hop's first one also `hop_start`: world size, config hash and
+        # changes (empty ones left out), so that the history shows where a hop began and what changed there.
+        start = {k: v for k, v in (hop or {}).items() if v not in ({}, None) and k != "hop"}
+        self._index: int | None = (hop or {}).get("hop")
+        self._hop_start: dict[str, Any] | None = start or None
         if resume_step is not None:
             self.truncate_after(resume_step)
         elif path.exists():
             path.unlink()
         self._handle = open(path, "a")  # noqa: SIM115 (open for the run, closed in close())
         # Records kept and written about once a second (see Pace), and at every checkpoint commit (flush): a
-        # record past the last commit is dropped on resume anyway (truncate_after).
-        self._pending: list[tuple[int, dict[str, float]]] = []
+        # record past the last commit is dropped on resume anyway (truncate_after). Each is kept with the
+        # monotonic time Pace read when it came (no clock read of its own), made wall time when written.
+        self._pending: list[tuple[int, float, dict[str, float]]] = []
         self._pace = Pace()
 
     def truncate_after(self, step: int) -> None:
@@ -50,15 +63,19 @@ class MetricsFile:
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
-        self._pending.append((step, scalars))
-        if self._pace.due():
+        due = self._pace.due()
+        self._pending.append((step, self._pace.now, scalars))
+        if due:
             self.show()
 
-    def _line(self, step: int, scalars: dict[str, float]) -> str:
+    def _line(self, step: int, when: float, scalars: dict[str, float]) -> str:
         record: dict[str, Any] = {"step": step}
         record.update({k: _clean(float(v)) for k, v in scalars.items()})
-        if self._hop is not None:
-            record["hop"], self._hop = self._hop, None
+        record["time"] = round(when, 3)
+        if self._index is not None:
+            record["hop"] = self._index
+        if self._hop_start is not None:
+            record["hop_start"], self._hop_start = self._hop_start, None
         return json.dumps(record) + "\n"
 
     def log_histograms(self, step: int, values: dict[str, np.ndarray]) -> None:
@@ -72,7 +89,12 @@ class MetricsFile:
 
     def show(self) -> None:
         if self._pending:
-            self._handle.write("".join(self._line(step, scalars) for step, scalars in self._pending))
+            # Monotonic to wall time here, once per write (a wall clock stepped within the last second shifts
+            # these records by that step, as it would have shifted a reading at each).
+            offset = time.time() - time.monotonic()
+            self._handle.write(
+                "".join(self._line(step, when + offset, scalars) for step, when, scalars in self._pending)
+            )
             self._pending.clear()
         self._handle.flush()
 
@@ -89,3 +111,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return records
+
+
+def record_hop(record: dict[str, Any]) -> int | None:
+    """The hop index of a metrics record: `hop` (an int), or in records older than that field, the `hop` dict
+    of a hop's first record (None: the record does not say)."""
+    hop = record.get("hop")
+    if isinstance(hop, dict):
+        hop = hop.get("hop")
+    return hop if isinstance(hop, int) and not isinstance(hop, bool) else None

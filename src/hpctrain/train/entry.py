@@ -107,7 +107,7 @@ def _train(
     # chain.json's startup_seconds: the hop's start to its first update (chain is read when that comes: the
     # resume may replace it).
     on_first_update(trainer.optimizers, lambda: trainer.chain.first_update_done())
-    _describe(cfg, env, trainer, budget, run_dir, say)
+    _describe(env, trainer, budget, run_dir, say)
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
     if env.is_main:
@@ -119,12 +119,14 @@ def _train(
     # every hop's lines also go to its training.log, the lines said so far first.
     out.open(run_dir)
     say(resumed)
+    say(_batch_and_lr(cfg, env, trainer))
     trainer.start_tracking(out.file)
     result = trainer.fit()
     if result.status == "already_finished":
         say(
             f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
-            f"raise train.total_updates to train further. params_sha256={result.params_sha256}"
+            "raise train.total_updates to train further (with checkpoint.accept_changes=[train.total_updates] "
+            f"where the LR schedule depends on the length). params_sha256={result.params_sha256}"
         )
     elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
         if env.is_main:
@@ -220,7 +222,6 @@ def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
 
 
 def _describe(
-    cfg: ConfigBase,
     env: ClusterEnv,
     trainer: Trainer,
     budget: TimeBudget,
@@ -228,14 +229,26 @@ def _describe(
     say: Callable[..., None],
 ) -> None:
     say(f"{env.describe()}; device {trainer.device}; run folder {run_dir}")
-    say(
+    if budget.deadline is not None:
+        say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})")
+
+
+def _batch_and_lr(cfg: ConfigBase, env: ClusterEnv, trainer: Trainer) -> str:
+    """The global batch and the LR, said once the resume put the update count back: the LR the next update uses
+    (the schedule's at the resumed update), not only the effective optim.lr it scales."""
+    step = trainer.state.step
+    factor = trainer.schedule.factor(step)
+    said = (
         f"batch {cfg.data.batch_size} per process x {env.world_size} processes x "
         f"{cfg.train.grad_accum_steps} accumulation = global batch {trainer.setup.global_batch}; "
         f"effective lr {', '.join(f'{k} {v:.3g}' for k, v in trainer.base_lrs.items())} "
         f"(optim.lr_scaling={cfg.optim.lr_scaling})"
     )
-    if budget.deadline is not None:
-        say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})")
+    if trainer.already_finished:
+        return said
+    scheduled = "" if factor == 1.0 else f" (schedule factor {factor:.3g} at update {step})"
+    lrs = ", ".join(f"{k} {v * factor:.3g}" for k, v in trainer.base_lrs.items())
+    return f"{said}; update {step + 1} trains at lr {lrs}{scheduled}"
 
 
 @contextmanager

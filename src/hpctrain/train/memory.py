@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +27,50 @@ def compile_mode_of(setting: str | Mapping[str, str], name: str) -> str:
     return str(setting.get(name, "off"))
 
 
+def on_cuda(device_setting: str) -> bool:
+    """Whether train.device puts the networks on a CUDA device (auto: when this torch sees one)."""
+    return device_setting in ("auto", "cuda") and torch.cuda.is_available()
+
+
+# `auto` compiles only in hops with at least this much time left: compiling the muon networks took 51-82 s on an
+# H100 (bench/gpu.py, docs/performance.md), over 10 % of anything shorter.
+AUTO_COMPILE_MIN_SECONDS = 600.0
+
+
+def resolve_compile(mode: str, cuda: bool) -> str:
+    """`auto` as what the GPU bench found to pay (bench/gpu.py, docs/performance.md): torch's default mode on
+    CUDA, off on CPU (there the compile costs a minute of 2 cores and buys little); other modes as given."""
+    if mode == "auto":
+        return "default" if cuda else "off"
+    return mode
+
+
+def keep_compiled_code(out_dir: Path) -> str:
+    """Point torch.compile's caches (Inductor's graphs and kernels, Triton's binaries) at `<run.out_dir>/
+    .compile-cache` unless TORCHINDUCTOR_CACHE_DIR is set: /tmp is node-local, so every hop of a chain (and every
+    run of a sweep) compiled from nothing, a minute each; on the shared run folder's file system the next hop
+    loads what the first compiled. Returns what to say at start (empty when the user chose the folder)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return ""
+    folder = out_dir / ".compile-cache"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return f"compiled code kept in {folder}"
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far: a change across an update means it compiled (or
+    recompiled) in it, so that update's time is compile time, not step time."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether `module` is torch.compile's wrapper (by its `_orig_mod`: no import of torch._dynamo, which a run
+    that compiles nothing need not pay for)."""
+    return hasattr(module, "_orig_mod")
+
+
 def check_compile_names(setting: str | Mapping[str, str], names: list[str], workload: str) -> None:
     """A per-network mapping must name networks of this workload: a typo would silently compile nothing."""
     if not isinstance(setting, str):
@@ -36,12 +82,19 @@ def check_compile_names(setting: str | Mapping[str, str], names: list[str], work
             )
 
 
-def compile_network(module: nn.Module, mode: str, memory_budget: float | None) -> nn.Module:
-    """torch.compile(module) in `mode` ("default" = torch's own), with the activation-memory budget set."""
+def compile_network(
+    module: nn.Module, mode: str, memory_budget: float | None, dynamic: bool | None = None
+) -> nn.Module:
+    """torch.compile(module) in `mode` ("default" = torch's own), with the activation-memory budget set.
+
+    `dynamic=True` (ragged workloads: the number of muons changes every batch) compiles sizes as symbols from the
+    first call: one graph for every batch, instead of a static one, a recompile at the second batch and another
+    when the last batch of an epoch is short."""
     if memory_budget is not None:
         # The min-cut partitioner keeps at most this share of the activations and recomputes the rest.
         torch._functorch.config.activation_memory_budget = memory_budget
-    return torch.compile(module, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+    compiled = torch.compile(module, mode=None if mode == "default" else mode, dynamic=dynamic)
+    return compiled  # type: ignore[return-value]
 
 
 def blocks_of(module: nn.Module) -> list[nn.Module]:

@@ -28,7 +28,12 @@ def build_optimizer(
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    # On CUDA the fused kernel: one launch for every parameter instead of a few per tensor group (the small muon
+    # networks' updates are launch-bound); elsewhere torch's default (foreach)
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return cls(
+        params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+    )
 
 
 def stage_bounds(stages: list[ScheduleStage], total_updates: int) -> list[tuple[int, int]]:
@@ -48,6 +53,7 @@ class LRSchedule:
 
     def __init__(self, cfg: ScheduleConfig, total_updates: int, updates_per_epoch: int | None = None) -> None:
         self.stages = cfg.stages
+        self.total_updates = total_updates
         self.bounds = stage_bounds(cfg.stages, total_updates)
         self.updates_per_epoch = updates_per_epoch
         if updates_per_epoch is None and any(s.gamma_every == "epoch" for s in cfg.stages if s.gamma):

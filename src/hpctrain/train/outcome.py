@@ -4,6 +4,7 @@ failure."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +25,10 @@ class RunResult:
 
 
 class Timers:
-    """Seconds spent per activity, since the last log line and in total."""
+    """Seconds spent per activity, since the last log line and in total. `compile` is an update during which
+    torch.compile compiled (its first updates): neither step time nor goodput."""
 
-    KINDS = ("data", "step", "eval", "checkpoint")
+    KINDS = ("data", "step", "eval", "checkpoint", "compile")
 
     def __init__(self) -> None:
         self.window = dict.fromkeys(self.KINDS, 0.0)
@@ -51,6 +53,63 @@ class Timers:
     def reset_window(self) -> None:
         self.window = dict.fromkeys(self.KINDS, 0.0)
         self.window_start = time.perf_counter()
+
+    def rebook(self, device_busy: float) -> None:
+        """Split the window's update time (data + step, measured on the host) as the GPU saw it: `device_busy`
+        seconds the GPU spent inside steps are step time, the rest (the GPU idle, waiting for a batch or the
+        host) is data time. On the host alone, the wait for the GPU's queue lands on whatever blocks next,
+        usually the next batch's copy: a GPU-bound run looked data-bound."""
+        host = self.window["data"] + self.window["step"]
+        step = min(max(device_busy, 0.0), host)
+        for kind, value in (("data", host - step), ("step", step)):
+            self.total[kind] += value - self.window[kind]
+            self.window[kind] = value
+
+
+class DeviceTimeline:
+    """CUDA events around each update's work on the GPU (recorded, never waited for), read at log steps: how long
+    the GPU was busy with steps since the last log line. Costs two event records per update, no sync."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        self._spans: list[tuple[Any, Any]] = []
+        self._open: Any = None
+
+    def start(self) -> None:
+        self._open = self._event()
+        self._open.record()
+
+    def end(self, counted: bool = True) -> None:
+        """Close the update's span; `counted=False` (a compile update) drops it."""
+        if counted and self._open is not None:
+            done = self._event()
+            done.record()
+            self._spans.append((self._open, done))
+        self._open = None
+
+    def busy_seconds(self) -> float | None:
+        """GPU seconds inside the spans since the last call (waits for the last one), None if there were none."""
+        if not self._spans:
+            return None
+        self._spans[-1][1].synchronize()
+        busy = float(sum(a.elapsed_time(b) for a, b in self._spans)) / 1000.0
+        self._spans.clear()
+        return busy
+
+
+class NoTimeline:
+    """The stand-in off CUDA: the host's clock is the truth there."""
+
+    def start(self) -> None:
+        pass
+
+    def end(self, counted: bool = True) -> None:
+        pass
+
+    def busy_seconds(self) -> float | None:
+        return None
 
 
 def nonfinite_message(bad: NonFinite, step: int, saved: int | None, skipping: bool) -> str:

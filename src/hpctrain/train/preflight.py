@@ -20,14 +20,19 @@ from typing import Any
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.fsutil import nearest_existing_folder
+from hpctrain.runtime.torch_build import cuda_problem
 from hpctrain.train.resume_forms import resume_form
 
 
-def check_config(cfg: ConfigBase, writable: bool = True) -> list[str]:
-    """Every mistake found, one line each (empty when none). `writable`: also probe the output folders."""
+def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) -> list[str]:
+    """Every mistake found, one line each (empty when none). `writable`: also probe the output folders;
+    `device`: train.device=cuda needs a CUDA build of torch."""
     from hpctrain.remote.uris import is_remote
 
     errors: list[str] = []
+    cuda = cuda_problem(cfg.train.device) if device else None
+    if cuda:
+        errors.append(cuda)
     data = cfg.data
     remote = False
     for name in type(data).input_paths:

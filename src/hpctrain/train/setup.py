@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -13,8 +15,16 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.torch_build import cpu_only_message
 from hpctrain.train.context import Context
-from hpctrain.train.memory import check_compile_names, checkpoint_blocks, compile_network, recompute_wanted
+from hpctrain.train.memory import (
+    AUTO_COMPILE_MIN_SECONDS,
+    check_compile_names,
+    checkpoint_blocks,
+    compile_network,
+    keep_compiled_code,
+    recompute_wanted,
+)
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.task import BatchStream, Task
@@ -32,8 +42,15 @@ def pick_device(choice: str, env: ClusterEnv) -> torch.device:
         if env.world_size > 1:
             raise UserError(f"train.device='mps' runs one process, not {env.world_size}; use cuda or cpu")
         return torch.device("mps")
+    if choice == "cuda" and torch.version.cuda is None:
+        raise UserError(cpu_only_message(torch.__version__))
     if choice == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device='cuda' but no CUDA device is visible (use auto or cpu)")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        raise UserError(
+            f"train.device=cuda but no CUDA device is visible{shown}: run on a GPU node (sbatch --gres=gpu:N) or "
+            "set train.device=cpu"
+        )
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     index = env.local_rank % torch.cuda.device_count()
@@ -51,6 +68,11 @@ def per_gpu_batch(global_batch: int, world_size: int, accumulation: int) -> int:
             f"accumulation steps: use a multiple of {share} (e.g. {lower or share} or {upper})"
         )
     return global_batch // share
+
+
+def short_hop(seconds_left: float | None) -> bool:
+    """Whether a hop is too short for `auto` to compile (None: no deadline)."""
+    return seconds_left is not None and seconds_left < AUTO_COMPILE_MIN_SECONDS
 
 
 class Setup:
@@ -78,8 +100,9 @@ class Setup:
         """Samples per update over all ranks: per-GPU batch x world size x accumulation."""
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
-    def wrap(self, raw: dict[str, nn.Module]) -> dict[str, nn.Module]:
-        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start."""
+    def wrap(self, raw: dict[str, nn.Module], seconds_left: float | None = None) -> dict[str, nn.Module]:
+        """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
+        `seconds_left`: the hop's time (the same on every rank); under it `auto` does not compile."""
         train = self.cfg.train
         check_compile_names(train.compile, list(raw), self.cfg.model.type)
         wrapped: dict[str, nn.Module] = {}
@@ -87,6 +110,12 @@ class Setup:
         for name, module in raw.items():
             out: nn.Module = module
             mode = self.task.compile_mode(name)
+            if mode != "off" and self.task.compile_setting(name) == "auto" and short_hop(seconds_left):
+                said.append(
+                    f"{name}: not compiled (train.compile=auto and {seconds_left or 0.0:.0f} s left in this hop: "
+                    f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
+                )
+                mode = "off"
             if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
                 blocks = self.task.activation_blocks(name, module)
                 if blocks is None:
@@ -101,7 +130,8 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
-                out = compile_network(out, mode, train.memory_budget)
+                said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
+                out = compile_network(out, mode, train.memory_budget, self.task.dynamic_shapes or None)
                 budget = (
                     ""
                     if train.memory_budget is None
@@ -110,7 +140,7 @@ class Setup:
                 said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
         if said and self.env.is_main:
-            print("networks: " + "; ".join(said), flush=True)
+            print("networks: " + "; ".join(dict.fromkeys(s for s in said if s)), flush=True)
         return wrapped
 
     def optimizers(

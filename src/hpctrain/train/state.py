@@ -16,7 +16,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from hpctrain.config.identity import judge, refusal, show
+from hpctrain.config.identity import GROWS, judge, refusal, show
 from hpctrain.config.loading import config_hash, dump_config
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
@@ -32,6 +32,7 @@ from hpctrain.train.checkpoint import (
     read_checkpoint,
     strip_prefixes,
 )
+from hpctrain.train.length import length_change
 from hpctrain.train.remote_ckpt import RemoteCheckpoints, local_resume_path, pull_working_copy
 from hpctrain.train.resume_forms import note_rewind, resume_form, rewind_target
 from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.track.base import Trackers
     from hpctrain.train.context import Context
+    from hpctrain.train.optim import LRSchedule
     from hpctrain.train.task import BatchStream, Task
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,10 @@ class Owner(Protocol):
     @property
     def budget(self) -> TimeBudget: ...
     @property
+    def schedule(self) -> LRSchedule: ...
+    @property
+    def base_lrs(self) -> dict[str, float]: ...
+    @property
     def trackers(self) -> Trackers: ...
 
 
@@ -114,6 +120,8 @@ class StateKeeper:
         self.history: list[dict[str, Any]] = []
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
         self.remote = RemoteCheckpoints(owner.cfg)  # pelican:// checkpoint.dir / mirror_to uploads
+        # What a new length does to the LR (train/length.py), said after the resume line.
+        self.length_note = ""
 
     def state(self) -> dict[str, Any]:
         t = self.t
@@ -392,6 +400,7 @@ class StateKeeper:
             return
         step = int(counters["step"])
         old_world = len(state.get("rng") or [None])  # one random state per rank that wrote it
+        length = length_change(counters, t.cfg.schedule, t.schedule, t.base_lrs)
         verdict = judge(
             old,
             t.cfg,
@@ -399,6 +408,7 @@ class StateKeeper:
             new_total=t.state.total_updates,
             old_world=old_world,
             new_world=t.env.world_size,
+            length_effect=length.effect() if length is not None and length.needs_consent else None,
         )
         where, remedy = self._ways_forward()
         if t.state.total_updates < step:
@@ -406,8 +416,13 @@ class StateKeeper:
                 f"train.total_updates={t.state.total_updates} is below update {step}, which {where} has reached: a run "
                 f"cannot be shortened; {remedy}"
             )
+        if verdict.refused and all(c.mark == GROWS for c in verdict.refused):
+            assert length is not None  # a length is refused only for what it does to the LR
+            first, keys = verdict.refused[0], [c.key for c in verdict.refused]
+            raise UserError(length.refusal(where, keys, show(first.old), show(first.new)))
         if verdict.refused:
             raise UserError(refusal(where, verdict.refused, remedy))
+        self.length_note = length.note() if length is not None else ""
         self.changes = verdict.record()
         if verdict.accepted or verdict.allowed:
             self.history.append({"step": step, **self.changes})

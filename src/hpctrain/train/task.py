@@ -18,7 +18,7 @@ from torch import nn
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.memory import blocks_of, compile_mode_of
+from hpctrain.train.memory import blocks_of, compile_mode_of, on_cuda, resolve_compile
 
 
 @runtime_checkable
@@ -100,10 +100,18 @@ class Task(ABC, Generic[C]):
         these in `build_modules`, so the two cannot disagree; {} = not said (an export names the classes only)."""
         return {}
 
-    def compile_mode(self, name: str) -> str:
-        """torch.compile mode of network `name`, "off" = not compiled (default: train.compile, one mode for every
-        network or a mode per network)."""
+    # Batch sizes change from batch to batch (ragged sets): networks are compiled with dynamic sizes.
+    dynamic_shapes: bool = False
+
+    def compile_setting(self, name: str) -> str:
+        """The configured torch.compile mode of network `name`, possibly "auto" (default: train.compile, one mode
+        for every network or a mode per network)."""
         return compile_mode_of(self.cfg.train.compile, name)
+
+    def compile_mode(self, name: str) -> str:
+        """torch.compile mode of network `name`, "off" = not compiled: the setting with auto resolved for the
+        device the run uses."""
+        return resolve_compile(self.compile_setting(name), on_cuda(self.cfg.train.device))
 
     def activation_blocks(self, name: str, module: nn.Module) -> list[nn.Module] | None:
         """The blocks of network `name` that recompute their activations in backward under

@@ -29,9 +29,12 @@ from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.context import Context
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
+from hpctrain.train.memory import compiled_graphs, is_compiled
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.outcome import (
+    DeviceTimeline,
+    NoTimeline,
     RunResult,
     Timers,
     data_failure,
@@ -80,6 +83,8 @@ class Trainer:
         self.console: Console = NullConsole()
         self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.timers = Timers()
+        self.timeline: DeviceTimeline | NoTimeline = NoTimeline()
+        self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
         self.state = TrainState()
@@ -110,7 +115,12 @@ class Trainer:
         self.raw_modules = self.task.build_modules()
         for module in self.raw_modules.values():
             module.to(self.device)
-        self.modules = self.setup.wrap(self.raw_modules)
+        # every rank takes rank 0's view of the hop's time (under SLURM only rank 0 asks for the end time)
+        left = dist.broadcast_object(self.budget.remaining())
+        self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
+        self._compiling = any(is_compiled(m) for m in self.modules.values())
+        if self.device.type == "cuda":
+            self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
         self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
@@ -159,6 +169,8 @@ class Trainer:
         self.store.clean_temporaries() if self.env.is_main else None
         dist.barrier()
         said = self.keeper.resume()
+        if self.keeper.length_note:
+            said += f"\n{self.keeper.length_note}"
         if self.env.is_main:
             self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
         return said
@@ -191,8 +203,13 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
+    @property
+    def already_finished(self) -> bool:
+        """Finished (or stopped early) with no more updates asked for than it had: nothing to train."""
+        return self.state.finished and self.state.total_updates <= self.state.finished_total
+
     def fit(self) -> RunResult:
-        if self.state.finished and self.state.total_updates <= self.state.finished_total:
+        if self.already_finished:
             # Finished (or stopped early) with this many updates asked for: nothing to train, no new hop; only
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
             result = self._result("already_finished", "finished", EXIT_OK)
@@ -247,7 +264,8 @@ class Trainer:
                 return reason
         batches = iter(self.train_stream)
         state, stream, timers, window = self.state, self.train_stream, self.timers, self._window
-        clock, observe = time.perf_counter, self.budget.step.observe
+        clock, observe, timeline = time.perf_counter, self.budget.step.observe, self.timeline
+        graphs = compiled_graphs() if self._compiling else 0
         log_every, hist_every = self.cfg.logging.log_every, self.cfg.logging.tensorboard.hist_every
         while state.step < state.total_updates:
             step_start = clock()
@@ -268,7 +286,7 @@ class Trainer:
             assert micro is not None  # not skipped means no rank was empty
             self._set_lr()
             compute_start = clock()
-            timers.add("data", compute_start - step_start)
+            timeline.start()
             out = self.task.train_step(micro, self.ctx)
             state.step += 1
             samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
@@ -278,8 +296,16 @@ class Trainer:
             if self.guard.skip:
                 self.guard.note_update(self.ctx.skipped_steps, state.step)
             end = clock()
-            timers.add("step", end - compute_start)
-            observe(end - step_start)
+            if self._compiling and graphs != (graphs := compiled_graphs()):
+                # torch.compile compiled in this update: compile time, kept out of the step estimate (a
+                # first update of 30 s would make the budget stop a hop after it) and out of the shares
+                timers.add("compile", end - step_start)
+                timeline.end(counted=False)
+            else:
+                timers.add("data", compute_start - step_start)
+                timers.add("step", end - compute_start)
+                timeline.end()
+                observe(end - step_start)
             self.profiler.step(state.step)
             if state.step % log_every == 0 or state.step == state.total_updates:
                 self._log_window(out)
@@ -438,6 +464,9 @@ class Trainer:
         """At a log step: the losses since the last one are checked (every rank) and their mean logged."""
         # read once, only when logging (no per-update tensor arithmetic); checked and averaged on the host
         losses = torch.stack(self._window).float().tolist()
+        busy = self.timeline.busy_seconds()  # CUDA: the GPU's own time (the sync above already waited)
+        if busy is not None:
+            self.timers.rebook(busy)
         self.guard.check_losses(losses, self._window_first)
         self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()

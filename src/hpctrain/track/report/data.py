@@ -18,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from hpctrain.track.chain import read_json
-from hpctrain.track.metrics_file import read_metrics
+from hpctrain.track.metrics_file import RECORD_KEYS, read_metrics
+from hpctrain.track.runs import read_config
 
-
-def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config.yaml ({} when missing or unreadable)."""
-    try:
-        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return config if isinstance(config, dict) else {}
+__all__ = ["RunData", "model_type_of", "read_config"]
 
 
 def model_type_of(run_dir: Path) -> str | None:
@@ -68,11 +61,12 @@ class RunData:
         return model.get("type") if isinstance(model, dict) else None  # the same as model_type_of
 
     def scalar_keys(self) -> list[str]:
-        """Every key that some record logs as a number, in first-seen order."""
+        """Every key that some record logs as a number, in first-seen order (not the record's own `step`,
+        `time` and `hop`)."""
         seen: dict[str, None] = {}
         for record in self.metrics:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if key not in RECORD_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
                     seen.setdefault(key, None)
         return list(seen)
 

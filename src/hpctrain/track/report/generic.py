@@ -24,14 +24,14 @@ RATES = {"samples_per_s": "samples/s", "events_per_s": "events/s", "muons_per_s"
 NOT_CURVES = {"lr", "updates_per_s", "gpu_mem_peak_gb", "stage_wait_s", *RATES}
 
 
-def _is_curve(key: str) -> bool:
+def is_curve(key: str) -> bool:
     return key not in NOT_CURVES and not key.endswith("_share") and not key.startswith("eval_")
 
 
 def group_scalars(data: RunData, named: list[ScalarGroup]) -> list[ScalarGroup]:
     """Every logged scalar in one group: the workload's named groups first, then the loss, gradient norms, and
     one group per remaining key with its val_ twin."""
-    keys = [k for k in data.scalar_keys() if _is_curve(k)]
+    keys = [k for k in data.scalar_keys() if is_curve(k)]
     groups: list[ScalarGroup] = []
     claimed: set[str] = set()
 

@@ -375,6 +375,7 @@ def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
     record: dict[str, Any] = {"step": result["info"]["step"]}
     record.update({f"eval_{k}": (v if math.isfinite(v) else None) for k, v in result["metrics"].items()})
+    record["time"] = round(time.time(), 3)  # no `hop`: an evaluation after training is no job hop
     with open(run_dir / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
     return path

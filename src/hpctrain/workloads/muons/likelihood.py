@@ -40,6 +40,10 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
     def build_modules(self) -> dict[str, nn.Module]:
         return {"generator": Generator(**self.network_settings()["generator"])}
 
+    def compile_setting(self, name: str) -> str:
+        own = self.cfg.model.compile.generator
+        return super().compile_setting(name) if own is None else own
+
     def state_dict(self) -> dict[str, Any]:
         return {"scaler_ready": self.scaler_ready}
 

@@ -8,6 +8,7 @@ respect to its interpolated muons to have norm 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -98,26 +99,72 @@ def gradient_penalty(
     score_norm: str = "none",
     clamp: float = 1000.0,
     generator: torch.Generator | None = None,
+    penalty: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Mean over events with pairs of (||d score / d interpolated muons|| - 1)^2 (a scalar with graph)."""
+    """Mean over events with pairs of (||d score / d interpolated muons|| - 1)^2 (a scalar with graph).
+
+    `penalty` computes it from the interpolated muons: `penalty_of` (double backward, eager) by default, or
+    a compiled `functional_penalty`; the random draws stay here, outside any compiled code."""
     b = primaries.shape[0]
     alpha = torch.rand(b, 1, device=primaries.device, generator=generator).to(
         real_muons.dtype
     )  # one per event
     a = alpha[pairs.event]  # (P, 1)
     mixed = a * real_muons[pairs.real_index].detach() + (1 - a) * fake_muons[pairs.fake_index].detach()
-    mixed.requires_grad_(True)
     # the multiplicity the critic sees is interpolated too; pooling runs over the kept pairs
     multiplicity = alpha.squeeze(1) * real_counts.to(alpha.dtype) + (1 - alpha.squeeze(1)) * fake_counts.to(
         alpha.dtype
     )
-    scores = critic(mixed, pairs.event, primaries, pairs.per_event, multiplicity)
-    scores = normalize_scores(scores, score_norm, clamp)
+    run = penalty_of if penalty is None else penalty
+    return run(critic, mixed, pairs.event, primaries, pairs.per_event, multiplicity, score_norm, clamp)
+
+
+def penalty_of(
+    critic: torch.nn.Module,
+    mixed: torch.Tensor,
+    event: torch.Tensor,
+    primaries: torch.Tensor,
+    per_event: torch.Tensor,
+    multiplicity: torch.Tensor,
+    score_norm: str,
+    clamp: float,
+) -> torch.Tensor:
+    """The penalty by double backward: autograd.grad with create_graph (eager only: a compiled critic's
+    backward cannot be differentiated again)."""
+    mixed = mixed.detach().requires_grad_(True)
+    scores = normalize_scores(critic(mixed, event, primaries, per_event, multiplicity), score_norm, clamp)
     (grad,) = torch.autograd.grad(scores.sum(), mixed, create_graph=True)  # (P, 3)
+    return _penalty(grad, event, per_event)
+
+
+def functional_penalty(
+    critic: torch.nn.Module,
+    mixed: torch.Tensor,
+    event: torch.Tensor,
+    primaries: torch.Tensor,
+    per_event: torch.Tensor,
+    multiplicity: torch.Tensor,
+    score_norm: str,
+    clamp: float,
+) -> torch.Tensor:
+    """The same penalty with the input gradient taken by torch.func.grad: the gradient is then ordinary ops in
+    the traced graph, so torch.compile compiles the whole penalty (forward, input gradient and the backward to
+    the critic's weights): no double backward through compiled code, which torch does not support."""
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        scores = critic(x, event, primaries, per_event, multiplicity)
+        return normalize_scores(scores, score_norm, clamp).sum()
+
+    grad = torch.func.grad(total)(mixed.detach())  # (P, 3)
+    return _penalty(grad, event, per_event)
+
+
+def _penalty(grad: torch.Tensor, event: torch.Tensor, per_event: torch.Tensor) -> torch.Tensor:
     grad = torch.nan_to_num(grad)
-    squared = segment_sum(grad.pow(2).sum(1, keepdim=True), pairs.event, b).squeeze(1)  # (B,)
+    b = per_event.shape[0]
+    squared = segment_sum(grad.pow(2).sum(1, keepdim=True), event, b).squeeze(1)  # (B,)
     norm = torch.sqrt(squared + 1e-12)
-    has = (pairs.per_event > 0).to(norm.dtype)
+    has = (per_event > 0).to(norm.dtype)
     return ((norm - 1.0).pow(2) * has).sum() / has.sum().clamp_min(1.0)
 
 

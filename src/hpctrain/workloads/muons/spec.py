@@ -142,8 +142,9 @@ class CompileSettings(Section):
     )
     critic: CompileMode | None = Field(
         None,
-        description="torch.compile mode of the critic (null = train.compile); forced off, said once, when "
-        "lambda_gp > 0 (the gradient penalty needs double backward).",
+        description="torch.compile mode of the critic (null = train.compile). With lambda_gp > 0 the gradient "
+        "penalty is compiled too: its input gradient is taken by torch.func.grad inside the compiled code (no "
+        "double backward through compiled code, which torch does not support).",
     )
 
     @field_validator("generator", "critic", mode="before")

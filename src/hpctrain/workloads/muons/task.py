@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,12 @@ from torch import nn
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
+from hpctrain.train.memory import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.batch import MuonBatch
 from hpctrain.workloads.muons.losses import (
     critic_loss,
+    functional_penalty,
     generator_loss,
     gradient_penalty,
     likelihood_losses,
@@ -83,6 +86,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         # task: the global RNG is also drawn by data loaders and evaluation, which must not shift training.
         self._rng: torch.Generator | None = None
         self._rng_state: torch.Tensor | None = None
+        self._compiled_penalty: Callable[..., torch.Tensor] | None = None
 
     # ---- networks and optimizers --------------------------------------------------------------------------
 
@@ -109,18 +113,21 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         lr = self.cfg.model.generator_lr if name == "generator" else self.cfg.model.critic_lr
         return {} if lr is None else {"lr": lr}
 
-    def compile_mode(self, name: str) -> str:
+    def compile_setting(self, name: str) -> str:
         m = self.cfg.model
         own = m.compile.generator if name == "generator" else m.compile.critic
-        mode = own if own is not None else super().compile_mode(name)
-        if name == "critic" and mode != "off" and m.lambda_gp > 0:
-            if self.env.is_main:  # wrap asks once per network: said once
-                log.warning(
-                    "compiling the critic is off: the gradient penalty (lambda_gp > 0) needs double backward, "
-                    "which torch.compile does not support"
-                )
-            return "off"
-        return mode
+        return super().compile_setting(name) if own is None else own
+
+    def _penalty(self, ctx: UpdateContext) -> tuple[nn.Module, Callable[..., torch.Tensor] | None]:
+        """The critic and the penalty function the gradient penalty goes through: with a compiled critic, the
+        plain critic inside a compiled `functional_penalty` (input gradient by torch.func, so the penalty's
+        backward is an ordinary one); else the critic as wrapped, by double backward."""
+        critic = ctx.modules["critic"]
+        if not is_compiled(critic):
+            return critic, None
+        if self._compiled_penalty is None:
+            self._compiled_penalty = torch.compile(functional_penalty, dynamic=True)
+        return ctx.raw_modules["critic"], self._compiled_penalty
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
@@ -203,6 +210,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         rng = self.rng(ctx.device)
         zero = torch.zeros((), device=ctx.device)
         loss_total, distance, penalty = zero, zero, zero
+        gp_critic, gp_function = self._penalty(ctx)
         for _ in range(self.critic_steps):
             self.critic_updates += 1
             use_gp = m.lambda_gp > 0 and self.critic_updates % m.gp_every == 0
@@ -222,8 +230,8 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                             cap = gp_pair_cap(m.gp_max_pairs, m.gp_sample_fraction, b.num_muons)
                             pairs = pair_muons(b.counts, b.counts, cap, True, b.num_muons, generator=rng)
                             gp = gradient_penalty(
-                                critic, p.real, fake, b.primaries, b.counts, b.counts, pairs,
-                                m.critic_output, m.critic_clamp, rng,
+                                gp_critic, p.real, fake, b.primaries, b.counts, b.counts, pairs,
+                                m.critic_output, m.critic_clamp, rng, gp_function,
                             )  # fmt: skip
                             loss = loss + m.lambda_gp * gp
                             penalty = penalty + gp.detach().float() * p.weight

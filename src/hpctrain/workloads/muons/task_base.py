@@ -42,6 +42,8 @@ class ValBatches:
 class MuonTaskBase(Task[M]):
     """Data plumbing of the muon tasks; subclasses write networks, train_step and eval_step."""
 
+    dynamic_shapes = True  # the number of muons changes with every batch
+
     @property
     def run_dir(self) -> Path:
         return self.cfg.run.dir  # type: ignore[no-any-return]

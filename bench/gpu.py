@@ -1,0 +1,322 @@
+"""The GPU figures of issue 26 in one command: the WGAN step, the default muon model end to end, the loader alone,
+a time-limited hop with compile on, and the per-update syncs and recompiles.
+
+    python bench/gpu.py                        # on a GPU node: every figure, a few minutes
+    python bench/gpu.py --device cpu --tiny    # the same code paths on CPU in seconds (the test suite runs this)
+    python bench/gpu.py --only step            # one part: step | e2e | loader | hop
+
+Parts:
+- step: the seed-size muon_wgan update (critic_steps 5, default networks) at batch 48000 (tiny: 96), GP off and GP
+  every 2 critic updates, for `eager_fp32` (the trainer before compile was on: the baseline measured in the same
+  run), `compiled_fp32` and `compiled_bf16`; median updates/s of --repeats timed rounds, peak memory, recompiles
+  in the timed rounds, host-device syncs in one update (CUDA's sync debug mode), and each variant's losses after
+  the same updates beside the baseline's. `*_ratio` = a variant's updates/s over eager_fp32's.
+- e2e: `hpctrain train` of configs/muons.yaml (muon_flow) at batch 8192 (tiny: 256) with workers, compile off and
+  auto: steady-state events/s and the data share from metrics.jsonl (the first log windows, which compile, left
+  out), the compile seconds from summary.json.
+- loader: the same training stream alone (same files, batch and workers): events/s it delivers.
+- hop: one hop with budget.time_limit (60 s; tiny: 25 s) and train.compile=auto (on on CUDA): updates done, and the share of the updates
+  the steady compiled rate would have done in the hop's training time without the first call's compile.
+Last line: one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- step -------------------------------------------------------------------------------------------------
+
+
+def count_syncs(step: Any, device: torch.device) -> int | None:
+    """Host-device synchronisations in one call of `step` (CUDA's sync debug mode warns at each one)."""
+    if device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def step_variant(name: str, device: torch.device, batches: list, args: argparse.Namespace) -> dict[str, Any]:
+    from muon_step import build
+
+    from hpctrain.train.context import Context
+    from hpctrain.train.memory import compile_network, compiled_graphs
+    from hpctrain.train.task import MicroBatch
+
+    compiled, precision = name.startswith("compiled"), name.rsplit("_", 1)[1]
+    out: dict[str, Any] = {}
+    task, ctx = build(device, args.critic_steps, 0.0, 1, args.cap)
+    if compiled:
+        modules = {k: compile_network(m, "default", None, dynamic=True) for k, m in ctx.modules.items()}
+        ctx = Context(device, modules, ctx.raw_modules, ctx.optimizers, "fp32", 10.0)
+    ctx.dtype = {"bf16": torch.bfloat16}.get(precision)
+    micro = [[MicroBatch(b, 1.0, len(b))] for b in batches]
+    for label, lambda_gp, every in (("gp_off", 0.0, 1), ("gp_every_2", 10.0, 2)):
+        task.cfg.model.lambda_gp, task.cfg.model.gp_every = lambda_gp, every
+        start = time.perf_counter()
+        for m in micro:  # warm-up: every batch size once (compiles, allocator)
+            task.train_step(m, ctx)
+        sync(device)
+        warm = time.perf_counter() - start
+        graphs = compiled_graphs()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        rounds = []
+        for r in range(args.repeats):
+            start = time.perf_counter()
+            for _ in range(args.updates):
+                result = task.train_step(micro[r % len(micro)], ctx)
+            float(result.loss)
+            sync(device)
+            rounds.append(args.updates / (time.perf_counter() - start))
+        figures: dict[str, Any] = {
+            "updates_per_s": statistics.median(rounds),
+            "updates_per_s_rounds": rounds,
+            "events_per_s": statistics.median(rounds) * len(batches[0]),
+            "muons_per_s": statistics.median(rounds) * batches[0].num_muons,
+            "warmup_s": warm,
+            "recompiles_timed": compiled_graphs() - graphs,
+            "syncs_per_update": count_syncs(lambda: task.train_step(micro[0], ctx), device),
+            "losses": {k: float(v) for k, v in result.metrics.items()} | {"critic_loss": float(result.loss)},
+        }
+        if device.type == "cuda":
+            figures["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out[label] = figures
+        print(
+            f"step {name:<14} {label:<10}: {figures['updates_per_s']:.3f} updates/s (rounds "
+            f"{', '.join(f'{x:.3f}' for x in rounds)}), warm-up {warm:.1f} s, recompiles {figures['recompiles_timed']}, "
+            f"syncs/update {figures['syncs_per_update']}, peak {figures.get('peak_mem_gb', 0):.1f} GB",
+            flush=True,
+        )
+    return out
+
+
+def bench_step(device: torch.device, args: argparse.Namespace) -> dict[str, Any]:
+    from muon_step import make_batch
+
+    size = 96 if args.tiny else 48_000
+    # two batch sizes, as a loader gives them (the muon count differs every batch)
+    batches = [
+        make_batch(size + d, args.cap, seed=s).to(device).normalize() for s, d in ((0, 0), (1, -size // 50))
+    ]
+    print(
+        f"step: batch {len(batches[0])} events, {batches[0].num_muons} muons, critic_steps {args.critic_steps}"
+    )
+    # on CPU the compiled bf16 variant adds a minute of compiling and says nothing about a GPU
+    variants = ["eager_fp32", "compiled_fp32"] + (["compiled_bf16"] if device.type == "cuda" else [])
+    result: dict[str, Any] = {"batch": len(batches[0]), "muons": batches[0].num_muons}
+    for name in variants:
+        result[name] = step_variant(name, device, batches, args)
+    for name in variants[1:]:
+        for label in ("gp_off", "gp_every_2"):
+            base = result["eager_fp32"][label]["updates_per_s"]
+            result[f"{name}_{label}_ratio"] = result[name][label]["updates_per_s"] / base
+    return result
+
+
+# ---- end to end, loader, hop ------------------------------------------------------------------------------
+
+
+def hpctrain(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def make_data(root: Path, tiny: bool, env: dict[str, str]) -> None:
+    files, events = (2, 3000) if tiny else (4, 100_000)
+    for split, seed, n in (("train", 1, files), ("val", 2, 1)):
+        done = hpctrain(
+            ["data", "generate", "--kind", "muons", "--out", str(root / split), "--files", str(n),
+             "--events-per-file", str(events), "--seed", str(seed)],
+            env, 600,
+        )  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"data generate failed: {done.stderr[-2000:]}")
+
+
+def train_args(root: Path, name: str, device: str, tiny: bool, extra: list[str]) -> list[str]:
+    batch, workers = (256, 2) if tiny else (8192, 8)
+    return [
+        "train", "--config", str(REPO / "configs" / "muons.yaml"),
+        f"run.out_dir={root / 'runs'}", f"run.name={name}", f"train.device={device}",
+        f"data.paths=[{root / 'train'}]", f"data.val_paths=[{root / 'val'}]",
+        f"data.batch_size={batch}", f"data.num_workers={workers}", "train.eval_every=0",
+        "logging.progress=lines", "checkpoint.every=0", "checkpoint.resume=never", *extra,
+    ]  # fmt: skip
+
+
+def steady(run_dir: Path, skip_first: int) -> dict[str, Any]:
+    """Median events/s and data share of the log windows after the first `skip_first` ones."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "events_per_s" in r]
+    tail = rows[skip_first:] or rows[-1:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    def median(key: str) -> float | None:
+        return statistics.median(r.get(key, 0.0) for r in tail) if tail else None
+
+    return {
+        "events_per_s": median("events_per_s"),
+        "updates_per_s": median("updates_per_s"),
+        "data_share": median("data_share"),
+        "step_share": median("step_share"),
+        "windows": len(tail),
+        "steps": summary.get("step"),
+        "summary": {k: summary[k] for k in ("status", "step", "seconds") if k in summary},
+    }
+
+
+def bench_e2e(root: Path, device: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    updates, every = (15, 5) if args.tiny else (400, 20)
+    for mode in ("off", "auto"):
+        extra = [f"train.total_updates={updates}", f"train.compile={mode}", f"logging.log_every={every}"]
+        done = hpctrain(train_args(root, f"e2e-{mode}", device, args.tiny, extra), env, 900)
+        if done.returncode:
+            raise SystemExit(f"e2e compile={mode} failed: {done.stderr[-3000:]}")
+        out[f"compile_{mode}"] = steady(root / "runs" / f"e2e-{mode}", skip_first=2)
+        print(f"e2e compile={mode}: {json.dumps(out[f'compile_{mode}'])}", flush=True)
+    on, off = out["compile_auto"]["events_per_s"], out["compile_off"]["events_per_s"]
+    out["compile_ratio"] = on / off if on and off else None
+    return out
+
+
+def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from hpctrain.config.loading import ConfigRequest, load_config
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.workloads.registry import config_model, fill_default_types, make_task
+
+    overrides = train_args(root, "loader", "cpu", args.tiny, [])[3:]
+    cfg = load_config(
+        ConfigRequest(str(REPO / "configs" / "muons.yaml"), None, overrides, None),
+        config_model(),
+        {},
+        fill_default_types,
+    )
+    task = make_task(cfg, ClusterEnv())
+    stream = task.train_stream(0)
+    batches = 30 if args.tiny else 300
+    try:
+        it = iter(stream)
+        for _ in range(3):
+            next(it)
+        start, events = time.perf_counter(), 0
+        for _ in range(batches):
+            events += len(next(it))
+        seconds = time.perf_counter() - start
+    finally:
+        stream.close()
+    result = {"events_per_s": events / seconds, "batches": batches, "workers": cfg.data.num_workers}
+    print(f"loader alone: {result['events_per_s']:,.0f} events/s", flush=True)
+    return result
+
+
+def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """Two hops of one run with budget.time_limit and compile on: the first compiles from nothing, the second
+    (resumed) finds the compiled code in <run.out_dir>/.compile-cache."""
+    seconds = 25 if args.tiny else 60
+    extra = ["train.total_updates=1000000", "train.compile=auto",
+             f"budget.time_limit={seconds // 60}:{seconds % 60:02d}", "budget.margin_seconds=5",
+             "logging.log_every=50"]  # fmt: skip
+    out: dict[str, Any] = {"limit_s": seconds}
+    before = 0
+    for hop, resume in (("cold", "never"), ("warm", "auto")):
+        start = time.perf_counter()
+        argv = train_args(root, "hop", device, args.tiny, extra)
+        argv = [a if a != "checkpoint.resume=never" else f"checkpoint.resume={resume}" for a in argv]
+        done = hpctrain(argv, env, seconds + 600)
+        wall = time.perf_counter() - start
+        if done.returncode not in (0, 75):
+            raise SystemExit(f"hop failed ({done.returncode}): {done.stderr[-3000:]}")
+        run = root / "runs" / "hop"
+        summary = json.loads((run / "summary.json").read_text())
+        timing = summary.get("seconds", {})
+        compile_s = float(timing.get("compile", 0.0))
+        training = float(timing.get("data", 0.0)) + float(timing.get("step", 0.0))
+        updates = int(summary.get("step") or 0) - before
+        before += updates
+        rate = updates / training if training and updates > 1 else 0.0
+        # the updates the hop would have done had its first call cost nothing: its training and compile time at
+        # the hop's own steady rate
+        ideal = rate * (training + compile_s)
+        out[hop] = {
+            "wall_s": wall,
+            "exit": done.returncode,
+            "updates": updates,
+            "compile_s": compile_s,
+            "training_s": training,
+            "steady_updates_per_s": rate,
+            "updates_ratio": updates / ideal if ideal else None,
+            "stopped_before_deadline": done.returncode == 75 and wall < seconds + 30,
+        }
+        print(f"hop {hop}: {json.dumps(out[hop])}", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="small sizes: the code paths in seconds")
+    parser.add_argument("--only", choices=["step", "e2e", "loader", "hop"], action="append")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=3, help="updates per timed round (step)")
+    parser.add_argument("--critic-steps", type=int, default=5)
+    parser.add_argument("--cap", type=int, default=2000)
+    parser.add_argument("--workdir", default=None, help="data and runs here (default: a temporary folder)")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: no CUDA device visible (use --device cpu --tiny)")
+    device = torch.device(args.device)
+    parts = args.only or ["step", "e2e", "loader", "hop"]
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                              "torch": torch.__version__, "tiny": args.tiny}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.workdir or tmp)
+        if "step" in parts:
+            result["step"] = bench_step(device, args)
+        if {"e2e", "loader", "hop"} & set(parts):
+            make_data(root, args.tiny, env)
+        if "hop" in parts:
+            result["hop"] = bench_hop(root, args.device, args, env)
+        if "e2e" in parts:
+            result["e2e"] = bench_e2e(root, args.device, args, env)
+        if "loader" in parts:
+            result["loader"] = bench_loader(root, args)
+            consumed = result.get("e2e", {}).get("compile_auto", {}).get("events_per_s")
+            if consumed:
+                result["loader_over_consumed_ratio"] = result["loader"]["events_per_s"] / consumed
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

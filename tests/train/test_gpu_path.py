@@ -1,0 +1,156 @@
+"""The GPU path, as far as a CPU shows it: compile modes (auto), the compiled gradient penalty, compile time kept
+out of step time, GPU time shares, the CUDA checks of GPU presets, and bench/gpu.py's code paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.runtime.torch_build import installed_build
+from hpctrain.train.memory import resolve_compile
+from hpctrain.train.outcome import Timers
+from hpctrain.train.setup import short_hop
+from hpctrain.workloads.muons.losses import functional_penalty, gradient_penalty, pair_muons
+from hpctrain.workloads.muons.networks import Critic, event_index
+from tests.conftest import clean_env, hpctrain
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_auto_compiles_on_cuda_only_and_not_in_short_hops() -> None:
+    assert resolve_compile("auto", cuda=True) == "default"
+    assert resolve_compile("auto", cuda=False) == "off"
+    for mode in ("off", "default", "reduce-overhead", "max-autotune"):
+        assert resolve_compile(mode, cuda=False) == mode == resolve_compile(mode, cuda=True)
+    assert short_hop(59.0) and short_hop(599.0)
+    assert not short_hop(None) and not short_hop(3600.0)
+
+
+def _critic_inputs(seed: int) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.tensor([3, 0, 5, 1])
+    total = int(counts.sum())
+    real = torch.randn(total, 3, generator=gen)
+    fake = torch.randn(total, 3, generator=gen)
+    primaries = torch.randn(4, 4, generator=gen)
+    return real, fake, primaries, counts, total
+
+
+@pytest.mark.parametrize("pooling", ["max", "mean"])
+def test_the_penalty_by_torch_func_equals_the_double_backward_one(pooling: str) -> None:
+    torch.manual_seed(0)
+    critic = Critic(16, pooling, muon_score=True)
+    real, fake, primaries, counts, total = _critic_inputs(1)
+    pairs = pair_muons(counts, counts, 0, True, total)
+    values, grads = [], []
+    for penalty in (None, functional_penalty):
+        critic.zero_grad()
+        rng = torch.Generator().manual_seed(7)  # the same alphas for both
+        value = gradient_penalty(
+            critic, real, fake, primaries, counts, counts, pairs, "tanh", 5.0, rng, penalty
+        )
+        value.backward()
+        values.append(float(value.detach()))
+        grads.append(
+            [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in critic.parameters()]
+        )
+    assert values[0] == pytest.approx(values[1], rel=1e-6) and values[0] > 0
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert any(float(g.abs().sum()) > 0 for g in grads[0])  # the penalty does reach the weights
+    assert event_index(counts, total).tolist() == pairs.event.tolist()
+
+
+def test_device_timeline_rebooks_host_waits_as_step_time() -> None:
+    timers = Timers()
+    timers.add("data", 0.6)  # the host's view: the wait for the GPU's queue landed on the next batch's copy
+    timers.add("step", 0.4)
+    timers.rebook(0.9)  # the GPU was busy with steps 0.9 s of that second
+    assert timers.window["step"] == pytest.approx(0.9) and timers.window["data"] == pytest.approx(0.1)
+    assert timers.training_seconds == pytest.approx(1.0)  # goodput unchanged: only the split moves
+    timers.rebook(5.0)  # never more step time than the host saw pass
+    assert timers.window["step"] == pytest.approx(1.0) and timers.window["data"] == pytest.approx(0.0)
+
+
+def test_the_torch_build_is_read_without_importing_torch() -> None:
+    build = installed_build()
+    assert build is not None and build[0] == torch.__version__ and build[1] == torch.version.cuda
+    code = "import sys; from hpctrain.runtime.torch_build import installed_build; installed_build(); "
+    code += "print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), check=True
+    )
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only refusal needs a CPU-only torch")
+def test_gpu_presets_on_a_cpu_only_torch_stop_at_once_naming_the_cuda_install(tmp_path: Path) -> None:
+    done = hpctrain("train", "--preset", "single_gpu", "train.total_updates=2", cwd=tmp_path)
+    assert done.code == 2, done.err
+    line = done.err.strip().splitlines()
+    assert len(line) == 1 and "CPU-only build" in line[0] and "TORCH_SPEC=" in line[0], done.err
+    assert "train.device=cpu" in line[0]
+    assert not (tmp_path / "logs").exists()  # nothing made before the refusal
+    # the same refusal before a job is queued; a dry run still shows the plan, with the warning
+    queued = hpctrain("submit", "--preset", "multi_gpu", cwd=tmp_path)
+    assert queued.code == 2 and "CPU-only build" in queued.err and len(queued.err.strip().splitlines()) == 1
+    plan = hpctrain("submit", "--preset", "multi_gpu", "--dry-run", cwd=tmp_path)
+    assert plan.code == 0 and "#SBATCH" in plan.out and "warning: train.device=cuda" in plan.err
+    # a plain CPU run and the preset with train.device=cpu are not refused
+    ok = hpctrain(
+        "train", "--preset", "single_gpu", "train.device=cpu", "train.total_updates=2", cwd=tmp_path
+    )
+    assert ok.code == 0, ok.err
+
+
+def test_an_update_that_compiles_is_compile_time_not_step_time(tmp_path: Path) -> None:
+    """torch.compile for real (a tiny MLP on CPU): the updates that compiled are booked as compile time, so the
+    time budget's step estimate (kept in the checkpoint) holds only compiled steps."""
+    args = ("train", "train.compile=default", "train.total_updates=6", "train.eval_every=0", "run.name=c")
+    done = hpctrain(*args, "logging.log_every=3", cwd=tmp_path, timeout=600)
+    assert done.code == 0, done.err
+    run = tmp_path / "logs" / "c"
+    summary = json.loads((run / "summary.json").read_text())
+    seconds = summary["seconds"]
+    assert seconds["compile"] > 0 and seconds["step"] > 0
+    state = torch.load(run / "checkpoints" / "step_00000006.pt", weights_only=True)
+    budget = next(v for k, v in _walk(state) if k == "budget")
+    recent = budget["step"]["recent"]
+    assert 0 < len(recent) < 6  # the compiling update(s) left out
+    assert max(recent) < seconds["compile"]  # any one compiled step is quicker than compiling was
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("compile_share", 0) > 0 for r in rows)
+
+
+def _walk(tree: object, key: str = ""):  # type: ignore[no-untyped-def]
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield k, v
+            yield from _walk(v, k)
+
+
+def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu.py's code paths on CPU (so it never rots): the compiled WGAN step equals the eager one and does
+    not recompile once warm; the end-to-end runs and the loader give their figures."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu", "--tiny", "--repeats", "1",
+         "--updates", "1", "--critic-steps", "2", "--only", "step", "--only", "e2e", "--only", "loader",
+         "--workdir", str(tmp_path)],
+        capture_output=True, text=True, env=clean_env(), timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    step = result["step"]
+    for label in ("gp_off", "gp_every_2"):
+        eager, compiled = step["eager_fp32"][label], step["compiled_fp32"][label]
+        assert compiled["recompiles_timed"] == 0 and compiled["updates_per_s"] > 0
+        for key, value in eager["losses"].items():
+            assert compiled["losses"][key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
+    assert step["eager_fp32"]["gp_every_2"]["losses"]["gradient_penalty"] > 0
+    assert result["e2e"]["compile_off"]["steps"] == result["e2e"]["compile_auto"]["steps"] > 0
+    assert result["loader"]["events_per_s"] > 0 and "loader_over_consumed_ratio" in result
