@@ -54,6 +54,13 @@ def save_pause(seconds: float) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
 
 
+def kill_once(marker: Path) -> dict[str, str]:
+    """Environment for subprocesses of which the first to move `latest` a second time dies by SIGKILL there
+    (one committed checkpoint behind it), once for all of them (`marker`): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_KILL_ONCE": str(marker), "PYTHONPATH": path}
+
+
 def fake_compile(log: Path) -> dict[str, str]:
     """Environment for a subprocess whose torch.compile only records its arguments in `log` (JSON lines of mode,
     activation-memory budget, network class): see tests/faulthook/sitecustomize.py."""

@@ -1,3 +1,31 @@
-"""hpctrain: train PyTorch models on SLURM clusters across walltime limits without losing a step."""
+"""hpctrain: train PyTorch models on SLURM clusters across walltime limits without losing a step.
+
+`hpctrain.load(run)` hands a trained model to a notebook or a script; `import hpctrain` itself imports no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpctrain.workloads.trained import Trained
 
 __version__ = "0.1.0"
+__all__ = ["load"]
+
+
+def load(run_or_checkpoint: str | Path, which: str = "latest", device: Any = "cpu") -> Trained:
+    """The trained networks of a run folder (or a checkpoint file), ready to use.
+
+    which: "latest" (the run's latest readable checkpoint), "best" (best.pt) or "step_N" (update N).
+    device: where the networks go ("cpu", "cuda", "cuda:1", a torch.device).
+
+    Returns a `Trained`: `.models` (name -> network in eval mode; `.model` when there is one), `.config`,
+    `.settings` (each network's constructor arguments), `.step`, `.checkpoint`, `.params_sha256`, and
+    `.sampler` for the muon models (`.sampler.sample(n_events, seed)`: the bundles `hpctrain sample` writes).
+    A missing or unreadable checkpoint or a wrong `which` raises hpctrain.errors.UserError (a ValueError).
+    """
+    from hpctrain.workloads.trained import load as load_trained
+
+    return load_trained(run_or_checkpoint, which, device)

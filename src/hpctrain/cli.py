@@ -17,6 +17,8 @@ VERBS = {
     "sample": "generate samples from a trained model (muon bundles)",
     "evaluate": "quality figures of a trained model (muons: bundles vs the synthetic truth)",
     "report": "write PNG plots and an HTML page for a run",
+    "export": "write a trained model's networks as plain state dicts, with its config and loading code",
+    "supervise": "restart a training command (torchrun) until its run is done, without SLURM",
     "sync": "upload a run's offline W&B data",
     "tb": "TensorBoard helpers (`tb merge`)",
     "auth": "Pelican/OSDF token: `auth login [URI]` (device flow, cached for batch jobs), `auth show`",

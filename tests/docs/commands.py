@@ -20,6 +20,7 @@ NOT_HERE = {
     "tensorboard --logdir": "a server that runs until stopped (its event files are read back in tests/track)",
     "hpctrain sync": "uploads to a W&B account (the offline files it uploads are tested in test_wandb.py)",
     "python -m pytest": "a part of this suite",
+    "hpctrain supervise -- torchrun --nnodes 2": "needs a second machine (the single-node form runs here)",
 }
 
 

@@ -38,3 +38,27 @@ if _compile_log:
         return model
 
     torch.compile = _fake_compile
+
+# `_HPCTRAIN_TEST_KILL_ONCE=FILE`: the process that is about to move `latest` for the second time while FILE does
+# not exist creates FILE and dies by SIGKILL (a crash after one committed checkpoint); later processes, finding
+# FILE, run on. See tests.conftest.kill_once(FILE).
+_kill_marker = os.environ.get("_HPCTRAIN_TEST_KILL_ONCE")
+if _kill_marker:
+    import signal
+    from pathlib import Path
+
+    from hpctrain import fsutil
+
+    _moves = [0]
+    _before = fsutil.before_commit
+
+    def _kill_before_second_latest(tmp: Path, path: Path) -> None:
+        if _before is not None:
+            _before(tmp, path)
+        if path.name == "latest":
+            _moves[0] += 1
+            if _moves[0] == 2 and not os.path.exists(_kill_marker):
+                Path(_kill_marker).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    fsutil.before_commit = _kill_before_second_latest

@@ -117,3 +117,31 @@ def test_world_size_change_continues_the_data_position_exactly(tmp_path: Path):
     hops = json.loads((grown / "chain.json").read_text())
     assert [h["world_size"] for h in hops] == [1, 2]
     assert hops[1]["allowed_changes"] == {"train.total_updates": [20, 40], "world_size": [1, 2]}
+
+
+def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Path):
+    """torchrun exits 1 for a worker's 75 (FAILED, ChildFailedError): `hpctrain supervise` reads the run's
+    summary.json, restarts at once, and the run ends where an unsupervised, uninterrupted one does."""
+    import sys
+
+    from tests.conftest import clean_env, save_pause
+
+    args = [*COMMON, "data.batch_size=16", "train.total_updates=60", "checkpoint.every=5"]
+    budget = ["budget.time_limit=0:10", "budget.margin_seconds=0.5"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    # 13 saves pausing 0.6 s each: more than a 10 s hop holds, whatever the machine's speed
+    done = hpctrain(
+        "supervise", "--max-idle", "4", "--", *launcher, "-m", "hpctrain", "train", *args, *budget,
+        cwd=tmp_path, env=clean_env(**save_pause(0.6)), timeout=600,
+    )  # fmt: skip
+    assert done.code == 0, done.err[-3000:]
+    hops = json.loads((tmp_path / "logs" / "d" / "chain.json").read_text())
+    assert len(hops) >= 2 and {h["exit_reason"] for h in hops[:-1]} == {"time_budget"}
+    assert "ChildFailedError" in done.err  # what torchrun says about a clean stop
+    resolved = "ended with exit code 1 (summary.json: the run exited 75): stopped early and resumable"
+    assert done.err.count(resolved) == len(hops) - 1
+    ref = torchrun(*args, "run.out_dir=ref", cwd=tmp_path)
+    _, err = ref.communicate(timeout=240)
+    assert ref.returncode == 0, err[-3000:]
+    ours = json.loads((tmp_path / "logs" / "d" / "summary.json").read_text())["params_sha256"]
+    assert ours == json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())["params_sha256"]

@@ -124,6 +124,8 @@ def test_a_muon_train_start_imports_neither_pandas_nor_the_features_that_are_off
         ["sync", "logs/debug", "--dry-run"],
         ["config", "show"],
         ["auth", "show"],
+        # the supervisor (its child, the finished run started again, imports torch in its own process)
+        ["train", "--until-done", "run.out_dir=logs", "train.total_updates=4", "train.eval_every=2"],
     ],
     ids=lambda argv: " ".join(argv[:2]),
 )

@@ -1,34 +1,46 @@
 """`hpctrain train`: resolve the config, then hand the run's whole life cycle to `hpctrain.train.entry.run`,
-with the workload registry's task factory.
+with the workload registry's task factory. `--until-done` runs that as a child process instead, started again
+after each resumable stop or crash until the run is done (commands/supervise.py; imports no torch itself).
 
 Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failure.
 """
 
 from __future__ import annotations
 
-from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
-from hpctrain.config.schema import ConfigBase
-from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train import entry
-from hpctrain.workloads.registry import make_task
+from typing import TYPE_CHECKING
+
+from hpctrain.commands.common import announce, config_from_args, resolve_from_args
+from hpctrain.commands.supervise import add_supervision_arguments, supervise_training, train_parser
+
+if TYPE_CHECKING:
+    from hpctrain.config.schema import ConfigBase
+    from hpctrain.runtime.env import ClusterEnv
 
 __all__ = ["main", "run"]
 
 
 def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False, naming: str | None = None) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
+    from hpctrain.train import entry
+    from hpctrain.workloads.registry import make_task
+
     return entry.run(cfg, env, make_task, verbose=verbose, naming=naming)
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgParser(
-        prog="hpctrain train", description="Train a model (default: the debug regression job)."
-    )
-    add_config_arguments(parser)
+    parser = train_parser()
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="print the whole resolved config on a terminal too"
+        "--until-done",
+        action="store_true",
+        help="run the training as a child process and start it again after each time-budget stop (at once) "
+        "or crash (with backoff) until the run is done (docs/torchrun.md)",
     )
+    add_supervision_arguments(parser)
     args = parser.parse_args(argv)
+    if args.until_done:
+        return supervise_training(args, config_from_args(args, quiet=True))
+    from hpctrain.runtime.env import ClusterEnv
+
     cfg, sources = resolve_from_args(args)
     announce(sources)
     return run(cfg, ClusterEnv.from_environ(), verbose=args.verbose, naming=sources.naming)

@@ -94,6 +94,12 @@ class Task(ABC, Generic[C]):
     def build_modules(self) -> dict[str, nn.Module]:
         """The networks, by name (initialised from the seeded torch RNG)."""
 
+    def network_settings(self) -> dict[str, dict[str, Any]]:
+        """Each network's constructor keyword arguments (JSON values), by name: `type(network)(**settings)`
+        rebuilds it outside hpctrain (what `hpctrain export` records). A workload builds its networks from
+        these in `build_modules`, so the two cannot disagree; {} = not said (an export names the classes only)."""
+        return {}
+
     # Batch sizes change from batch to batch (ragged sets): networks are compiled with dynamic sizes.
     dynamic_shapes: bool = False
 

@@ -32,7 +32,8 @@ class WorkloadSpec:
     data: list[type[BaseModel]]
     # Optional verbs' helpers as dotted paths, looked up by commands: "generate", "generate_args" and "inspect"
     # (`hpctrain data`, given args), "sample"/"sample_args" and "evaluate"/"evaluate_args" (`hpctrain sample` and
-    # `evaluate`, given args and the checkpoint found: hpctrain.train.checkpoint.find_checkpoint's tuple).
+    # `evaluate`, given args and the checkpoint found: hpctrain.train.checkpoint.find_checkpoint's tuple),
+    # "sampler" (what `hpctrain.load` hands out as `.sampler`: a class given the workloads.trained.Trained).
     extras: dict[str, str] = field(default_factory=dict)
 
 

@@ -102,23 +102,27 @@ class FieldTask(SupervisedTask[FieldsRun]):
 
     # ---- model and loss ------------------------------------------------------------------------------------
 
-    def build_modules(self) -> dict[str, nn.Module]:
+    def network_settings(self) -> dict[str, dict[str, Any]]:
         m = self.cfg.model
         on_gpu = self.cfg.train.device != "cpu" and torch.cuda.is_available()
-        model = FieldCNN(
-            m.widths,
-            m.blocks,
-            m.groups,
-            m.head_hidden,
-            len(self.targets) * (2 if self.nll else 1),
-            gradient_checkpointing=recompute_wanted(
+        settings = {
+            "widths": list(m.widths),
+            "blocks": m.blocks,
+            "groups": m.groups,
+            "head_hidden": m.head_hidden,
+            "outputs": len(self.targets) * (2 if self.nll else 1),
+            "gradient_checkpointing": recompute_wanted(
                 self.cfg.train.gradient_checkpointing,
                 self.cfg.train.memory_budget,
                 self.compile_mode("model"),
             ),
-            channels_last=m.channels_last and on_gpu,
-            stem_stride=m.stem_stride,
-        )
+            "channels_last": m.channels_last and on_gpu,
+            "stem_stride": m.stem_stride,
+        }
+        return {"model": settings}
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        model = FieldCNN(**self.network_settings()["model"])
         if model.channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         return {"model": model}

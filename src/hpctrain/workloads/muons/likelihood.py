@@ -28,13 +28,17 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
         super().__init__(cfg, env)
         self.scaler_ready = False  # the flow's standardisation was set (checkpointed)
 
-    def build_modules(self) -> dict[str, nn.Module]:
+    def network_settings(self) -> dict[str, dict[str, Any]]:
         m = self.cfg.model
         # no global latent: muons are independent given (primary, multiplicity); latent_local is unused
-        generator = Generator(
-            0, 1, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), False, "flow", m.flow_bins
-        )
+        generator = {
+            "latent_global": 0, "latent_local": 1, "hidden": m.hidden, "mult_hidden": list(m.multiplicity.hidden),
+            "cap": muon_cap(self.cfg), "isotropic": False, "head": "flow", "flow_bins": m.flow_bins,
+        }  # fmt: skip
         return {"generator": generator}
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        return {"generator": Generator(**self.network_settings()["generator"])}
 
     def compile_setting(self, name: str) -> str:
         own = self.cfg.model.compile.generator
@@ -101,8 +105,13 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
 class MuonMultiplicityTask(MuonTaskBase[MuonMultiplicityRun]):
     """NB(mu, r) of the muon count given the primary, trained by likelihood (one optimizer, 'main')."""
 
+    def network_settings(self) -> dict[str, dict[str, Any]]:
+        return {
+            "multiplicity": {"hidden": list(self.cfg.model.multiplicity.hidden), "cap": muon_cap(self.cfg)}
+        }
+
     def build_modules(self) -> dict[str, nn.Module]:
-        return {"multiplicity": MultiplicityHead(self.cfg.model.multiplicity.hidden, muon_cap(self.cfg))}
+        return {"multiplicity": MultiplicityHead(**self.network_settings()["multiplicity"])}
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
         head = ctx.modules["multiplicity"]

@@ -6,6 +6,7 @@ layout by the same writer as the data (and `hpctrain data inspect` reads them).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,67 @@ def load_model(
         module.to(dev).eval()
     step = int(state.get("counters", {}).get("step", 0))
     return LoadedModel(cfg, modules, step, run_dir, file, dev)
+
+
+class Sampler:
+    """Bundles from a trained muon model in memory (`hpctrain.load(run).sampler`): the events `hpctrain sample`
+    writes, as `layouts.Events` in physical units. Each call seeds its own draws and leaves torch's global RNG
+    as it was."""
+
+    def __init__(self, trained: Any) -> None:
+        self.model = LoadedModel(
+            trained.config, trained.models, trained.step, trained.run_dir, trained.checkpoint, trained.device
+        )
+
+    def sample(self, n_events: int, seed: int = 0, batch_size: int = SAMPLE_BATCH) -> layouts.Events:
+        """`n_events` bundles for primaries drawn from the synthetic truth: the same events as
+        `hpctrain sample RUN --events n_events --seed seed` (with the same --batch-size)."""
+        _check(n_events, seed, batch_size)
+        with self._seeded(seed):
+            parts = [
+                chunk
+                for primaries, ids in primary_chunks(n_events, None, seed, batch_size)
+                for chunk in generate_chunks(self.model, primaries, ids, batch_size)
+            ]
+        return (
+            layouts.concat_events(parts)
+            if parts
+            else generate_events(self.model, np.zeros((0, 4), np.float32))
+        )
+
+    def generate(
+        self,
+        primaries: np.ndarray,
+        counts: np.ndarray | None = None,
+        seed: int = 0,
+        batch_size: int = SAMPLE_BATCH,
+    ) -> layouts.Events:
+        """Bundles for physical primaries (n, 4) (energy GeV, cos zenith, mass GeV, depth m); `counts` (n,) fixes
+        the multiplicities instead of sampling them."""
+        _check(len(primaries), seed, batch_size)
+        with self._seeded(seed):
+            return generate_events(self.model, np.asarray(primaries, np.float32), None, batch_size, counts)
+
+    def counts(self, primaries: np.ndarray, seed: int = 0, batch_size: int = SAMPLE_BATCH) -> np.ndarray:
+        """(n,) sampled multiplicities for physical primaries (n, 4)."""
+        _check(len(primaries), seed, batch_size)
+        with self._seeded(seed):
+            return sample_counts(self.model, np.asarray(primaries, np.float32), batch_size)
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        device = self.model.device
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+
+def _check(n_events: int, seed: int, batch_size: int) -> None:
+    if n_events < 0 or seed < 0 or batch_size < 1:
+        raise UserError(
+            f"n_events {n_events}, seed {seed}, batch_size {batch_size}: need n_events >= 0, seed >= 0 and "
+            "batch_size >= 1"
+        )
 
 
 @torch.no_grad()

@@ -329,6 +329,7 @@ WORKLOAD = WorkloadSpec(
         "inspect": "hpctrain.workloads.muons.tools:inspect",
         "sample": "hpctrain.workloads.muons.verbs:sample",
         "sample_args": "hpctrain.workloads.muons.verbs:sample_args",
+        "sampler": "hpctrain.workloads.muons.sampling:Sampler",
         "evaluate": "hpctrain.workloads.muons.verbs:evaluate",
         "evaluate_args": "hpctrain.workloads.muons.verbs:evaluate_args",
         "report": "hpctrain.workloads.muons.report:REPORT",

@@ -90,14 +90,21 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
 
     # ---- networks and optimizers --------------------------------------------------------------------------
 
-    def build_modules(self) -> dict[str, nn.Module]:
+    def network_settings(self) -> dict[str, dict[str, Any]]:
         m = self.cfg.model
-        generator = Generator(
-            m.latent_global, m.latent_local, m.hidden, m.multiplicity.hidden, muon_cap(self.cfg), m.isotropic,
-            m.muon_head, m.flow_bins,
-        )  # fmt: skip
+        generator = {
+            "latent_global": m.latent_global, "latent_local": m.latent_local, "hidden": m.hidden,
+            "mult_hidden": list(m.multiplicity.hidden), "cap": muon_cap(self.cfg), "isotropic": m.isotropic,
+            "head": m.muon_head, "flow_bins": m.flow_bins,
+        }  # fmt: skip
+        critic = {"hidden": m.critic_hidden, "pooling": m.pooling, "muon_score": m.muon_score}
+        return {"generator": generator, "critic": critic}
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        settings = self.network_settings()
+        generator = Generator(**settings["generator"])
         self._generator = generator
-        return {"generator": generator, "critic": Critic(m.critic_hidden, m.pooling, m.muon_score)}
+        return {"generator": generator, "critic": Critic(**settings["critic"])}
 
     def optimizer_groups(self, names: list[str]) -> dict[str, list[str]]:
         return {"generator": ["generator"], "critic": ["critic"]}

@@ -54,9 +54,19 @@ class MLP(nn.Module):
 
 
 class RegressionTask(SupervisedTask[RegressionRun]):
-    def build_modules(self) -> dict[str, nn.Module]:
+    def network_settings(self) -> dict[str, dict[str, Any]]:
         m, d = self.cfg.model, self.cfg.data
-        return {"model": MLP(d.in_features, m.hidden, m.activation, m.dropout)}
+        return {
+            "model": {
+                "in_features": d.in_features,
+                "hidden": list(m.hidden),
+                "activation": m.activation,
+                "dropout": m.dropout,
+            }
+        }
+
+    def build_modules(self) -> dict[str, nn.Module]:
+        return {"model": MLP(**self.network_settings()["model"])}
 
     def _dataset(self, split: str) -> TensorSamples:
         d = self.cfg.data
