@@ -35,6 +35,7 @@ def test_sbatch_command_line_options_beat_the_template(slurm_cluster: SlurmClust
             "slurm/single_gpu.sh",
             "slurm.signal_lead_seconds=15",
             "run.name=cli",
+            "train.device=cpu",  # the GPU preset asks for CUDA; these nodes have none
             "--export=LR=2e-5",
             *SMALL,
         ],

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.integration
 
 SMALL = ["train.threads=1", "train.total_updates=30", "logging.log_every=10"]
 DEBUG = ["--preset", "debug"]  # the CPU debug job's settings instead of the template's own preset: quicker
+# The GPU presets ask for CUDA and refuse a CPU-only torch: these nodes have no GPU (tests/train/test_gpu_path.py)
+CPU = ["train.device=cpu"]
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def test_single_node_two_task_ddp(slurm_cluster: SlurmCluster, project: Path) ->
     job = submit(
         slurm_cluster,
         project,
-        ["--ntasks-per-node=2", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=ddp", *SMALL],
+        ["--ntasks-per-node=2", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=ddp", *CPU, *SMALL],
     )
     assert wait_done(slurm_cluster, project, job, timeout=90) == "COMPLETED", log_of(project, job)
     finished(project, "ddp", world=2)
@@ -170,6 +172,7 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
             "--export=LR=2e-5",
             "train.total_updates=30",
             "train.threads=1",
+            *CPU,  # no GPU here; a key that may change between hops, so not part of the run's name
         ],
     )
     assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", log_of(project, job)[-3000:]
