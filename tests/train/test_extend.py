@@ -43,12 +43,12 @@ def hashes(run_dir: Path) -> dict[str, str]:
 
 
 def test_a_finished_run_is_extended_only_when_asked(tmp_path: Path) -> None:
-    assert hpctrain("train", *QUIET, COSINE, "train.total_updates=20", cwd=tmp_path).code == EXIT_OK
+    assert hpctrain("train", *QUIET, "run.name=debug", COSINE, "train.total_updates=20", cwd=tmp_path).code == EXIT_OK
     run_dir = tmp_path / "logs" / "debug"
     before = hashes(run_dir)
 
     # The forgotten override: the same run asked for 50 updates.
-    refused = hpctrain("train", *QUIET, COSINE, "train.total_updates=50", cwd=tmp_path)
+    refused = hpctrain("train", *QUIET, "run.name=debug", COSINE, "train.total_updates=50", cwd=tmp_path)
     assert refused.code == 2 and "Traceback" not in refused.err
     restart = cosine_lr(20, 50)
     assert refused.err.splitlines()[-1] == (
@@ -64,6 +64,7 @@ def test_a_finished_run_is_extended_only_when_asked(tmp_path: Path) -> None:
     extended = hpctrain(
         "train",
         *QUIET,
+        "run.name=debug",
         COSINE,
         "train.total_updates=50",
         "checkpoint.accept_changes=[train.total_updates]",
