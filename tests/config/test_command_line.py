@@ -253,11 +253,14 @@ def test_version(tmp_path: Path) -> None:
     assert done.code == 0 and done.out.strip() == f"hpctrain {version('hpctrain')}"
 
 
-@pytest.mark.parametrize("seed", [str(2**70), str(2**63), "-1"])
-def test_seed_out_of_range_is_refused_before_anything_is_made(tmp_path: Path, seed: str) -> None:
-    done = hpctrain("train", f"run.seed={seed}", "train.total_updates=2", cwd=tmp_path)
+@pytest.mark.parametrize(
+    ("key", "seed"),
+    [("run.seed", str(2**70)), ("run.seed", str(2**63)), ("run.seed", "-1"), ("data.data_seed", str(2**62))],
+)
+def test_seed_out_of_range_is_refused_before_anything_is_made(tmp_path: Path, key: str, seed: str) -> None:
+    done = hpctrain("train", f"{key}={seed}", "train.total_updates=2", cwd=tmp_path)
     assert done.code == 2 and len(done.err.strip().splitlines()) == 1, done.err
-    assert done.err.startswith(f"error: run.seed={seed}: ") and "Traceback" not in done.err
+    assert done.err.startswith(f"error: {key}={seed}: ") and "Traceback" not in done.err
     assert not (tmp_path / "logs").exists()  # no run folder, no checkpoints/
 
 
