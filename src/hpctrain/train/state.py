@@ -225,8 +225,8 @@ class StateKeeper:
         assert chosen is not None
         path = Path(chosen)
         if state is None:  # the other ranks read the file rank 0 chose
-            try:
-                state = read_checkpoint(path)
+            try:  # a file the user named (restart, finetune) may come without its sidecar, as on rank 0
+                state = read_checkpoint(path, named=kind in ("restart", "finetune"))
             except Unreadable as exc:
                 raise RuntimeError(
                     f"rank {t.env.rank} cannot read checkpoint {path} that rank 0 chose: {exc}"
@@ -495,6 +495,6 @@ def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
             if loaded is None:
                 raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
             return loaded[1], loaded[0]
-        return path, read_checkpoint(path)
+        return path, read_checkpoint(path, named=True)
     except (Unreadable, RunError) as exc:
         raise UserError(f"checkpoint.resume={given}: cannot be used: {exc}") from None
