@@ -161,6 +161,18 @@ class CheckpointStore:
             ordered.append((seq, step, path))
         return sorted(ordered, key=lambda item: (item[0], item[1]), reverse=True)
 
+    def saves(self) -> list[tuple[int, float]]:
+        """(update, time saved) of every step checkpoint with its sidecar: what chain.json can be rebuilt from."""
+        found = []
+        for step, path in self._step_files():
+            try:
+                saved = json.loads(path.with_suffix(".json").read_text())["saved"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(saved, (int, float)):
+                found.append((step, float(saved)))
+        return found
+
     def candidates(self) -> list[Path]:
         """`latest` first, then every step checkpoint, most recently written first."""
         ordered: list[Path] = []

@@ -22,7 +22,7 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state, set_rng_state
-from hpctrain.track.chain import read_json
+from hpctrain.track.chain import read_chain
 from hpctrain.train.checkpoint import (
     FORMAT_VERSION,
     FULL_STATE_KEYS,
@@ -300,7 +300,7 @@ class StateKeeper:
 
     def _previous_hop(self) -> str:
         """`; hop N of this run (the last one: job J, ended <reason>)`, from chain.json (empty if unknown)."""
-        hops = [h for h in read_json(self.t.run_dir / "chain.json", []) if isinstance(h, dict)]
+        hops = read_chain(self.t.run_dir / "chain.json").hops
         if not hops:
             return ""
         last = hops[-1]
@@ -313,8 +313,8 @@ class StateKeeper:
         env = self.t.env
         if env.restart_count < 1 or not env.job_id:
             return False
-        hops = read_json(self.t.run_dir / "chain.json", [])
-        return bool(hops) and isinstance(hops[-1], dict) and hops[-1].get("job_id") == env.job_id
+        hops = read_chain(self.t.run_dir / "chain.json").hops
+        return bool(hops) and hops[-1].get("job_id") == env.job_id
 
     def _restore_modules(self, state: dict[str, Any], source: str, hint: str) -> None:
         saved = state["modules"]
@@ -474,10 +474,7 @@ def _mismatch(module: nn.Module, weights: dict[str, Any]) -> str:
 
 def _checkpointed_update(run_dir: Path) -> int:
     """The highest update chain.json says a checkpoint was committed at (0: none)."""
-    hops = read_json(run_dir / "chain.json", [])
-    if not isinstance(hops, list):
-        return 0
-    return max((int(h.get("last_update") or 0) for h in hops if isinstance(h, dict)), default=0)
+    return max((int(h.get("last_update") or 0) for h in read_chain(run_dir / "chain.json").hops), default=0)
 
 
 def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
