@@ -114,6 +114,24 @@ def test_a_damaged_chain_is_kept_aside_and_rebuilt_from_the_checkpoints(
     assert [h["hop"] for h in json.loads(path.read_text())] == [0, 1, 2]
 
 
+def test_a_damaged_chain_that_cannot_be_moved_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from hpctrain.errors import UserError
+
+    (tmp_path / "chain.json").write_bytes(GARBAGE)
+
+    def refused(src: object, dst: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(UserError, match=r"is damaged \(is not JSON .*cannot be renamed to chain.json.bad-.*"):
+        ChainLog(tmp_path).keep_aside_if_damaged([])
+    assert (tmp_path / "chain.json").read_bytes() == GARBAGE
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("chain")

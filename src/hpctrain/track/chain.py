@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.identity import show
+from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,13 @@ class ChainLog:
         while aside.exists():
             count += 1
             aside = self.path.with_name(f"chain.json.bad-{stamp}-{count}")
-        os.replace(self.path, aside)
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:  # never overwrite it instead: the user moves it
+            raise UserError(
+                f"chain.json of {self.path.parent} is damaged ({self.problem}) and cannot be renamed to "
+                f"{aside.name} ({exc.strerror or exc}); move it away and run again"
+            ) from None
         known = max((int(h.get("last_update") or 0) for h in self.hops), default=0)
         later = [(step, saved) for step, saved in saves if step > known]
         rebuilt = ""
@@ -173,7 +180,13 @@ class ChainLog:
                 }
             )
             rebuilt = f", and one record of updates {known}-{reached} from the checkpoints"
-        write_json(self.path, self.hops)
+        try:
+            write_json(self.path, self.hops)
+        except OSError as exc:  # the damaged file is safe aside; nothing else was written
+            raise UserError(
+                f"chain.json of {self.path.parent} was damaged and is kept as {aside.name}, but the rebuilt one "
+                f"cannot be written ({exc.strerror or exc}); free space or fix the folder and run again"
+            ) from None
         log.warning(
             "chain.json of %s is damaged (%s): kept aside as %s; rebuilt with the %d hop records that could be "
             "read%s",
