@@ -251,3 +251,20 @@ def test_version(tmp_path: Path) -> None:
 
     done = hpctrain("--version", cwd=tmp_path)
     assert done.code == 0 and done.out.strip() == f"hpctrain {version('hpctrain')}"
+
+
+@pytest.mark.parametrize(
+    ("key", "seed"),
+    [("run.seed", str(2**70)), ("run.seed", str(2**63)), ("run.seed", "-1"), ("data.data_seed", str(2**62))],
+)
+def test_seed_out_of_range_is_refused_before_anything_is_made(tmp_path: Path, key: str, seed: str) -> None:
+    done = hpctrain("train", f"{key}={seed}", "train.total_updates=2", cwd=tmp_path)
+    assert done.code == 2 and len(done.err.strip().splitlines()) == 1, done.err
+    assert done.err.startswith(f"error: {key}={seed}: ") and "Traceback" not in done.err
+    assert not (tmp_path / "logs").exists()  # no run folder, no checkpoints/
+
+
+def test_largest_seed_trains(tmp_path: Path) -> None:
+    done = hpctrain("train", f"run.seed={2**63 - 1}", "train.total_updates=2", cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "params_sha256=" in done.out.strip().splitlines()[-1]

@@ -112,7 +112,7 @@ def test_requeue_needs_a_requeueable_job_and_torchrun_one_task_per_node() -> Non
 
 
 def test_signal_lead_uses_earlier_hops(tmp_path: Path) -> None:
-    hops = [{"first_update": 0, "last_update": 10, "train_seconds": 50.0}]  # 5 s per update
+    hops = [{"start": 1.0, "first_update": 0, "last_update": 10, "train_seconds": 50.0}]  # 5 s per update
     (tmp_path / "chain.json").write_text(json.dumps(hops))
     (tmp_path / "summary.json").write_text(json.dumps({"seconds": {"checkpoint": 4.0}}))
     cfg = make_cfg(signal_lead_seconds=10)

@@ -136,15 +136,114 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
     assert json.loads((tmp_path / "out" / "k" / "summary.json").read_text())["step"] == 60
 
 
-def test_saving_a_step_again_keeps_it_loadable(tmp_path: Path):
+class Killed(Exception):
+    """Stands for a SIGKILL in the middle of a save (nothing after it runs)."""
+
+
+def test_saving_a_step_again_keeps_it_loadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from hpctrain.errors import RunError
+    from hpctrain.train import checkpoint
+
     store = CheckpointStore(tmp_path, keep_last=1)
     store.save(fake_state(5), 5)
     store.save(fake_state(5), 5, best=True)  # e.g. the final save after a periodic one at the same step
     state, path = store.load_latest()
     assert path.name == "step_00000005.pt" and state["counters"]["step"] == 5
-    # A kill between the data and its hash leaves no hash, never a stale one: still loadable.
+    # Killed between the new sidecar and the new bytes of the only checkpoint: the old bytes still verify.
+    real = checkpoint.atomic_write_bytes
+
+    def killed_at_the_step_file(target: Path, data: bytes) -> None:
+        if target.name.startswith("step_"):
+            raise Killed
+        real(target, data)
+
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", killed_at_the_step_file)
+    again = {**fake_state(5), "modules": {"model": {"w": torch.full((3,), 7.0)}}}
+    with pytest.raises(Killed):
+        CheckpointStore(tmp_path, keep_last=1).save(again, 5)
+    state, _ = CheckpointStore(tmp_path, keep_last=1).load_latest()
+    assert state["modules"]["model"]["w"].tolist() == [5.0, 5.0, 5.0]
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", real)
+    CheckpointStore(tmp_path, keep_last=1).save(again, 5)
+    state, _ = CheckpointStore(tmp_path, keep_last=1).load_latest()
+    assert state["modules"]["model"]["w"].tolist() == [7.0, 7.0, 7.0]
+    # Its sidecar names only the new bytes now, and without its sidecar it is never loaded.
+    assert set(json.loads((tmp_path / "step_00000005.json").read_text())) == {
+        "step",
+        "sha256",
+        "seq",
+        "saved",
+    }
     (tmp_path / "step_00000005.json").unlink()
-    assert store.load_latest() is not None
+    with pytest.raises(RunError, match=r"step_00000005.pt: has no step_00000005.json with its SHA-256"):
+        store.load_latest()
+
+
+def flip_bit(path: Path, at: float = 0.6) -> None:
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("flipped", [False, True])
+def test_a_step_file_without_its_sidecar_is_never_loaded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flipped: bool
+):
+    """No hash, no load: the previous verified checkpoint is used, and the skipped file named in one line."""
+    store = CheckpointStore(tmp_path, keep_last=3)
+    store.save(fake_state(1), 1)
+    store.save(fake_state(2), 2)
+    (tmp_path / "step_00000002.json").unlink()
+    if flipped:
+        flip_bit(tmp_path / "step_00000002.pt")
+    with caplog.at_level(logging.WARNING):
+        state, path = store.load_latest()
+    assert path.name == "step_00000001.pt" and state["counters"]["step"] == 1
+    skipped = [r.getMessage() for r in caplog.records if "step_00000002.pt" in r.getMessage()]
+    assert len(skipped) == 1 and "has no step_00000002.json" in skipped[0], caplog.text
+
+
+def test_a_kill_between_sidecar_and_file_never_leaves_an_unverifiable_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The very first save killed after its sidecar: no step file (a fresh start); a later one: the previous."""
+    from hpctrain.train import checkpoint
+
+    real = checkpoint.atomic_write_bytes
+
+    def killed(target: Path, data: bytes) -> None:
+        raise Killed
+
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", killed)
+    with pytest.raises(Killed):
+        CheckpointStore(tmp_path, keep_last=2).save(fake_state(1), 1)
+    assert not list(tmp_path.glob("*.pt")) and CheckpointStore(tmp_path, keep_last=2).load_latest() is None
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", real)
+    CheckpointStore(tmp_path, keep_last=2).save(fake_state(1), 1)
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", killed)
+    with pytest.raises(Killed):
+        CheckpointStore(tmp_path, keep_last=2).save(fake_state(2), 2, best=True)
+    state, path = CheckpointStore(tmp_path, keep_last=2).load_latest()
+    assert path.name == "step_00000001.pt" and state["counters"]["step"] == 1
+    # The next save tidies the sidecars whose files never came.
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", real)
+    CheckpointStore(tmp_path, keep_last=2).save(fake_state(3), 3)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [
+        "step_00000001.json",
+        "step_00000001.pt",
+        "step_00000003.json",
+        "step_00000003.pt",
+    ]
+
+
+def test_a_named_file_without_its_sidecar_loads_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A file the user names (sample FILE, checkpoint.resume=FILE) may have been copied alone: loaded, said."""
+    torch.save(fake_state(3), tmp_path / "weights.pt")
+    with caplog.at_level(logging.WARNING):
+        assert load_verified(tmp_path / "weights.pt")["counters"]["step"] == 3
+    assert "has no weights.json: its SHA-256 cannot be checked" in caplog.text
 
 
 def test_a_best_save_is_whole_before_the_step_file_and_latest(
@@ -163,7 +262,18 @@ def test_a_best_save_is_whole_before_the_step_file_and_latest(
 
     monkeypatch.setattr(os, "replace", replace)
     store.save(fake_state(2), 2, best=True)
-    assert renamed == ["best.pt", "best.json", "step_00000002.pt", "step_00000002.json", "latest"]
+    assert renamed == ["best.json", "best.pt", "step_00000002.json", "step_00000002.pt", "latest"]
+    # A best.pt replaced: the sidecar accepts the old bytes too until the new ones are in place.
+    renamed.clear()
+    store.save(fake_state(3), 3, best=True)
+    assert renamed == [
+        "best.json",
+        "best.pt",
+        "best.json",
+        "step_00000003.json",
+        "step_00000003.pt",
+        "latest",
+    ]
 
 
 def full_state(value: float) -> dict:
@@ -184,9 +294,10 @@ def test_best_without_its_sidecar_is_never_a_fallback(tmp_path: Path, caplog: py
     assert (
         path.name == "best.pt" and state["counters"]["step"] == 4 and "resuming from best.pt" in caplog.text
     )
-    # Without best.json (a kill between the two writes) it is never used: named among the unusable files ...
+    # Without best.json (removed; or cut short by an older hpctrain) it is never used: named among the unusable
+    # files ...
     (tmp_path / "best.json").unlink()
-    with pytest.raises(RunError, match=r"best.pt: has no best.json \(its save was cut short\)"):
+    with pytest.raises(RunError, match=r"best.pt: has no best.json with its SHA-256"):
         store.load_latest()
     # ... and alone it is no checkpoint at all: nothing was committed, the run starts (and saves it) again.
     (tmp_path / "step_00000002.pt").unlink()

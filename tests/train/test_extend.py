@@ -43,7 +43,10 @@ def hashes(run_dir: Path) -> dict[str, str]:
 
 
 def test_a_finished_run_is_extended_only_when_asked(tmp_path: Path) -> None:
-    assert hpctrain("train", *QUIET, "run.name=debug", COSINE, "train.total_updates=20", cwd=tmp_path).code == EXIT_OK
+    assert (
+        hpctrain("train", *QUIET, "run.name=debug", COSINE, "train.total_updates=20", cwd=tmp_path).code
+        == EXIT_OK
+    )
     run_dir = tmp_path / "logs" / "debug"
     before = hashes(run_dir)
 

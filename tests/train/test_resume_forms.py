@@ -62,3 +62,35 @@ def test_resume_forms(tmp_path: Path) -> None:
     file = hpctrain("train", *RUN, "run.name=from-file", f"checkpoint.resume={given}", cwd=tmp_path)
     assert file.code == 0 and "at update 4" in file.out, file.err
     assert sha(file.out) == sha(first.out)
+
+
+def test_checkpoints_without_their_sidecar_are_never_loaded(tmp_path: Path) -> None:
+    """Issue 29: a step file whose sidecar is gone and with a bit flipped gave other weights, exit 0; best.pt
+    without best.json was used by checkpoint.resume=best."""
+    reference = hpctrain("train", *RUN, "run.name=ref", cwd=tmp_path)
+    assert reference.code == 0, reference.err
+    first = hpctrain("train", *RUN, cwd=tmp_path)
+    assert first.code == 0, first.err
+    checkpoints = tmp_path / "logs" / "debug" / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_00000006.pt"
+
+    # best.pt without best.json: refused by resume=best (one line naming it), nothing changed
+    (checkpoints / "best.json").unlink()
+    one_line_error(
+        hpctrain("train", *RUN, "checkpoint.resume=best", cwd=tmp_path),
+        "checkpoint.resume=best: cannot be used: has no best.json with its SHA-256",
+    )
+    assert not (tmp_path / "logs" / "debug" / "resume_applied.json").exists()
+
+    # the newest step file without its sidecar, a bit flipped: skipped for update 4 (said in one line), and
+    # updates 5-6 done again give the very weights of the run never damaged
+    (checkpoints / "step_00000006.json").unlink()
+    data = bytearray((checkpoints / "step_00000006.pt").read_bytes())
+    data[len(data) * 3 // 5] ^= 0x10
+    (checkpoints / "step_00000006.pt").write_bytes(bytes(data))
+    again = hpctrain("train", *RUN, cwd=tmp_path)
+    assert again.code == 0, again.err
+    skipped = [line for line in again.err.splitlines() if "step_00000006.pt" in line]
+    assert len(skipped) == 1 and "has no step_00000006.json with its SHA-256" in skipped[0], again.err
+    assert f"resumed from {Path('logs/debug/checkpoints/step_00000004.pt')}" in again.out, again.out
+    assert sha(again.out) == sha(reference.out) == sha(first.out)

@@ -35,8 +35,7 @@ from hpctrain.commands.common import ArgParser
 from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.fsutil import pid_alive
-from hpctrain.launch.chain import read_hops
-from hpctrain.track.chain import changes_text
+from hpctrain.track.chain import changes_text, read_chain
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
 
 
@@ -192,7 +191,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
     """Everything the status shows, as plain data (also printed with --json)."""
     if not run_dir.is_dir():
         raise UserError(f"run folder {str(run_dir)!r} does not exist")
-    hops = read_hops(run_dir)
+    chain = read_chain(run_dir / "chain.json")
+    hops = chain.hops
     summary = _read(run_dir / "summary.json", {}) or {}
     cfg = _read(run_dir / "config.yaml", {}) or {}
     if not is_run_dir(run_dir):
@@ -235,6 +235,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "updates_done": done,
         "total_updates": total,
         "hops": hops,
+        "chain_problem": chain.problem,
         "last_checkpoint": checkpoint,
         "updates_per_train_second": progress / trained if trained > 0 else None,
         "updates_per_wall_second": per_wall,
@@ -264,6 +265,12 @@ def render(info: dict[str, Any]) -> str:
         f"updates {info['updates_done']} of {total if total is not None else '?'}{share}",
         f"hops {len(info['hops'])}:",
     ]
+    if info["chain_problem"]:
+        lines.insert(
+            -1,
+            f"chain.json is damaged ({info['chain_problem']}): only the hop records that could be read are "
+            "shown; the next training start keeps it aside as chain.json.bad-<time> and rebuilds it",
+        )
     for i, hop in enumerate(info["hops"]):
         changed = changes_text(hop, info["hops"][i - 1] if i else None)
         if changed:  # the boundary where this hop's configuration differs from the previous hop's
@@ -275,10 +282,11 @@ def render(info: dict[str, Any]) -> str:
         )
         goodput = f"{hop['goodput']:.2f}" if hop.get("goodput") is not None else "-"
         lines.append(
-            f"  #{hop.get('hop', '?')} job {hop.get('job_id') or '-'} on {hop.get('nodes')} "
+            f"  #{hop.get('hop', '?')} job {hop.get('job_id') or '-'} on {hop.get('nodes') or '-'} "
             f"{_when(hop.get('start'))} -> {end}: "
             f"updates {hop.get('first_update')}->{hop.get('last_update')}, "
             f"{hop.get('exit_reason') or '-'}, goodput {goodput}"
+            + (" (rebuilt from the checkpoints: chain.json was damaged)" if hop.get("rebuilt") else "")
         )
     ckpt = info["last_checkpoint"]
     lines.append(

@@ -39,6 +39,10 @@ GROWS: JsonDict = {
 }  # the run's length: changes unless it rewrites the LR trained (train/length.py)
 
 
+# The largest run.seed: torch.manual_seed takes it as is (seeding.seed_everything) and every int64 reader of a dumped
+# config (YAML, JSON, TensorBoard/W&B hparams) keeps it exact; the derived streams (seeding.derive) are below it too.
+SEED_MAX = 2**63 - 1
+
 DURATION_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
@@ -83,7 +87,8 @@ class RunConfig(Section):
     seed: int = Field(
         0,
         ge=0,
-        description="Seed of the model initialisation, the data order and every RNG.",
+        le=SEED_MAX,
+        description="Seed of the model initialisation, the data order and every RNG (0 .. 2**63-1).",
         json_schema_extra=IDENTITY,
     )
 

@@ -12,13 +12,13 @@ torch nor the trainer: it runs in the batch shell and on login nodes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.track.chain import read_chain
 
 EXIT_CHAIN_STOP = 3
 
@@ -34,12 +34,9 @@ class Decision:
 
 
 def read_hops(run_dir: Path) -> list[dict[str, Any]]:
-    """The hop records of chain.json ([] when the run has none yet or the file is unreadable)."""
-    try:
-        hops = json.loads((Path(run_dir) / "chain.json").read_text())
-    except (OSError, ValueError):
-        return []
-    return hops if isinstance(hops, list) else []
+    """The hop records of chain.json ([] when the run has none yet or the file is unreadable; entries that are
+    no hop records left out)."""
+    return read_chain(Path(run_dir) / "chain.json").hops
 
 
 def hop_progress(hop: dict[str, Any]) -> int:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpctrain.config.identity import show
+from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -55,13 +60,144 @@ def read_json(path: Path, default: Any) -> Any:
         return default
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _hop_problem(record: Any) -> str | None:
+    """Why an entry of chain.json is no hop record the readers can use (None: it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {_json_type(record)}, not an object"
+    if not _is_number(record.get("start")):
+        return "no start time"
+    for key in ("end", "last_seen", "deadline", "train_seconds", "goodput", "startup_seconds"):
+        if record.get(key) is not None and not _is_number(record[key]):
+            return f"{key} is not a number"
+    for key in ("hop", "first_update", "last_update", "world_size"):
+        value = record.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"{key} is not a whole number"
+    for key in ("accepted_changes", "allowed_changes"):
+        value = record.get(key)
+        pairs = isinstance(value, dict) and all(isinstance(p, list) and len(p) == 2 for p in value.values())
+        if value is not None and not pairs:
+            return f"{key} is not {{key: [old, new]}}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+@dataclass(frozen=True)
+class ChainFile:
+    """What chain.json holds: the hop records that can be used, and what is wrong with the file (None: it is
+    sound, or there is none)."""
+
+    hops: list[dict[str, Any]] = field(default_factory=list)
+    problem: str | None = None
+
+
+def read_chain(path: Path) -> ChainFile:
+    """chain.json read for any use (train, status, report, the chain decisions): never an exception; entries
+    that are no hop records are left out and named in `problem`."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return ChainFile()
+    except OSError as exc:
+        return ChainFile(problem=f"cannot be read ({exc.strerror or exc})")
+    except ValueError as exc:  # not JSON, or not text
+        return ChainFile(problem=f"is not JSON ({str(exc)[:100]})")
+    if not isinstance(data, list):
+        return ChainFile(problem=f"holds a JSON {_json_type(data)}, not a list of hop records")
+    hops, bad = [], []
+    for index, record in enumerate(data):
+        why = _hop_problem(record)
+        if why is None:
+            hops.append(record)
+        else:
+            bad.append(f"entry {index}: {why}")
+    if not bad:
+        return ChainFile(hops)
+    more = f"; {len(bad) - 1} more" if len(bad) > 1 else ""
+    return ChainFile(hops, f"{len(bad)} of its {len(data)} entries are no hop records ({bad[0]}{more})")
+
+
 class ChainLog:
     """chain.json: the hops of a run. Rank 0 opens a record at start and closes it at exit."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / "chain.json"
-        self.hops: list[dict[str, Any]] = read_json(self.path, [])
+        read = read_chain(self.path)
+        self.hops: list[dict[str, Any]] = read.hops
+        self.problem = read.problem  # a damaged file, kept aside by `keep_aside_if_damaged`
         self.current: dict[str, Any] | None = None
+
+    def keep_aside_if_damaged(self, saves: list[tuple[int, float]]) -> Path | None:
+        """A damaged chain.json (not JSON, another shape, entries that are no hop records) is never overwritten:
+        renamed to chain.json.bad-<time> and said in one warning line. What can be rebuilt is written back at
+        once: the hop records that could be read, then, when the checkpoints reach further (`saves`: (update,
+        time saved) from their sidecars), one record marked `rebuilt` up to the newest of them (the hops that
+        trained those updates are unknown). Only the holder of run.lock calls this. Returns the kept file."""
+        if self.problem is None:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"chain.json.bad-{stamp}")
+        count = 1
+        while aside.exists():
+            count += 1
+            aside = self.path.with_name(f"chain.json.bad-{stamp}-{count}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:  # never overwrite it instead: the user moves it
+            raise UserError(
+                f"chain.json of {self.path.parent} is damaged ({self.problem}) and cannot be renamed to "
+                f"{aside.name} ({exc.strerror or exc}); move it away and run again"
+            ) from None
+        known = max((int(h.get("last_update") or 0) for h in self.hops), default=0)
+        later = [(step, saved) for step, saved in saves if step > known]
+        rebuilt = ""
+        if later:
+            reached, saved = max(step for step, _ in later), max(saved for _, saved in later)
+            note = f"rebuilt from the checkpoints after chain.json was found damaged (kept as {aside.name})"
+            self.hops.append(
+                {
+                    "hop": len(self.hops),
+                    "job_id": None,
+                    "nodes": None,
+                    "world_size": None,
+                    "deadline": None,
+                    "start": saved,  # the hops' own times are lost: the newest checkpoint's, no wall time
+                    "end": saved,
+                    "first_update": known,
+                    "last_update": reached,
+                    "exit_reason": "unknown",
+                    "train_seconds": 0.0,
+                    "goodput": None,
+                    "rebuilt": note,
+                }
+            )
+            rebuilt = f", and one record of updates {known}-{reached} from the checkpoints"
+        try:
+            write_json(self.path, self.hops)
+        except OSError as exc:  # the damaged file is safe aside; nothing else was written
+            raise UserError(
+                f"chain.json of {self.path.parent} was damaged and is kept as {aside.name}, but the rebuilt one "
+                f"cannot be written ({exc.strerror or exc}); free space or fix the folder and run again"
+            ) from None
+        log.warning(
+            "chain.json of %s is damaged (%s): kept aside as %s; rebuilt with the %d hop records that could be "
+            "read%s",
+            self.path.parent,
+            self.problem,
+            aside.name,
+            len(self.hops) - (1 if later else 0),
+            rebuilt,
+        )
+        self.problem = None
+        return aside
 
     def open_hop(
         self,

@@ -1,15 +1,16 @@
 """Checkpoint commit protocol.
 
-A save writes the whole file under a temporary name in the same folder (named after its writer's pid and host),
-fsyncs it, renames it to `step_XXXXXXXX.pt`, writes a sidecar with its SHA-256 and its place in the order of
-saves, and only then moves the `latest` pointer (also written to a temporary name and renamed). A save of a new
-best checkpoint first writes `best.pt` and its sidecar `best.json` the same way: everything a save writes is
-complete before `latest` names it, so a kill before the move resumes from the previous checkpoint and does the
-evaluation and the best save again, and a kill after it finds them done. Old checkpoints are pruned after the
-move, by recency, never the one `latest` names (a kill there leaves one too many until the next save). A loader
-verifies the hash and falls back to older checkpoints when one is unreadable, then to best.pt (only with its
-best.json); when a folder holds checkpoints and none can be used it fails (RunError) rather than let a run start
-again from zero over them.
+A save writes the sidecar (the file's SHA-256 and its place in the order of saves) first, then the whole file
+under a temporary name in the same folder (named after its writer's pid and host), fsyncs it, renames it to
+`step_XXXXXXXX.pt`, and only then moves the `latest` pointer (also written to a temporary name and renamed). A
+file under its final name thus always has its hash beside it. A save of a new best checkpoint first writes
+`best.pt` and its sidecar `best.json` the same way: everything a save writes is complete before `latest` names
+it, so a kill before the move resumes from the previous checkpoint and does the evaluation and the best save
+again, and a kill after it finds them done. Old checkpoints are pruned after the move, by recency, never the one
+`latest` names (a kill there leaves one too many until the next save). A loader verifies the hash and falls back
+to older checkpoints when one is unreadable or has no sidecar (its bytes cannot be checked: refused, never
+loaded unverified), then to best.pt (only with its best.json); when a folder holds checkpoints and none can be
+used it fails (RunError) rather than let a run start again from zero over them.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ class CheckpointStore:
         clean_temporaries(self.folder, "checkpoint file from a killed save")
 
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
-        """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.pt + best.json], the step
-        file + its sidecar, then `latest`; then prune. Returns the step file."""
+        """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.json + best.pt], the step
+        file's sidecar + the step file, then `latest`; then prune. Returns the step file."""
         self.folder.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -105,12 +106,17 @@ class CheckpointStore:
 
     @staticmethod
     def _write_pair(path: Path, data: bytes, sidecar: dict[str, Any]) -> None:
-        """A checkpoint file and its sidecar. The old sidecar goes first, so that a kill between the two writes
-        never leaves new data beside an old hash (a good file that would fail verification): a file without
-        its sidecar is a save cut short."""
-        path.with_suffix(".json").unlink(missing_ok=True)
+        """A checkpoint file and its sidecar, the sidecar first: a kill between the two writes leaves a hash
+        without its file (ignored), never a file under its final name without its hash (refused on load, so a
+        run's only checkpoint would be lost). A file saved again (best.pt, a step saved again at the same
+        update) keeps the hashes of the bytes it replaces in `replaces` while its new bytes move in: whichever
+        bytes a kill leaves there still verify; the sidecar then names only the new ones."""
+        side = path.with_suffix(".json")
+        old = _accepted_hashes(path) if path.exists() else []
+        atomic_write_text(side, json.dumps({**sidecar, "replaces": old} if old else sidecar))
         atomic_write_bytes(path, data)
-        atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar))
+        if old:
+            atomic_write_text(side, json.dumps(sidecar))
 
     def prune(self) -> None:
         """Redo the pruning of the last save (a kill may have cut it short), keeping what `latest` names."""
@@ -124,6 +130,9 @@ class CheckpointStore:
             if path != keep:
                 path.unlink(missing_ok=True)
                 path.with_suffix(".json").unlink(missing_ok=True)
+        for side in self.folder.glob("step_*.json"):  # the sidecar of a save killed before its file moved in
+            if not side.with_suffix(".pt").exists():
+                side.unlink(missing_ok=True)
 
     def _step_files(self) -> list[tuple[int, Path]]:
         try:
@@ -151,6 +160,18 @@ class CheckpointStore:
                 seq = 0
             ordered.append((seq, step, path))
         return sorted(ordered, key=lambda item: (item[0], item[1]), reverse=True)
+
+    def saves(self) -> list[tuple[int, float]]:
+        """(update, time saved) of every step checkpoint with its sidecar: what chain.json can be rebuilt from."""
+        found = []
+        for step, path in self._step_files():
+            try:
+                saved = json.loads(path.with_suffix(".json").read_text())["saved"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(saved, (int, float)):
+                found.append((step, float(saved)))
+        return found
 
     def candidates(self) -> list[Path]:
         """`latest` first, then every step checkpoint, most recently written first."""
@@ -189,11 +210,11 @@ class CheckpointStore:
                 log.warning("skipping checkpoint %s: %s", bad.name, why)
             return state, path
         best = self.folder / "best.pt"
-        if best.exists() and _expected_hash(best) is None:
-            # Never trusted without its hash: a save cut short before its step file and `latest`, so nothing
-            # was committed; alone, it is no checkpoint of the run (the save is done again).
+        if best.exists() and not _accepted_hashes(best):
+            # Never trusted without its hash (removed, or a save cut short by an older hpctrain, which wrote the
+            # file first); alone, it is no checkpoint of the run (nothing names it: the save is done again).
             if failures:
-                failures.append((best, "has no best.json (its save was cut short)"))
+                failures.append((best, f"has no {_NO_SIDECAR.format(sidecar='best.json')}"))
         elif best.exists():
             try:
                 state = read_checkpoint(best)
@@ -230,17 +251,28 @@ def is_full_state(state: dict[str, Any]) -> bool:
     return all(key in state for key in FULL_STATE_KEYS)
 
 
-def _expected_hash(path: Path) -> str | None:
+_NO_SIDECAR = "{sidecar} with its SHA-256 (removed, or a save cut short): its bytes cannot be checked"
+
+
+def _accepted_hashes(path: Path) -> list[str]:
+    """The SHA-256 values the sidecar accepts for `path`: its own, and while a save replaces the file, those of
+    the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged)."""
     try:
-        return str(json.loads(path.with_suffix(".json").read_text())["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # no sidecar (or a cut one): the file is still tried, unpickling checks the rest
+        sidecar = json.loads(path.with_suffix(".json").read_text())
+        hashes = [sidecar["sha256"], *sidecar.get("replaces", [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [str(h) for h in hashes]
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, matching its sidecar hash; transient I/O errors and mismatches are read again."""
+def _read_bytes(path: Path, named: bool) -> bytes:
+    """The file's bytes, matching its sidecar hash; transient I/O errors and mismatches are read again. Without
+    a sidecar: Unreadable, or for a file the user `named`, the bytes unchecked (said in a warning)."""
     delays = [*READ_RETRY_DELAYS, None]
     for attempt, delay in enumerate(delays):
+        accepted = _accepted_hashes(path)
+        if not accepted and path.exists() and not named:  # checked before reading: a file may be gigabytes
+            raise Unreadable("has no " + _NO_SIDECAR.format(sidecar=path.with_suffix(".json").name))
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -251,8 +283,14 @@ def _read_bytes(path: Path) -> bytes:
             log.warning("reading %s failed (%s); trying again in %.1f s", path, exc.strerror or exc, delay)
             time.sleep(delay)
             continue
-        expected = _expected_hash(path)
-        if expected is None or hashlib.sha256(data).hexdigest() == expected:
+        if not accepted:
+            log.warning(
+                "%s has no %s: its SHA-256 cannot be checked; loading it as named",
+                path,
+                path.with_suffix(".json").name,
+            )
+            return data
+        if hashlib.sha256(data).hexdigest() in accepted:
             return data
         if attempt > 0 or delay is None:  # a mismatch is read once more only: a corrupt file stays corrupt
             raise Unreadable(f"its SHA-256 does not match {path.with_suffix('.json').name}")
@@ -260,10 +298,12 @@ def _read_bytes(path: Path) -> bytes:
     raise AssertionError("unreachable")
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     """A checkpoint's state, verified against its sidecar hash. Raises Unreadable(why) when it cannot be used,
-    UserError when it was written by a newer hpctrain (falling back to an older one would silently rewind)."""
-    data = _read_bytes(path)
+    UserError when it was written by a newer hpctrain (falling back to an older one would silently rewind).
+    A checkpoint without its sidecar is Unreadable, except a file the user `named` (checkpoint.resume=FILE,
+    `hpctrain sample FILE`): copied alone on purpose, it is loaded with a warning that it cannot be checked."""
+    data = _read_bytes(path, named)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling/format error means: not usable
@@ -282,9 +322,10 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def load_verified(path: Path) -> dict[str, Any] | None:
-    """Read a checkpoint, checking its sidecar hash when there is one; None (with a warning) if it is bad."""
+    """Read a checkpoint file the user named, checking its sidecar hash when there is one (warned when there is
+    none); None (with a warning) if it is bad."""
     try:
-        return read_checkpoint(path)
+        return read_checkpoint(path, named=True)
     except Unreadable as exc:
         log.warning("skipping checkpoint %s: %s", path.name, exc)
         return None

@@ -22,7 +22,7 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state, set_rng_state
-from hpctrain.track.chain import read_json
+from hpctrain.track.chain import read_chain
 from hpctrain.train.checkpoint import (
     FORMAT_VERSION,
     FULL_STATE_KEYS,
@@ -225,8 +225,8 @@ class StateKeeper:
         assert chosen is not None
         path = Path(chosen)
         if state is None:  # the other ranks read the file rank 0 chose
-            try:
-                state = read_checkpoint(path)
+            try:  # a file the user named (restart, finetune) may come without its sidecar, as on rank 0
+                state = read_checkpoint(path, named=kind in ("restart", "finetune"))
             except Unreadable as exc:
                 raise RuntimeError(
                     f"rank {t.env.rank} cannot read checkpoint {path} that rank 0 chose: {exc}"
@@ -300,7 +300,7 @@ class StateKeeper:
 
     def _previous_hop(self) -> str:
         """`; hop N of this run (the last one: job J, ended <reason>)`, from chain.json (empty if unknown)."""
-        hops = [h for h in read_json(self.t.run_dir / "chain.json", []) if isinstance(h, dict)]
+        hops = read_chain(self.t.run_dir / "chain.json").hops
         if not hops:
             return ""
         last = hops[-1]
@@ -313,8 +313,8 @@ class StateKeeper:
         env = self.t.env
         if env.restart_count < 1 or not env.job_id:
             return False
-        hops = read_json(self.t.run_dir / "chain.json", [])
-        return bool(hops) and isinstance(hops[-1], dict) and hops[-1].get("job_id") == env.scheduler_job
+        hops = read_chain(self.t.run_dir / "chain.json").hops
+        return bool(hops) and hops[-1].get("job_id") == env.scheduler_job
 
     def _restore_modules(self, state: dict[str, Any], source: str, hint: str) -> None:
         saved = state["modules"]
@@ -474,10 +474,7 @@ def _mismatch(module: nn.Module, weights: dict[str, Any]) -> str:
 
 def _checkpointed_update(run_dir: Path) -> int:
     """The highest update chain.json says a checkpoint was committed at (0: none)."""
-    hops = read_json(run_dir / "chain.json", [])
-    if not isinstance(hops, list):
-        return 0
-    return max((int(h.get("last_update") or 0) for h in hops if isinstance(h, dict)), default=0)
+    return max((int(h.get("last_update") or 0) for h in read_chain(run_dir / "chain.json").hops), default=0)
 
 
 def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
@@ -495,6 +492,6 @@ def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
             if loaded is None:
                 raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
             return loaded[1], loaded[0]
-        return path, read_checkpoint(path)
+        return path, read_checkpoint(path, named=True)
     except (Unreadable, RunError) as exc:
         raise UserError(f"checkpoint.resume={given}: cannot be used: {exc}") from None

@@ -156,6 +156,7 @@ class Trainer:
             try:
                 self.lock.acquire()
                 self.chain = ChainLog(self.run_dir)  # read again now that no other process writes it
+                self.chain.keep_aside_if_damaged(self.store.saves())
             except UserError as exc:
                 problem = str(exc)
             except OSError as exc:

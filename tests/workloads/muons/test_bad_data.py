@@ -158,7 +158,11 @@ def test_files_changed_between_hops_stop_or_restart_the_epoch(tmp_path: Path) ->
     assert train(tmp_path, f"data.paths=[{data}]").code == 0
     shutil.copy(files[1], data / "f2.parquet")  # a file added to the folder between two hops
     # the longer run is accepted (its cosine restarts: tests/train/test_extend.py): what is judged is the data
-    more = (f"data.paths=[{data}]", "train.total_updates=4", "checkpoint.accept_changes=[train.total_updates]")
+    more = (
+        f"data.paths=[{data}]",
+        "train.total_updates=4",
+        "checkpoint.accept_changes=[train.total_updates]",
+    )
     line = error_line(train(tmp_path, *more))
     assert line == (
         "error: the data files changed since the checkpoint was written: 1 added (f2.parquet); the saved "

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hpctrain.config.schema import ConfigBase, DataConfigBase, ModelConfigBase
+from hpctrain.config.schema import SEED_MAX, ConfigBase, DataConfigBase, ModelConfigBase
 from hpctrain.workloads.registry import WorkloadSpec
 
 
@@ -16,7 +16,13 @@ class RegressionData(DataConfigBase):
     n_val: int = Field(1024, ge=0, description="Validation samples (0 = no validation).")
     in_features: int = Field(16, ge=1, description="Input features.")
     noise: float = Field(0.1, ge=0, description="Standard deviation of the target noise.")
-    data_seed: int = Field(1234, ge=0, description="Seed of the synthetic data set (fixed across runs).")
+    data_seed: int = Field(
+        1234,
+        ge=0,
+        le=SEED_MAX
+        // 1000,  # its torch streams are seeded with data_seed * 1000 + 1 + split (task.make_dataset)
+        description="Seed of the synthetic data set (fixed across runs; 0 .. 2**63/1000).",
+    )
 
 
 class RegressionModel(ModelConfigBase):
