@@ -125,6 +125,9 @@ def test_an_update_that_compiles_is_compile_time_not_step_time(tmp_path: Path) -
     assert max(recent) < seconds["compile"]  # any one compiled step is quicker than compiling was
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("compile_share", 0) > 0 for r in rows)
+    # the compiled code is kept beside the runs, for the next hop (not in node-local /tmp)
+    assert any((tmp_path / "logs" / ".compile-cache").iterdir())
+    assert f"compiled code kept in {tmp_path / 'logs' / '.compile-cache'}" in done.out
 
 
 def _walk(tree: object, key: str = ""):  # type: ignore[no-untyped-def]

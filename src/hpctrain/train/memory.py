@@ -52,7 +52,7 @@ def keep_compiled_code(out_dir: Path) -> str:
     loads what the first compiled. Returns what to say at start (empty when the user chose the folder)."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return ""
-    folder = out_dir / ".compile-cache"
+    folder = (out_dir / ".compile-cache").absolute()  # the compiler's workers may run in another folder
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     return f"compiled code kept in {folder}"
 
