@@ -84,7 +84,7 @@ code = codes[min(attempt, len(codes)) - 1]
 progress = sys.argv[3] == "progress"
 hops = json.loads((run / "chain.json").read_text()) if (run / "chain.json").exists() else []
 last = hops[-1]["last_update"] if hops else 0
-hops.append({"hop": len(hops), "first_update": last, "last_update": last + (10 if progress else 0)})
+hops.append({"hop": len(hops), "start": 0.0, "first_update": last, "last_update": last + (10 if progress else 0)})
 (run / "chain.json").write_text(json.dumps(hops))
 summary = sys.argv[4] if len(sys.argv) > 4 else ""
 if summary:
