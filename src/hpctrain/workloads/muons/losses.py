@@ -7,6 +7,7 @@ respect to its interpolated muons to have norm 1.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,35 +129,27 @@ def penalty_of(
     multiplicity: torch.Tensor,
     score_norm: str,
     clamp: float,
+    functional: bool = False,
 ) -> torch.Tensor:
-    """The penalty by double backward: autograd.grad with create_graph (eager only: a compiled critic's
-    backward cannot be differentiated again)."""
-    mixed = mixed.detach().requires_grad_(True)
-    scores = normalize_scores(critic(mixed, event, primaries, per_event, multiplicity), score_norm, clamp)
-    (grad,) = torch.autograd.grad(scores.sum(), mixed, create_graph=True)  # (P, 3)
-    return _penalty(grad, event, per_event)
-
-
-def functional_penalty(
-    critic: torch.nn.Module,
-    mixed: torch.Tensor,
-    event: torch.Tensor,
-    primaries: torch.Tensor,
-    per_event: torch.Tensor,
-    multiplicity: torch.Tensor,
-    score_norm: str,
-    clamp: float,
-) -> torch.Tensor:
-    """The same penalty with the input gradient taken by torch.func.grad: the gradient is then ordinary ops in
-    the traced graph, so torch.compile compiles the whole penalty (forward, input gradient and the backward to
-    the critic's weights): no double backward through compiled code, which torch does not support."""
+    """The penalty from the interpolated muons `mixed` (P, 3). By default the input gradient comes from
+    autograd.grad with create_graph (double backward: eager only, a compiled critic's backward cannot be
+    differentiated again). `functional`: from torch.func.grad, whose gradient is ordinary ops in a traced graph,
+    so torch.compile compiles the whole penalty (forward, input gradient and the backward to the weights)."""
 
     def total(x: torch.Tensor) -> torch.Tensor:
         scores = critic(x, event, primaries, per_event, multiplicity)
         return normalize_scores(scores, score_norm, clamp).sum()
 
-    grad = torch.func.grad(total)(mixed.detach())  # (P, 3)
+    if functional:
+        grad = torch.func.grad(total)(mixed.detach())  # (P, 3)
+    else:
+        mixed = mixed.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(total(mixed), mixed, create_graph=True)  # (P, 3)
     return _penalty(grad, event, per_event)
+
+
+# what a compiled critic's penalty goes through (the task compiles it once)
+functional_penalty = functools.partial(penalty_of, functional=True)
 
 
 def _penalty(grad: torch.Tensor, event: torch.Tensor, per_event: torch.Tensor) -> torch.Tensor:
