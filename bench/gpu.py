@@ -294,7 +294,8 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="data and runs here (default: a temporary folder)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda: no CUDA device visible (use --device cpu --tiny)")
+        print("error: --device cuda: no CUDA device visible (use --device cpu --tiny)", file=sys.stderr)
+        raise SystemExit(2)
     device = torch.device(args.device)
     parts = args.only or ["step", "e2e", "loader", "hop"]
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
