@@ -47,22 +47,27 @@ def array_log(project: Path, array: str, index: int) -> str:
     return logs[0].read_text(errors="replace") if logs else "(no log)"
 
 
-def test_sweep_elements_are_interrupted_continue_their_own_folders_and_match_uninterrupted_runs(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    project = make_project(tmp_path / "proj")
+def submit_array(cluster: SlurmCluster, project: Path, args: list[str], tasks: int) -> str:
+    """`hpctrain submit ARGS` on the cluster; the job array's id, checked to span `tasks` tasks."""
     submitted = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "submit", *SWEEP, "--max-parallel", "4", *WORK],
+        [sys.executable, "-m", "hpctrain", "submit", *args],
         cwd=project,
-        env=job_env(slurm_cluster, **save_pause(1.0)),  # sbatch's --export=ALL hands it to every task
+        env=job_env(cluster, **save_pause(1.0)),  # sbatch's --export=ALL hands it to every task
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert submitted.returncode == 0, submitted.stderr
-    match = re.search(r"^job array (\d+) \(tasks 0-3\)", submitted.stdout, flags=re.M)
+    match = re.search(rf"^job array (\d+) \(tasks 0-{tasks - 1}\)", submitted.stdout, flags=re.M)
     assert match, submitted.stdout
-    array = match.group(1)
+    return match.group(1)
+
+
+def test_sweep_elements_are_interrupted_continue_their_own_folders_and_match_uninterrupted_runs(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    project = make_project(tmp_path / "proj")
+    array = submit_array(slurm_cluster, project, [*SWEEP, "--max-parallel", "4", *WORK], tasks=4)
     runs = [project / "logs" / name for name, _ in ELEMENTS]
     # Each element's own uninterrupted run, meanwhile, outside SLURM (run.out_dir does not enter the name).
     refs = [
@@ -145,27 +150,9 @@ def test_an_afterany_element_continues_its_own_folder_in_a_successor_job(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     project = make_project(tmp_path / "proj")
-    submitted = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpctrain",
-            "submit",
-            "--sweep",
-            "run.seed=1,2",
-            "slurm.resubmit=afterany",
-            *WORK,
-        ],
-        cwd=project,
-        env=job_env(slurm_cluster, **save_pause(1.0)),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    array = submit_array(
+        slurm_cluster, project, ["--sweep", "run.seed=1,2", "slurm.resubmit=afterany", *WORK], tasks=2
     )
-    assert submitted.returncode == 0, submitted.stderr
-    match = re.search(r"^job array (\d+) \(tasks 0-1\)", submitted.stdout, flags=re.M)
-    assert match, submitted.stdout
-    array = match.group(1)
     runs = [project / "logs" / "debug-seed1", project / "logs" / "debug-seed2"]
     try:
         wait_for(
