@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from hpctrain.config.loading import ConfigRequest, Provenance, announce
+from hpctrain.config.loading import ConfigRequest, Provenance
+from hpctrain.config.provenance import announce
 from hpctrain.errors import UserError
 
 

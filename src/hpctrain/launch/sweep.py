@@ -28,8 +28,9 @@ import yaml
 from pydantic import BaseModel
 
 from hpctrain.config import keys
-from hpctrain.config.loading import ConfigRequest, Provenance, looks_secret
+from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.naming import is_identity
+from hpctrain.config.secrets import looks_secret
 from hpctrain.errors import EXIT_BAD_INPUT, UserError
 from hpctrain.fsutil import atomic_write_json
 
