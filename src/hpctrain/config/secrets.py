@@ -31,8 +31,10 @@ MASK = "***"
 _ASSIGNED = re.compile(
     rf"""(?i)(?P<name>[\w.-]*(?:{_WORDS}))(?P<sep>\s*=\s*)(?P<value>'[^']*'?|"[^"]*"?|[^\s'",;&\]}})]*[^\s'",;&\]}}):])"""
 )
-# `'token': 'value'` in the repr of a mapping.
-_QUOTED_KEY = re.compile(rf"""(?i)(?P<name>(['"])[\w.-]*(?:{_WORDS})\2\s*:\s*)(?P<value>'[^']*'?|"[^"]*"?)""")
+# `{token: value}` in a YAML flow mapping, `{'token': 'value'}` in the repr of a mapping.
+_MAPPED = re.compile(
+    rf"""(?i)(?P<name>[{{,]\s*(['"]?)[\w.-]*(?:{_WORDS})\2\s*:\s*)(?P<value>'[^']*'?|"[^"]*"?|[^\s'",}}\]]+)"""
+)
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;]+")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@")
 
@@ -58,7 +60,7 @@ def mask_secrets(text: str) -> str:
     if "=" in text:
         text = _ASSIGNED.sub(_masked, text)
     if ":" in text:
-        text = _QUOTED_KEY.sub(lambda m: f"{m['name']}{MASK}", text)
+        text = _MAPPED.sub(lambda m: f"{m['name']}{MASK}", text)
         text = _USERINFO.sub(rf"\1{MASK}@", text)
     return _BEARER.sub(rf"\1{MASK}", text)
 

@@ -1,9 +1,10 @@
 """Reading YAML: the config file and values typed as text, with YAML 1.1's surprises taken out and bounds on size.
 
 A config may be read on a login node that many people share, so hostile YAML must cost little: a file is refused
-past `MAX_BYTES`, and a document past `MAX_NODES` values counted with every alias expanded (a few hundred bytes
-of nested anchors, "billion laughs", otherwise expand to billions), deeper than `MAX_DEPTH`, or with an alias
-inside its own anchor (a loop). Composing counts as it goes, so a refusal costs about as much as reading the text.
+past `MAX_BYTES`; a document past `MAX_NODES` values or `MAX_CHARS` characters counted with every alias expanded
+(a few hundred bytes of nested anchors, "billion laughs", otherwise expand to billions), deeper than `MAX_DEPTH`,
+or with an alias inside its own anchor (a loop). Composing counts as it goes, so a refusal costs about as much as
+reading the text.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ MAX_BYTES = 4 * 1024 * 1024
 # Values of a document counted with every alias expanded: what the checks after reading walk through.
 MAX_NODES = 200_000
 MAX_DEPTH = 100
+# Characters of its text values, aliases expanded: what is printed and saved with the run.
+MAX_CHARS = 4 * MAX_BYTES
 
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no type hints)
@@ -30,13 +33,14 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no type h
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self._expanded = 0  # values composed so far, an alias counting as every value under its anchor
-        self._sizes: dict[int, int] = {}  # id(node) -> its values, aliases expanded (set once it is complete)
+        # Values and characters composed so far, an alias counting as everything under its anchor.
+        self._expanded = [0, 0]
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> its (values, characters), once complete
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         alias = self.check_event(yaml.AliasEvent)
-        before = self._expanded
+        values, chars = self._expanded
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise _TooBig(f"nests deeper than {MAX_DEPTH} levels")
@@ -46,15 +50,21 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no type h
             size = self._sizes.get(id(node))
             if size is None:  # its anchor is still open: the alias is inside what it names
                 raise _TooBig("has an alias inside its own anchor (a loop)")
-            self._expanded += size
+            self._expanded[0] += size[0]
+            self._expanded[1] += size[1]
         else:
-            self._expanded += 1
-            self._sizes[id(node)] = self._expanded - before
-        if self._expanded > MAX_NODES:
+            self._expanded[0] += 1
+            self._expanded[1] += len(node.value) if isinstance(node.value, str) else 0
+            self._sizes[id(node)] = (self._expanded[0] - values, self._expanded[1] - chars)
+        if self._expanded[0] > MAX_NODES:
             raise _TooBig(
                 f"expands to more than {MAX_NODES:,} values through its aliases (*name repeating &name)"
                 if alias
                 else f"holds more than {MAX_NODES:,} values"
+            )
+        if self._expanded[1] > MAX_CHARS:  # only aliases get here: a file's own text is at most MAX_BYTES
+            raise _TooBig(
+                f"expands to more than {MAX_CHARS // 2**20} MiB of text through its aliases (*name repeating &name)"
             )
         return node
 
@@ -97,6 +107,8 @@ def load_yaml(text: str, what: str) -> Any:
     except RecursionError:
         raise UserError(f"{what} nests too deeply: refused") from None
     except ValueError as exc:  # a number past Python's 4300 digits, a date that does not exist
+        if "integer string conversion" in str(exc):
+            raise UserError(f"{what} holds a number of more than 4300 digits: refused") from None
         raise UserError(f"{what}: {cut(str(exc).splitlines()[0], 120)}") from None
     finally:
         loader.dispose()
