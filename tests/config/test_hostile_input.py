@@ -66,7 +66,11 @@ def test_alias_bombs_and_monsters_are_refused_quickly_naming_the_file(tmp_path: 
 
 
 def test_the_same_bomb_in_an_override_is_refused_naming_the_key(tmp_path: Path):
-    bomb = "[" + ", ".join(f"&a{i} [" + ", ".join([f"*a{i - 1}" if i else "1"] * 9) + "]" for i in range(8)) + "]"
+    bomb = (
+        "["
+        + ", ".join(f"&a{i} [" + ", ".join([f"*a{i - 1}" if i else "1"] * 9) + "]" for i in range(8))
+        + "]"
+    )
     message = refusal(tmp_path, None, f"optim.lr={bomb}")
     assert message.startswith("the value of 'optim.lr' expands to more than"), message
 
