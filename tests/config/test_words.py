@@ -97,5 +97,5 @@ def test_an_unquoted_variable_in_a_flow_list_says_quote_it(tmp_path: Path, capsy
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.rstrip().endswith(f"is read as YAML syntax; quote it: {fixed}"), err
     (tmp_path / "c.yaml").write_text(f"model:\n  type: muon_wgan\ndata:\n  type: muons\n  {fixed}\n")
-    code, out, err = show(tmp_path, capsys, "--config", str(tmp_path / "c.yaml"))
+    code, _, err = show(tmp_path, capsys, "--config", str(tmp_path / "c.yaml"))
     assert code == 2 and "is used in the config but not set" in err  # the fix parses; the variable is unset
