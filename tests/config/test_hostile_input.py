@@ -179,3 +179,10 @@ def test_any_override_gives_a_config_or_one_short_line(tmp_path: Path, key: str,
 def test_error_line_is_one_line_of_bounded_length(text: str):
     line = error_line(text)
     assert len(line.splitlines()) <= 1 and len(line) < 1100
+
+
+def test_a_sweep_file_is_bounded_as_a_config_file_is(tmp_path: Path, capsys):
+    (tmp_path / "sweep.yaml").write_text(laughs(8).replace("optim:\n  lr:", "optim.lr:"))
+    assert cli_main(["submit", "--dry-run", "--sweep-file", str(tmp_path / "sweep.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --sweep-file '{tmp_path / 'sweep.yaml'}' expands to more than"), err
