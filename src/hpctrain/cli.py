@@ -6,6 +6,7 @@ import importlib
 import os
 import sys
 
+from hpctrain.config.messages import error_line
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
 
 VERBS = {
@@ -65,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.main(rest))
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # Whoever raised it: one line, secrets masked (a token in a URI or a dashed override included).
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         # A second Ctrl-C (the first asks for a save and a stop): the last committed checkpoint stays.

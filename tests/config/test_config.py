@@ -7,7 +7,8 @@ import pytest
 
 from hpctrain.cli import main as cli_main
 from hpctrain.config import presets
-from hpctrain.config.loading import ConfigRequest, dump_config, load_config
+from hpctrain.config.dump import dump_config
+from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.config.schema import OptimConfig, ScheduleConfig
 from hpctrain.errors import UserError
 from hpctrain.train.optim import LRSchedule, effective_lr
@@ -240,7 +241,8 @@ def test_secrets_from_dotenv_and_token_files_are_accepted_and_masked(tmp_path: P
 
 
 def test_argv_scrubbing_masks_secret_looking_values() -> None:
-    from hpctrain.config.loading import scrub_argv, secret_keys
+    from hpctrain.config.keys import secret_keys
+    from hpctrain.config.secrets import scrub_argv
 
     assert secret_keys(config_model()) == {"data.pelican.token", "logging.wandb.api_key"}
     argv = ["-m", "hpctrain", "train", "optim.lr=2", f"data.pelican.token={SECRET}", f"--api-key={SECRET}"]

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.config.dump import config_hash, dump_config
 from hpctrain.config.identity import GROWS, IDENTITY, MAY_CHANGE, SECRET, classify, judge
-from hpctrain.config.loading import ConfigRequest, config_hash, dump_config, load_config
+from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.workloads.registry import config_model, fill_default_types, workloads
 from tests.conftest import ROOT, hpctrain
 

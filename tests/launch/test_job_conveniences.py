@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.config.loading import ENV_ALIASES, ENV_KEYS
+from hpctrain.config.environ import ENV_ALIASES, ENV_KEYS
 from hpctrain.workloads.fields.dataset import ShardFields
 from tests.conftest import ROOT, clean_env, hpctrain
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import re
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctrain.config.loading import ConfigRequest, Provenance, announce
+from hpctrain.config.loading import ConfigRequest, Provenance
+from hpctrain.config.messages import cut
+from hpctrain.config.provenance import announce
 from hpctrain.errors import UserError
+
+# `--optim.lr=3e-4`, `--optim.lr` (value in the next argument) or `--lr=3e-4`: a key=value written as an option.
+_DASHED_OVERRIDE = re.compile(r"^--?[A-Za-z_][\w-]*(?:\.[\w-]+)+(?:=|$)|^--?[A-Za-z_][\w.-]*=")
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -15,15 +22,39 @@ class ArgParser(argparse.ArgumentParser):
     options and positional arguments in any order (`config show --config X key=value` and
     `config show key=value --config X` are the same)."""
 
+    _argv: Sequence[str] = ()  # the arguments of the last parse (for the hint on a dashed override)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments") and self._takes_overrides():
+            hint = _override_hint(self._argv, self._option_string_actions)
+            if hint:
+                raise UserError(f"{self.prog}: {hint}")
         raise UserError(f"{self.prog}: {message}")
+
+    def _takes_overrides(self) -> bool:
+        return any(action.dest == "overrides" for action in self._actions)
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
+        self._argv = list(sys.argv[1:] if args is None else args)
         if self._subparsers is not None:  # argparse cannot intermix around sub-commands
             return super().parse_args(args, namespace)
         return _sized(self.parse_intermixed_args(args, namespace))
+
+
+def _override_hint(argv: Sequence[str], options: Mapping[str, Any]) -> str | None:
+    """What to write instead of the first override written like an option (`--optim.lr=3e-4`, or
+    `--optim.lr 3e-4`): dotted overrides take no dashes."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name in options or not _DASHED_OVERRIDE.match(arg):
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if not sep and following and not following.startswith("-") and "=" not in following:
+            value = following  # `--optim.lr 3e-4`
+        return f"unknown option {cut(name)}: dotted overrides take no dashes: write {cut(name.lstrip('-'))}={cut(value or 'VALUE')}"
+    return None
 
 
 def _sized(args: argparse.Namespace) -> argparse.Namespace:

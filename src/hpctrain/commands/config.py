@@ -10,7 +10,8 @@ import re
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
 from hpctrain.config import keys
-from hpctrain.config.loading import Provenance, to_yaml
+from hpctrain.config.dump import to_yaml
+from hpctrain.config.loading import Provenance
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 

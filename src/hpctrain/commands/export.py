@@ -70,7 +70,7 @@ def write_export(trained: Trained, out: Path, run: str, which: str, old: list[st
     import torch
 
     from hpctrain import __version__
-    from hpctrain.config.loading import to_yaml
+    from hpctrain.config.dump import to_yaml
     from hpctrain.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from hpctrain.errors import EXIT_FAILURE, EXIT_OK, UserError
 
 def _api_key(env_file: str | None) -> str | None:
     """WANDB_API_KEY from the environment or the .env file; it only ever goes to wandb's environment."""
-    from hpctrain.config.loading import DotEnv
+    from hpctrain.config.environ import DotEnv
 
     dotenv = DotEnv(_env_file=env_file) if env_file else DotEnv(_env_file=None)  # type: ignore[call-arg]
     return dotenv.WANDB_API_KEY.get_secret_value() if dotenv.WANDB_API_KEY is not None else None

@@ -125,6 +125,27 @@ def suggest(cls: type[BaseModel], key: str, limit: int = 3) -> list[str]:
     return found[:limit]
 
 
+def _types_in(annotation: Any) -> Iterator[Any]:
+    """The classes an annotation may hold: through Optional, unions, Annotated and containers."""
+    args = typing.get_args(annotation)
+    if not args:
+        yield annotation
+    for arg in args:
+        yield from _types_in(arg)
+
+
+def secret_keys(cls: type[BaseModel], prefix: str = "") -> set[str]:
+    """Dotted keys of every SecretStr field; a union's members (model/data types) share their section's key."""
+    found: set[str] = set()
+    for name, info in cls.model_fields.items():
+        for kind in _types_in(info.annotation):
+            if kind is SecretStr:
+                found.add(prefix + name)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found |= secret_keys(kind, f"{prefix}{name}.")
+    return found
+
+
 # ----------------------------------------------------------------------------------------------- docs
 
 

@@ -53,7 +53,7 @@ class TrainJob:
     make_task: TaskFactory  # the workload's task for a config
 
     def __call__(self) -> int:
-        from hpctrain.config.loading import announce
+        from hpctrain.config.provenance import announce
         from hpctrain.runtime.env import ClusterEnv
         from hpctrain.train import entry
 

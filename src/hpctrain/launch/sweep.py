@@ -28,8 +28,10 @@ import yaml
 from pydantic import BaseModel
 
 from hpctrain.config import keys
-from hpctrain.config.loading import ConfigRequest, Provenance, looks_secret
+from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.naming import is_identity
+from hpctrain.config.secrets import looks_secret
+from hpctrain.config.yaml_file import load_yaml
 from hpctrain.errors import EXIT_BAD_INPUT, UserError
 from hpctrain.fsutil import atomic_write_json
 
@@ -81,7 +83,8 @@ def parse_sweep_args(texts: list[str]) -> dict[str, list[str]]:
 def read_sweep_file(path: str) -> dict[str, list[str]]:
     """A YAML mapping key -> list of values, as value texts (JSON for anything but a string)."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        # Bounded as a config file is (alias bombs, depth): a sweep file is the same kind of input.
+        data = load_yaml(Path(path).read_text(encoding="utf-8"), f"--sweep-file {path!r}")
     except FileNotFoundError:
         raise UserError(f"--sweep-file {path!r} not found") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -99,7 +99,8 @@ class WandbTracker:
     def _init(self, cfg: ConfigBase) -> Any:
         import wandb
 
-        from hpctrain.config.loading import dump_config, scrub_argv
+        from hpctrain.config.dump import dump_config
+        from hpctrain.config.secrets import scrub_argv
 
         wcfg = cfg.logging.wandb
         if self.run_id is None:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from hpctrain.config.loading import to_yaml
+from hpctrain.config.dump import to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
@@ -218,7 +218,7 @@ class _LogLines(logging.Handler):
 def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
     """A terminal's view of the config: where the whole of it is written, and the keys set away from their
     defaults (`--verbose` prints it all; so does a job's log, which is not a terminal)."""
-    from hpctrain.config.loading import differences
+    from hpctrain.config.dump import differences
 
     changed = differences(cfg)
     shown = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:12])

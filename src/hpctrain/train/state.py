@@ -16,8 +16,8 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
+from hpctrain.config.dump import config_hash, dump_config
 from hpctrain.config.identity import GROWS, judge, refusal, show
-from hpctrain.config.loading import config_hash, dump_config
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime import dist

@@ -1,0 +1,59 @@
+"""Values typed as text (`key=value` on the command line, variables) read by the type of the field they set, and
+put into the config tree at their dotted key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from hpctrain.config import keys
+from hpctrain.config.messages import quote
+from hpctrain.config.yaml_file import parse_value
+from hpctrain.errors import UserError
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise UserError(f"{source}: {quote(key)} is not a dotted key like optim.lr")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_typed(cls: type[BaseModel] | None, key: str, raw: str) -> Any:
+    """A value typed as text, read by the type of the field it sets: a string field keeps `2024`, `007` or
+    `1e3` as written (`null` is None where allowed); a boolean gets the text, which pydantic reads as
+    true/false/yes/no/on/off/1/0 in any case; anything else is a YAML scalar or list."""
+    kind = keys.kind(cls, key) if cls is not None else None
+    if kind == "text":
+        return None if raw.strip() in ("null", "~") and keys.optional(cls, key) else raw  # type: ignore[arg-type]
+    if kind == "bool":
+        return raw.strip()
+    return parse_value(raw, f"the value of {quote(key)}")
+
+
+def parse_override(text: str, cls: type[BaseModel] | None = None) -> tuple[str, Any]:
+    """`key=value` from the command line as (dotted key, typed value)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"override {quote(text)} must look like key=value (e.g. optim.lr=2e-5)")
+    return key.strip(), parse_typed(cls, key.strip(), raw)
+
+
+def coerce_text(tree: dict[str, Any], cls: type[BaseModel], prefix: str = "") -> None:
+    """Numbers YAML read where the field is a string become its text (`name: 2024`, `time: 30`)."""
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            coerce_text(value, cls, key + ".")
+        elif (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and keys.kind(cls, key) == "text"
+        ):
+            tree[name] = str(value)

@@ -1,0 +1,90 @@
+"""Secrets: which keys are secret, refusing them where others can read them, masking them in any text.
+
+A secret (the Pelican token, the W&B key) may come from `.env`, its own variable or a file only the user can
+read; never from the command line or an `HPCTRAIN_` variable, which process lists, shell history and job records
+keep. Whatever text leaves the program (sys.argv in W&B, every error line) goes through `mask_secrets`, which
+masks by the look of the text, so a misspelt key or a token inside a URI (`?authz=...`) is masked too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from hpctrain.errors import UserError
+
+# Where each secret may come from instead of the command line (said in the refusal).
+SECRET_HINTS = {
+    "data.pelican.token": "put the token in a file only you can read and set data.pelican.token_file=PATH, "
+    "or put BEARER_TOKEN=... in .env",
+    "logging.wandb.api_key": "put WANDB_API_KEY=... in .env (or in the environment as WANDB_API_KEY)",
+}
+# Names that look secret: their values are masked in messages and in sys.argv even when misspelt. `authz` is the
+# query parameter that carries a Pelican/OSDF token inside a URI.
+_WORDS = r"token|api[_-]?key|secret|password|passwd|credentials?|authz|authorization"
+_SECRET_NAME = re.compile(rf"(?i)({_WORDS})$")
+MASK = "***"
+# `name=value` (a dotted key, an argument, a URI query parameter) whose name ends in a secret word; the value runs
+# to the end of its quotes, else to a space, quote, comma, `&`, `;` or closing bracket (a colon ends it, not
+# being part of it: `key=***: unknown key`).
+_ASSIGNED = re.compile(
+    rf"""(?i)(?P<name>[\w.-]*(?:{_WORDS}))(?P<sep>\s*=\s*)(?P<value>'[^']*'?|"[^"]*"?|[^\s'",;&\]}})]*[^\s'",;&\]}}):])"""
+)
+# `{token: value}` in a YAML flow mapping, `{'token': 'value'}` in the repr of a mapping.
+_MAPPED = re.compile(
+    rf"""(?i)(?P<name>[{{,]\s*(['"]?)[\w.-]*(?:{_WORDS})\2\s*:\s*)(?P<value>'[^']*'?|"[^"]*"?|[^\s'",}}\]]+)"""
+)
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;]+")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@")
+
+
+def looks_secret(key: str) -> bool:
+    """Whether a dotted key (or an argument's `key=`) names something secret-like, e.g. `*.token`."""
+    return bool(_SECRET_NAME.search(key.lstrip("-").rsplit(".", 1)[-1].rsplit("__", 1)[-1]))
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """`argv` with every secret masked: the value of a secret-looking `key=value`, and any secret inside a value
+    (a token in a URI's query, a password in its user part)."""
+    out = []
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        out.append(f"{key}={MASK}" if sep and looks_secret(key) else mask_secrets(arg))
+    return out
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every value that looks secret replaced by *** (`token=...`, `?authz=...`, `'api_key': '...'`,
+    `Bearer ...`, `https://user:password@host`): applied to every error line, whatever raised it."""
+    if "=" in text:
+        text = _ASSIGNED.sub(_masked, text)
+    if ":" in text:
+        text = _MAPPED.sub(lambda m: f"{m['name']}{MASK}", text)
+        text = _USERINFO.sub(rf"\1{MASK}@", text)
+    return _BEARER.sub(rf"\1{MASK}", text)
+
+
+def _masked(match: re.Match[str]) -> str:
+    # `TOKEN=...` in a hint is a placeholder, not a value.
+    value = match["value"] if match["value"].strip("'\"") == "..." else MASK
+    return f"{match['name']}{match['sep']}{value}"
+
+
+def _flat_keys(key: str, value: Any) -> Iterator[str]:
+    yield key
+    if isinstance(value, dict):
+        for child, sub in value.items():
+            yield from _flat_keys(f"{key}.{child}", sub)
+
+
+def refuse_secret(key: str, value: Any, secrets: set[str], source: str) -> None:
+    """A secret on the command line or in an HPCTRAIN_ variable is visible to others and recorded by shells,
+    process lists, SLURM and W&B: refuse it (without echoing it) and say where it belongs."""
+    for dotted in _flat_keys(key, value):
+        if dotted in secrets:
+            hint = SECRET_HINTS.get(dotted, "put it in .env or a YAML config file only you can read")
+            raise UserError(
+                f"{dotted} is a secret and may not be given {source}, where process lists, shell history "
+                f"and job records keep it: {hint}"
+            )
