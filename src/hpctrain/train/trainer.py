@@ -27,7 +27,9 @@ from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.context import Context
+from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
 from hpctrain.train.memory import compiled_graphs, is_compiled
@@ -44,13 +46,13 @@ from hpctrain.train.outcome import (
     summary_record,
     update_scalars,
 )
+from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
+from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup
-from hpctrain.train.state import StateKeeper, params_sha256
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
-from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +92,11 @@ class Trainer:
         self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
-        self.state = TrainState()
+        self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
         self.last_log_step = 0
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
-        self.keeper = StateKeeper(self)
+        self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
         self._closers: list[Callable[[], None]] = []
         self.guard = NonFiniteGuard(cfg.train)
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
@@ -123,9 +125,9 @@ class Trainer:
         self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
-        self.state.total_updates = self.setup.total_updates(self.train_stream)
+        self.counters.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(
-            self.cfg.schedule, self.state.total_updates, self.setup.updates_per_epoch(self.train_stream)
+            self.cfg.schedule, self.counters.total_updates, self.setup.updates_per_epoch(self.train_stream)
         )
         self.profiler = build_profiler(
             self.cfg.train.profile,
@@ -136,7 +138,7 @@ class Trainer:
         )
         self._closers.append(self.profiler.close)
         self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
-        self.cadence = Cadences.build(self.cfg, self.state.total_updates, self.has_val, self.budget)
+        self.cadence = Cadences.build(self.cfg, self.counters.total_updates, self.has_val, self.budget)
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
         )
@@ -165,15 +167,30 @@ class Trainer:
             raise UserError(str(agreed))
 
     def resume(self) -> str:
-        """Load state according to checkpoint.resume/restart; returns what happened, for the log."""
-        self.store.clean_temporaries() if self.env.is_main else None
-        dist.barrier()
-        said = self.keeper.resume()
-        if self.keeper.length_note:
-            said += f"\n{self.keeper.length_note}"
+        """Load what checkpoint.resume/restart say into the parts (resume.py); returns what happened, for the
+        log."""
+        where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
+        done = resume(self.parts(), self.store, where)
+        self.checkpointer.last_saved_step = done.last_saved_step
+        self.checkpointer.config_changes, self.checkpointer.changes = done.config_changes, done.changes
         if self.env.is_main:
-            self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
-        return said
+            self.chain = ChainLog(self.run_dir)  # a fresh start may have moved the old run's chain.json aside
+        return f"{done.said}\n{done.length_note}" if done.length_note else done.said
+
+    def parts(self) -> Parts:
+        """The stateful parts a checkpoint holds (parts.py), by the names its snapshot keeps them under."""
+        parts: Parts = {
+            "modules": Group(self.raw_modules),
+            "optimizers": Group(self.optimizers),
+            "counters": self.counters,
+            "data": self.train_stream,
+            "task": self.task,
+            "budget": self.budget,
+            "trackers": self.trackers,
+        }
+        if self.ctx.scaler is not None:
+            parts["scaler"] = self.ctx.scaler
+        return parts
 
     def start_tracking(self, log_file: TextIO | None = None) -> None:
         """Rank 0: trackers, the console (its plain lines also into `log_file`, the run's training.log) and the
@@ -187,13 +204,13 @@ class Trainer:
             self.cfg,
             self.run_dir,
             self.env,
-            resume_step=self.state.resumed_step,
-            state=self.state.tracker_state,
-            hop={**hop, **self.keeper.hop_identity()},
+            resume_step=self.counters.resumed_step,
+            state=self.counters.tracker_state,
+            hop={**hop, **self.checkpointer.hop_identity()},
         )
         self.console = Console(
-            self.state.total_updates,
-            self.state.step,
+            self.counters.total_updates,
+            self.counters.step,
             self.cfg.logging.progress,
             time_left=self.budget.remaining,
             log_file=log_file,
@@ -206,7 +223,7 @@ class Trainer:
     @property
     def already_finished(self) -> bool:
         """Finished (or stopped early) with no more updates asked for than it had: nothing to train."""
-        return self.state.finished and self.state.total_updates <= self.state.finished_total
+        return self.counters.finished and self.counters.total_updates <= self.counters.finished_total
 
     def fit(self) -> RunResult:
         if self.already_finished:
@@ -218,30 +235,30 @@ class Trainer:
                     self.chain,
                     self.store,
                     self.run_dir,
-                    self.state,
+                    self.counters,
                     self.cfg,
                     result.params_sha256,
-                    self.keeper.remote,
+                    self.checkpointer.remote,
                 )
             return result
         self.chain.open_hop(
             self.env.scheduler_job,  # what squeue knows it by (`hpctrain status`): <array>_<task> for a task
             self.env.node_list,
-            self.state.step,
+            self.counters.step,
             self.env.world_size,
             self.budget.deadline,
-            identity=self.keeper.hop_identity(),
+            identity=self.checkpointer.hop_identity(),
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         try:
             reason = self._train()
             if reason is None or reason == "early_stop":
                 return self._finish(reason or "finished")
-            if self.keeper.last_saved_step != self.state.step:
+            if self.checkpointer.last_saved_step != self.counters.step:
                 self._save()
             if reason == "data_error":
                 self._result("stopped", "data_error", EXIT_BAD_INPUT)
-                raise data_failure(self._data_error, self.state.step)
+                raise data_failure(self._data_error, self.counters.step)
             return self._result("stopped", reason, EXIT_RESUMABLE)
         except NonFinite as bad:
             return self._failed(bad)
@@ -254,7 +271,7 @@ class Trainer:
         Per update only what every update needs (its batches, LR, counters, timers); each other part asks its
         cadence (schedule.py) whether it is due: a log line (the loss window is read only then), histograms, and
         a check step (evaluation, saves, the budget and one vote of all ranks on what comes next)."""
-        counters, stream, cadence, clock = self.state, self.train_stream, self.cadence, time.perf_counter
+        counters, stream, cadence, clock = self.counters, self.train_stream, self.cadence, time.perf_counter
         self._start_hop_loop(clock())
         out: StepOutput | None = None
         # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
@@ -287,8 +304,8 @@ class Trainer:
     def _start_hop_loop(self, now: float) -> None:
         self.cadence.save.saved()  # time-based saves count from the hop's start
         self.cadence.log.start(now)
-        self.cadence.check.next = self.state.step + 1
-        self._window_first = self.state.step + 1
+        self.cadence.check.next = self.counters.step + 1
+        self._window_first = self.counters.step + 1
         self._graphs = compiled_graphs() if self._compiling else 0
 
     def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
@@ -306,7 +323,7 @@ class Trainer:
 
     def _update(self, micro: list[MicroBatch], start: float) -> tuple[StepOutput, float]:
         """One optimizer update (the task's train_step) and its bookkeeping; returns its output and end time."""
-        counters, timers, timeline, clock = self.state, self.timers, self.timeline, time.perf_counter
+        counters, timers, timeline, clock = self.counters, self.timers, self.timeline, time.perf_counter
         compute_start = clock()
         timeline.start()
         out = self.task.train_step(micro, self.ctx)
@@ -357,7 +374,7 @@ class Trainer:
 
     def _set_lr(self) -> None:
         """The schedule's LR for this update (a pure function of the update count), set when it changes."""
-        factor = self.schedule.factor(self.state.step)
+        factor = self.schedule.factor(self.counters.step)
         if factor == self._lr_factor:
             return
         self._lr_factor = factor
@@ -366,7 +383,7 @@ class Trainer:
 
     def _at_check(self, owed_eval: bool = False) -> str | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
-        counters, cadence = self.state, self.cadence
+        counters, cadence = self.counters, self.cadence
         votes = CheckVotes()
         if owed_eval or cadence.eval_.due(counters.step):
             result = self._evaluate()
@@ -408,19 +425,21 @@ class Trainer:
         self.timers.add("eval", seconds)
         if sums is None:
             set_rng_state(rng)
-            self.budget.eval_owed = self.state.step  # carried in the checkpoint: the next hop runs it first
+            self.budget.eval_owed = (
+                self.counters.step
+            )  # carried in the checkpoint: the next hop runs it first
             self.console.message(
-                f"evaluation at update {self.state.step} cut short ({stop}): it runs after the resume"
+                f"evaluation at update {self.counters.step} cut short ({stop}): it runs after the resume"
             )
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
         metrics = self.task.finish_eval(sums)
         if self.env.is_main:
-            self.trackers.log_scalars(self.state.step, metrics)
+            self.trackers.log_scalars(self.counters.step, metrics)
             shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            self.console.message(f"eval at update {self.state.step} | {shown}")
-        return judge(metrics, self.state, self.cfg.checkpoint, self.cfg.train.early_stopping)
+            self.console.message(f"eval at update {self.counters.step} | {shown}")
+        return judge(metrics, self.counters, self.cfg.checkpoint, self.cfg.train.early_stopping)
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
@@ -434,14 +453,14 @@ class Trainer:
         self.guard.check_losses(losses, self._window_first)
         self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()
-        self._window_first = self.state.step + 1
+        self._window_first = self.counters.step + 1
 
     def _log(self, out: StepOutput, mean_loss: float) -> None:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
-        updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
-        self.last_log_step = self.state.step
+        updates = max(self.counters.step - max(self.last_log_step, self.counters.resumed_step or 0), 1)
+        self.last_log_step = self.counters.step
         lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
         scalars = update_scalars(out, mean_loss, self.ctx.grad_norms, lr)
         scalars.update(rates(out, updates, elapsed, self.env.world_size))
@@ -451,26 +470,26 @@ class Trainer:
             scalars["nonfinite_skips"] = self.guard.skipped
         if self.device.type == "cuda":
             scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.trackers.log_scalars(self.state.step, scalars)
-        self.console.update(self.state.step, scalars)
+        self.trackers.log_scalars(self.counters.step, scalars)
+        self.console.update(self.counters.step, scalars)
         self.timers.reset_window()
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
         if self.env.is_main:
             values = self.task.histograms(micro[0].data)
             self.trackers.log_histograms(
-                self.state.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
+                self.counters.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
             )
 
     def _save(self, best: bool = False) -> None:
         self._check_finite()
         start = time.perf_counter()
-        self.keeper.save(best=best)
+        self.checkpointer.save(self.parts(), self.counters.step, self.trackers, best=best)
         seconds = time.perf_counter() - start
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
         self.cadence.save.saved()
-        self.chain.progress(self.state.step, self.timers.training_seconds)
+        self.chain.progress(self.counters.step, self.timers.training_seconds)
         self.console.flush()  # (the trackers' lines: at the commit)
 
     def _check_finite(self) -> None:
@@ -478,7 +497,7 @@ class Trainer:
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
         if self._window:
             self.guard.check_losses(torch.stack(self._window), self._window_first)
-        self.guard.check_weights(self.raw_modules, self.state.step)
+        self.guard.check_weights(self.raw_modules, self.counters.step)
         self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
 
     def _finish(self, reason: str) -> RunResult:
@@ -486,45 +505,45 @@ class Trainer:
         if reason == "finished" and self.has_val:
             result = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
             if result.abandoned:  # cut short by a stop: the next start runs it (the run is not finished)
-                if self.keeper.last_saved_step != self.state.step:
+                if self.checkpointer.last_saved_step != self.counters.step:
                     self._save()
                 return self._result("stopped", result.abandoned, EXIT_RESUMABLE)
             improved = result.improved
-        self.state.finished = True
+        self.counters.finished = True
         self._save(best=improved)
         if self.env.is_main:
-            self.task.after_training(self.raw_modules, self.state.step)
+            self.task.after_training(self.raw_modules, self.counters.step)
         return self._result("finished", reason, EXIT_OK)
 
     def _failed(self, bad: NonFinite) -> RunResult:
-        saved = self.keeper.last_saved_step
+        saved = self.checkpointer.last_saved_step
         return self._result(
             "failed",
             "nonfinite",
             EXIT_FAILURE,
-            nonfinite_message(bad, self.state.step, saved, self.guard.skip),
+            nonfinite_message(bad, self.counters.step, saved, self.guard.skip),
             nonfinite_update=bad.update,
-            stopped_at_update=self.state.step,
+            stopped_at_update=self.counters.step,
         )
 
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
-            last = self.state.step
+            last = self.counters.step
             if status == "failed":  # it got only as far as its last save: where a next start continues
-                saved = self.keeper.last_saved_step
-                last = saved if saved is not None else (self.state.resumed_step or 0)
+                saved = self.checkpointer.last_saved_step
+                last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
-            summary = summary_record(status, reason, last, self.state, digest, self.timers, hop)
+            summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
             summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
-        return RunResult(status, reason, self.state.step, digest, code, message)
+        return RunResult(status, reason, self.counters.step, digest, code, message)
 
     def close(self) -> None:
         try:
-            self.keeper.close()
-            self.keeper.remote.finish(self.budget)  # the last upload, never past the walltime
+            self.checkpointer.close()
+            self.checkpointer.remote.finish(self.budget)  # the last upload, never past the walltime
             for close in reversed(self._closers):
                 close()
             self.trackers.close()
