@@ -2,8 +2,11 @@
 
 The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in schedule.py
 whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, schedule.CheckVotes).
-Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the checkpoint contents and resume
-(state.py), and profiling (profile.py) live beside it."""
+Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the parts a checkpoint holds (parts.py),
+saving (checkpointer.py), resuming (resume.py) and profiling (profile.py) live beside it.
+
+Size (~550 lines, over the house's ~400): the loop and the decisions all ranks take together at its step
+boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one file shows when anything happens."""
 
 from __future__ import annotations
 
