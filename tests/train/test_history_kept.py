@@ -4,7 +4,6 @@ chain.json that names one (missing, empty, unreadable), whatever history the fol
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
