@@ -13,8 +13,8 @@ from hpctrain.commands.train import run
 from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train import checkpointer
 from hpctrain.train.checkpoint import load_verified
-from hpctrain.train.state import StateKeeper
 from hpctrain.workloads.registry import config_model, fill_default_types
 from tests.conftest import clean_env, hpctrain, read_jsonl
 
@@ -138,11 +138,11 @@ def make_cfg(out: Path, *overrides: str):
 def test_checkpoints_of_an_older_version_keep_working(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_config: bool
 ) -> None:
-    original = StateKeeper.state
+    original = checkpointer.snapshot
 
-    def old_state(self: StateKeeper) -> dict:
+    def old_state(*args: object) -> dict:
         # What an older hpctrain wrote: no change history, a config without the newer keys (or none at all).
-        state = original(self)
+        state = original(*args)  # type: ignore[arg-type]
         del state["config_changes"]
         del state["config"]["checkpoint"]["accept_changes"]
         if not has_config:
@@ -150,7 +150,7 @@ def test_checkpoints_of_an_older_version_keep_working(
         return state
 
     with monkeypatch.context() as patch:
-        patch.setattr(StateKeeper, "state", old_state)
+        patch.setattr(checkpointer, "snapshot", old_state)
         assert run(make_cfg(tmp_path), ClusterEnv()) == EXIT_OK
     if has_config:
         with pytest.raises(UserError, match=re.escape("optim.lr 0.001 -> 0.002")):

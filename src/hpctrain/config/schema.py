@@ -521,6 +521,13 @@ class WandbConfig(Section):
 
 class LoggingConfig(Section):
     log_every: int = Field(10, ge=1, description="Print and record metrics every N updates.")
+    log_every_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="Print and record metrics also by time: a first line 10 s after a hop's first update (or "
+        "sooner, if this is lower), then at least every N seconds, whatever log_every says; a hop that stops "
+        "between log lines records its last one. 0 = by updates only.",
+    )
     progress: Literal["auto", "bar", "lines"] = Field(
         "auto", description="auto: a progress bar on a terminal, plain lines otherwise (SLURM logs)."
     )

@@ -142,12 +142,12 @@ def _train(
             out.note(f"error: {result.message}")
     elif result.status == "stopped":
         say(
-            f"stopped ({result.reason}) at update {result.step}/{trainer.state.total_updates}; run the same "
+            f"stopped ({result.reason}) at update {result.step}/{trainer.counters.total_updates}; run the same "
             f"command again to continue. params_sha256={result.params_sha256}"
         )
     else:
         say(
-            f"finished at update {result.step}/{trainer.state.total_updates}. params_sha256={result.params_sha256}"
+            f"finished at update {result.step}/{trainer.counters.total_updates}. params_sha256={result.params_sha256}"
         )
     return result.exit_code
 
@@ -244,7 +244,7 @@ def _describe(
 def _batch_and_lr(cfg: ConfigBase, env: ClusterEnv, trainer: Trainer) -> str:
     """The global batch and the LR, said once the resume put the update count back: the LR the next update uses
     (the schedule's at the resumed update), not only the effective optim.lr it scales."""
-    step = trainer.state.step
+    step = trainer.counters.step
     factor = trainer.schedule.factor(step)
     said = (
         f"batch {cfg.data.batch_size} per process x {env.world_size} processes x "

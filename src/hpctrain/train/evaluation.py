@@ -12,8 +12,8 @@ from torch import nn
 from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget
+from hpctrain.train.counters import Counters
 from hpctrain.train.task import Task, UpdateContext
-from hpctrain.train.train_state import TrainState
 
 # Under DDP, ranks agree whether to abandon an evaluation every this many batches (see Evaluator._sums).
 EVAL_AGREE_EVERY = 4
@@ -103,7 +103,7 @@ class Evaluator:
 
 def judge(
     metrics: dict[str, float],
-    state: TrainState,
+    state: Counters,
     checkpoint: CheckpointConfig,
     early_stopping: EarlyStoppingConfig,
 ) -> EvalResult:

@@ -16,8 +16,8 @@ from typing import Any
 from hpctrain.config.schema import ConfigBase
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.counters import Counters
 from hpctrain.train.remote_ckpt import RemoteCheckpoints
-from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def complete_finished_run(
     chain: ChainLog,
     store: CheckpointStore,
     run_dir: Path,
-    state: TrainState,
+    state: Counters,
     cfg: ConfigBase,
     digest: str,
     remote: RemoteCheckpoints,
@@ -76,7 +76,7 @@ def _stale(path: Path, step: int, committed: float | None, hops: int) -> bool:
     return committed is not None and written is not None and written < committed
 
 
-def _summary(chain: ChainLog, t: TrainState, reason: str, digest: str) -> dict[str, Any]:
+def _summary(chain: ChainLog, t: Counters, reason: str, digest: str) -> dict[str, Any]:
     """summary.json as the killed hop would have written it; what that hop measured and lost is None."""
     last = chain.hops[-1] if chain.hops else {}
     end, start = last.get("end"), last.get("start")

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.train.counters import Counters
 from hpctrain.train.nonfinite import NonFinite
 from hpctrain.train.task import StepOutput
-from hpctrain.train.train_state import TrainState
 
 
 @dataclass
@@ -157,7 +157,7 @@ def rates(out: StepOutput, updates: int, elapsed: float, world_size: int) -> dic
 
 
 def summary_record(
-    status: str, reason: str, last: int, state: TrainState, digest: str, timers: Timers, hop: dict[str, Any]
+    status: str, reason: str, last: int, state: Counters, digest: str, timers: Timers, hop: dict[str, Any]
 ) -> dict[str, Any]:
     """summary.json's common keys (the caller adds the job's and the hop's): `last` is the update a next start
     continues from."""

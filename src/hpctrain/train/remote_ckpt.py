@@ -5,8 +5,8 @@ The trainer calls four things, each a no-op without a Pelican destination:
     prepare_tokens(cfg)               at start (entry.run): the OIDC login the run needs (data.pelican.auto_token)
     RemoteCheckpoints.submit(folder)  after a commit: upload in the background (newest wins, retried)
     RemoteCheckpoints.finish(budget)  at close: wait for the last upload, never past the walltime
-    pull_working_copy(t)              before resuming: an empty working copy gets the remote latest
-    local_resume_path(t, given)       checkpoint.resume=pelican://...: staged to scratch, then read as a file
+    pull_working_copy(cfg, store)     before resuming: an empty working copy gets the remote latest
+    local_resume_path(cfg, env, run_dir, given)  checkpoint.resume=pelican://...: staged, then read as a file
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from hpctrain.remote.pelican_write import PelicanWriter, RemoteWriteError, fetch
 if TYPE_CHECKING:
     from hpctrain.remote.upload import Uploader
     from hpctrain.runtime.budget import TimeBudget
-    from hpctrain.train.state import Owner
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.checkpoint import CheckpointStore
 
 log = logging.getLogger(__name__)
 _MARGIN = 5.0  # seconds kept after the last upload wait, for the exit itself
@@ -107,37 +108,35 @@ class RemoteCheckpoints:
         self._uploaders.clear()
 
 
-def pull_working_copy(t: Owner) -> None:
+def pull_working_copy(cfg: Any, store: CheckpointStore) -> None:
     """An empty local working copy of a remote checkpoint.dir gets the remote latest (and its sidecar)."""
-    dest = t.cfg.checkpoint.dir
-    if not dest or t.cfg.checkpoint.resume == "never" or t.store.has_checkpoints():
+    dest = cfg.checkpoint.dir
+    if not dest or cfg.checkpoint.resume == "never" or store.has_checkpoints():
         return  # never: a new run, whose first upload replaces the remote `latest`
     try:
-        got = fetch_checkpoint(dest, t.store.folder, t.cfg.data.pelican, log.info)
+        got = fetch_checkpoint(dest, store.folder, cfg.data.pelican, log.info)
     except RemoteWriteError as exc:
         raise UserError(f"checkpoint.dir={dest}: cannot read the remote checkpoints: {exc}") from None
     if got is not None:
         from hpctrain.fsutil import atomic_write_text
 
-        atomic_write_text(t.store.folder / "latest", got.name + "\n")  # the pointer last, as in a commit
+        atomic_write_text(store.folder / "latest", got.name + "\n")  # the pointer last, as in a commit
 
 
-def local_resume_path(t: Owner, given: str) -> str:
+def local_resume_path(cfg: Any, env: ClusterEnv, run_dir: Path, given: str) -> str:
     """checkpoint.resume as a local path: a pelican:// file or folder is staged first, to scratch on one node;
     with several nodes into `<run folder>/resume-staged/` (the other ranks read the file rank 0 chose, and a
     node's scratch is its own)."""
     if not is_pelican(given):
         return given
     digest = hashlib.sha256(given.encode()).hexdigest()[:12]
-    if t.env.world_size > t.env.local_world_size:
-        dest = t.run_dir / "resume-staged" / digest
+    if env.world_size > env.local_world_size:
+        dest = run_dir / "resume-staged" / digest
     else:
-        scratch = (
-            t.cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-        )
+        scratch = cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
         dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
     try:
-        got = fetch_checkpoint(given, dest, t.cfg.data.pelican, log.info)
+        got = fetch_checkpoint(given, dest, cfg.data.pelican, log.info)
     except RemoteWriteError as exc:
         raise UserError(f"checkpoint.resume={given}: {exc}") from None
     if got is None:

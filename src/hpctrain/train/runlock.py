@@ -327,6 +327,7 @@ RUN_FILES = (
     "wandb",
     "bad_files.txt",
     "resume_applied.json",
+    "training.log",
 )
 
 

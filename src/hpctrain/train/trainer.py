@@ -1,8 +1,12 @@
 """The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model.
 
-Size (~490 lines): the update loop and the decisions all ranks take together at its step boundaries (stop, save,
-evaluate, skip) are kept in one place on purpose; set-up (setup.py), evaluation (evaluation.py), outcomes
-(outcome.py), state (state.py, train_state.py) and profiling (profile.py) are already out."""
+The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in schedule.py
+whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, schedule.CheckVotes).
+Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the parts a checkpoint holds (parts.py),
+saving (checkpointer.py), resuming (resume.py) and profiling (profile.py) live beside it.
+
+Size (~550 lines, over the house's ~400): the loop and the decisions all ranks take together at its step
+boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one file shows when anything happens."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.runtime import dist
-from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget, check_stride, watch_waits
+from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
@@ -26,7 +30,9 @@ from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.context import Context
+from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
 from hpctrain.train.memory import compiled_graphs, is_compiled
@@ -43,12 +49,13 @@ from hpctrain.train.outcome import (
     summary_record,
     update_scalars,
 )
+from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
+from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
+from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup
-from hpctrain.train.state import StateKeeper, params_sha256
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
-from hpctrain.train.train_state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,7 @@ class Trainer:
     schedule: LRSchedule
     has_val: bool
     evaluator: Evaluator
+    cadence: Cadences
 
     def __init__(
         self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv, run_dir: Path, budget: TimeBudget
@@ -87,22 +95,17 @@ class Trainer:
         self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
-        self.state = TrainState()
+        self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
         self.last_log_step = 0
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
-        self.keeper = StateKeeper(self)
+        self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
         self._closers: list[Callable[[], None]] = []
         self.guard = NonFiniteGuard(cfg.train)
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
         self._window_first = 1  # the update of _window[0]
-        self._last_save_clock = time.monotonic()  # rank 0's clock decides time-based saves for all ranks
-        self._stretch_noted = False
-        # The update after which the budget is next asked and the ranks next agree (see _plan_next_check), and
-        # the step time they agreed on last (it sets the stride: the same on every rank).
-        self._next_check = 0
-        self._step_agreed = 0.0
+        self._graphs = 0  # torch.compile's graph count after the last update (a change: that update compiled)
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -125,9 +128,9 @@ class Trainer:
         self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
-        self.state.total_updates = self.setup.total_updates(self.train_stream)
+        self.counters.total_updates = self.setup.total_updates(self.train_stream)
         self.schedule = LRSchedule(
-            self.cfg.schedule, self.state.total_updates, self.setup.updates_per_epoch(self.train_stream)
+            self.cfg.schedule, self.counters.total_updates, self.setup.updates_per_epoch(self.train_stream)
         )
         self.profiler = build_profiler(
             self.cfg.train.profile,
@@ -138,6 +141,7 @@ class Trainer:
         )
         self._closers.append(self.profiler.close)
         self.has_val = self.task.build_data("val", self.cfg.run.seed) is not None
+        self.cadence = Cadences.build(self.cfg, self.counters.total_updates, self.has_val, self.budget)
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
         )
@@ -166,15 +170,30 @@ class Trainer:
             raise UserError(str(agreed))
 
     def resume(self) -> str:
-        """Load state according to checkpoint.resume/restart; returns what happened, for the log."""
-        self.store.clean_temporaries() if self.env.is_main else None
-        dist.barrier()
-        said = self.keeper.resume()
-        if self.keeper.length_note:
-            said += f"\n{self.keeper.length_note}"
+        """Load what checkpoint.resume/restart say into the parts (resume.py); returns what happened, for the
+        log."""
+        where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
+        done = resume(self.parts(), self.store, where)
+        self.checkpointer.last_saved_step = done.last_saved_step
+        self.checkpointer.config_changes, self.checkpointer.changes = done.config_changes, done.changes
         if self.env.is_main:
-            self.chain = ChainLog(self.run_dir)  # resume=never may have moved the old run's chain.json aside
-        return said
+            self.chain = ChainLog(self.run_dir)  # a fresh start may have moved the old run's chain.json aside
+        return f"{done.said}\n{done.length_note}" if done.length_note else done.said
+
+    def parts(self) -> Parts:
+        """The stateful parts a checkpoint holds (parts.py), by the names its snapshot keeps them under."""
+        parts: Parts = {
+            "modules": Group(self.raw_modules),
+            "optimizers": Group(self.optimizers),
+            "counters": self.counters,
+            "data": self.train_stream,
+            "task": self.task,
+            "budget": self.budget,
+            "trackers": self.trackers,
+        }
+        if self.ctx.scaler is not None:
+            parts["scaler"] = self.ctx.scaler
+        return parts
 
     def start_tracking(self, log_file: TextIO | None = None) -> None:
         """Rank 0: trackers, the console (its plain lines also into `log_file`, the run's training.log) and the
@@ -188,13 +207,13 @@ class Trainer:
             self.cfg,
             self.run_dir,
             self.env,
-            resume_step=self.state.resumed_step,
-            state=self.state.tracker_state,
-            hop={**hop, **self.keeper.hop_identity()},
+            resume_step=self.counters.resumed_step,
+            state=self.counters.tracker_state,
+            hop={**hop, **self.checkpointer.hop_identity()},
         )
         self.console = Console(
-            self.state.total_updates,
-            self.state.step,
+            self.counters.total_updates,
+            self.counters.step,
             self.cfg.logging.progress,
             time_left=self.budget.remaining,
             log_file=log_file,
@@ -207,7 +226,7 @@ class Trainer:
     @property
     def already_finished(self) -> bool:
         """Finished (or stopped early) with no more updates asked for than it had: nothing to train."""
-        return self.state.finished and self.state.total_updates <= self.state.finished_total
+        return self.counters.finished and self.counters.total_updates <= self.counters.finished_total
 
     def fit(self) -> RunResult:
         if self.already_finished:
@@ -219,30 +238,30 @@ class Trainer:
                     self.chain,
                     self.store,
                     self.run_dir,
-                    self.state,
+                    self.counters,
                     self.cfg,
                     result.params_sha256,
-                    self.keeper.remote,
+                    self.checkpointer.remote,
                 )
             return result
         self.chain.open_hop(
             self.env.scheduler_job,  # what squeue knows it by (`hpctrain status`): <array>_<task> for a task
             self.env.node_list,
-            self.state.step,
+            self.counters.step,
             self.env.world_size,
             self.budget.deadline,
-            identity=self.keeper.hop_identity(),
+            identity=self.checkpointer.hop_identity(),
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         try:
             reason = self._train()
             if reason is None or reason == "early_stop":
                 return self._finish(reason or "finished")
-            if self.keeper.last_saved_step != self.state.step:
+            if self.checkpointer.last_saved_step != self.counters.step:
                 self._save()
             if reason == "data_error":
                 self._result("stopped", "data_error", EXIT_BAD_INPUT)
-                raise data_failure(self._data_error, self.state.step)
+                raise data_failure(self._data_error, self.counters.step)
             return self._result("stopped", reason, EXIT_RESUMABLE)
         except NonFinite as bad:
             return self._failed(bad)
@@ -250,83 +269,96 @@ class Trainer:
             watch_waits(None)
 
     def _train(self) -> str | None:
-        """Updates until the last one (None) or an agreed stop (its reason).
+        """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
 
-        Per update only what every update needs: its batch, its LR, the step, the counters and the timers. The
-        rest waits for log steps (the loss window, read then) and check steps (the budget, the stop decision,
-        evaluations and saves): see _plan_next_check."""
-        self._last_save_clock = time.monotonic()
-        self._window_first = self.state.step + 1
-        self._next_check = self.state.step + 1
-        if self.budget.eval_owed == self.state.step and self.state.step < self.state.total_updates:
-            # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
-            reason = self._after_update(owed_eval=True)
-            if reason is not None:
-                return reason
-        batches = iter(self.train_stream)
-        state, stream, timers, window = self.state, self.train_stream, self.timers, self._window
-        clock, observe, timeline = time.perf_counter, self.budget.step.observe, self.timeline
-        graphs = compiled_graphs() if self._compiling else 0
-        log_every, hist_every = self.cfg.logging.log_every, self.cfg.logging.tensorboard.hist_every
-        while state.step < state.total_updates:
-            step_start = clock()
+        Per update only what every update needs (its batches, LR, counters, timers); each other part asks its
+        cadence (schedule.py) whether it is due: a log line (the loss window is read only then), histograms, and
+        a check step (evaluation, saves, the budget and one vote of all ranks on what comes next)."""
+        counters, stream, cadence, clock = self.counters, self.train_stream, self.cadence, time.perf_counter
+        self._start_hop_loop(clock())
+        out: StepOutput | None = None
+        # A stop cut this update's evaluation short last hop: run it now, as an uninterrupted run did.
+        owed = self.budget.eval_owed == counters.step and counters.step < counters.total_updates
+        if owed and (reason := self._at_check(owed_eval=True)) is not None:
+            return reason
+        batches = iter(stream)
+        while counters.step < counters.total_updates:
+            start = clock()
             before = stream.state_dict()
-            try:
-                micro, waited = self._next_update(batches), 0
-            except StopRequested as stop:  # a signal or the deadline while waiting for data
-                micro, waited = None, CODES[stop.reason]
-            except UserError as bad:  # a bad file met mid-run (data.on_bad_file=fail): keep what was trained
-                self._data_error, micro, waited = bad, None, CODES["data_error"]
-            empty, stop_code = self._agree_fetch(micro is None and not waited, waited)
-            if stop_code:
-                # Every rank drops this update; batches some ranks already took are given back.
+            micro, votes = self._fetch(batches)
+            if votes.stop:  # every rank drops this update; batches some ranks already took are given back
                 stream.load_state_dict(before)
-                return REASONS[stop_code]
-            if empty:
+                return self._stopping(votes.reason, out)
+            if votes.empty:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
             self._set_lr()
-            compute_start = clock()
-            timeline.start()
-            out = self.task.train_step(micro, self.ctx)
-            state.step += 1
-            samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
-            state.samples += samples * self.env.world_size
-            loss = out.loss
-            window.append(loss.detach() if loss.requires_grad else loss)  # device tensors, read at log steps
-            if self.guard.skip:
-                self.guard.note_update(self.ctx.skipped_steps, state.step)
-            end = clock()
-            if self._compiling and graphs != (graphs := compiled_graphs()):
-                # torch.compile compiled in this update: compile time, kept out of the step estimate (a
-                # first update of 30 s would make the budget stop a hop after it) and out of the shares
-                timers.add("compile", end - step_start)
-                timeline.end(counted=False)
-            else:
-                timers.add("data", compute_start - step_start)
-                timers.add("step", end - compute_start)
-                timeline.end()
-                observe(end - step_start)
-            self.profiler.step(state.step)
-            if state.step % log_every == 0 or state.step == state.total_updates:
+            out, end = self._update(micro, start)
+            if cadence.log.due(counters.step, end):
                 self._log_window(out)
             else:
-                self.console.tick(state.step)
-            if hist_every and state.step % hist_every == 0:
+                self.console.tick(counters.step)
+            if cadence.hist.due(counters.step):
                 self._histograms(micro)
-            if state.step >= self._next_check:
-                reason = self._after_update()
-                if reason is not None:
-                    return reason
+            if cadence.check.due(counters.step) and (reason := self._at_check()) is not None:
+                return self._stopping(reason, out)
         return None
 
-    def _agree_fetch(self, empty: bool, stop: int) -> tuple[bool, int]:
-        """Skip an update only if every rank skips it (one rank skipping alone would deadlock DDP); stop if any
-        rank was stopped while waiting for its data. One collective per update (none at world size 1)."""
-        if dist.active():
-            agreed = dist.agree_max([float(empty), float(stop)])
-            return bool(agreed[0]), int(agreed[1])
-        return empty, stop
+    def _start_hop_loop(self, now: float) -> None:
+        self.cadence.save.saved()  # time-based saves count from the hop's start
+        self.cadence.log.start(now)
+        self.cadence.check.next = self.counters.step + 1
+        self._window_first = self.counters.step + 1
+        self._graphs = compiled_graphs() if self._compiling else 0
+
+    def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
+        """The next update's micro-batches, and what all ranks agreed about it (one collective per update, none
+        at world size 1): skip it (empty somewhere) or stop (a signal or the deadline during a data wait, or a
+        bad file met mid-run under data.on_bad_file=fail: what was trained is kept)."""
+        try:
+            micro = self._next_update(batches)
+            votes = GO if micro is not None else EMPTY
+        except StopRequested as stop:
+            micro, votes = None, FetchVotes(stop=CODES[stop.reason])
+        except UserError as bad:
+            self._data_error, micro, votes = bad, None, FetchVotes(stop=CODES["data_error"])
+        return micro, votes.agree()
+
+    def _update(self, micro: list[MicroBatch], start: float) -> tuple[StepOutput, float]:
+        """One optimizer update (the task's train_step) and its bookkeeping; returns its output and end time."""
+        counters, timers, timeline, clock = self.counters, self.timers, self.timeline, time.perf_counter
+        compute_start = clock()
+        timeline.start()
+        out = self.task.train_step(micro, self.ctx)
+        counters.step += 1
+        samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
+        counters.samples += samples * self.env.world_size
+        loss = out.loss
+        self._window.append(
+            loss.detach() if loss.requires_grad else loss
+        )  # device tensors, read at log steps
+        if self.guard.skip:
+            self.guard.note_update(self.ctx.skipped_steps, counters.step)
+        end = clock()
+        if self._compiling and self._graphs != (graphs := compiled_graphs()):
+            # torch.compile compiled in this update: compile time, kept out of the step estimate (a first
+            # update of 30 s would make the budget stop a hop after it) and out of the shares
+            self._graphs = graphs
+            timers.add("compile", end - start)
+            timeline.end(counted=False)
+        else:
+            timers.add("data", compute_start - start)
+            timers.add("step", end - compute_start)
+            timeline.end()
+            self.budget.step.observe(end - start)
+        self.profiler.step(counters.step)
+        return out, end
+
+    def _stopping(self, reason: str | None, out: StepOutput | None) -> str | None:
+        """A stop between log lines still records the hop's last metrics line (before fit's save)."""
+        if self._window and out is not None:
+            self._log_window(out)
+        return reason
 
     def _next_update(self, batches: Any) -> list[MicroBatch] | None:
         split, device, to_device = self.task.split, self.device, self.task.to_device
@@ -345,93 +377,44 @@ class Trainer:
 
     def _set_lr(self) -> None:
         """The schedule's LR for this update (a pure function of the update count), set when it changes."""
-        factor = self.schedule.factor(self.state.step)
+        factor = self.schedule.factor(self.counters.step)
         if factor == self._lr_factor:
             return
         self._lr_factor = factor
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
-    def _periodic_save_due(self) -> bool:
-        every = self.cfg.checkpoint.every
-        # The last update is saved by _finish (with the finished flag): never twice.
-        return bool(every) and self.state.step % every == 0 and self.state.step < self.state.total_updates
-
-    def _eval_due(self, step: int) -> bool:
-        every = self.cfg.train.eval_every
-        return bool(every) and self.has_val and step % every == 0 and step < self.state.total_updates
-
-    def _time_save_due(self) -> bool:
-        """Rank 0's view (its clock decides for all): checkpoint.every_minutes since the last save."""
-        minutes = self.cfg.checkpoint.every_minutes
-        if not minutes:
-            return False
-        interval = self.budget.save_interval(minutes)
-        if interval > minutes * 60 and not self._stretch_noted:
-            self._stretch_noted = True
-            log.info(
-                "time-based saves every %.1f min instead of checkpoint.every_minutes=%g: a save takes %.1f s "
-                "(saves are kept under 2%% of the time)",
-                interval / 60,
-                minutes,
-                self.budget.save.value,
-            )
-        return time.monotonic() - self._last_save_clock >= interval
-
-    def _plan_next_check(self) -> int:
-        """The next update after which the budget is asked and the ranks agree: a stride of about
-        CHECK_SECONDS of training away (from the step time agreed last, so the same on every rank), or sooner at
-        the next update that logs (the NaN guard's findings are agreed there), evaluates, saves, ends the run, or
-        comes right before an evaluation (whether it fits is decided there). Every update under skip_batch (the
-        guard may stop after any one). All of it is a function of agreed figures and the update count: every
-        rank calls the collective at the same updates."""
-        step, total = self.state.step, self.state.total_updates
-        stride = 1 if self.guard.skip else check_stride(self._step_agreed)
-        due = [step + stride, total, _next_multiple(step, self.cfg.logging.log_every)]
-        if self.cfg.checkpoint.every:
-            due.append(_next_multiple(step, self.cfg.checkpoint.every))
-        if self.has_val:
-            evals = [total] + (
-                [_next_multiple(step, self.cfg.train.eval_every)] if self.cfg.train.eval_every else []
-            )
-            due += [e - 1 if e - 1 > step else e for e in evals]
-        return min(due)
-
-    def _after_update(self, owed_eval: bool = False) -> str | None:
-        """At a check step: evaluate, save and decide (all ranks together) whether to stop."""
-        local = 0
-        if owed_eval or self._eval_due(self.state.step):
+    def _at_check(self, owed_eval: bool = False) -> str | None:
+        """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
+        counters, cadence = self.counters, self.cadence
+        votes = CheckVotes()
+        if owed_eval or cadence.eval_.due(counters.step):
             result = self._evaluate()
             if result.abandoned:
                 return result.abandoned  # every rank abandoned it together: stop (fit saves)
             if result.improved:
                 self._save(best=True)
-            elif self._periodic_save_due():
+            elif cadence.save.due(counters.step):
                 self._save()
-            local = CODES["early_stop"] if result.stop_early else 0
-        elif self._periodic_save_due():
+            votes.stop = CODES["early_stop"] if result.stop_early else 0
+        elif cadence.save.due(counters.step):
             self._save()
-        if self.state.step >= self.state.total_updates:
+        if counters.step >= counters.total_updates:
             return None
-        # The final evaluation (in _finish) needs room too.
-        eval_next = self._eval_due(self.state.step + 1) or (
-            self.has_val and self.state.step + 1 == self.state.total_updates
-        )
-        # Until the next check the run trains on unasked: the budget looks that many updates ahead.
-        self._next_check = self._plan_next_check()
-        budget_reason = self.budget.local_stop_reason(eval_next, ahead=self._next_check - self.state.step)
-        if budget_reason:
-            local = max(local, CODES[budget_reason])
-        # One collective decides it all: stop (and why), a time-based save (rank 0's clock), the first
-        # non-finite update any rank has found so far, and the slowest rank's step time (the next stride).
-        save_due = float(self.env.is_main and self._time_save_due())
-        agreed = dist.agree_max([float(local), save_due, self.guard.code(), self.budget.step.value])
-        self._step_agreed = agreed[3]
-        self.guard.raise_if(agreed[2])
-        reason = REASONS[int(agreed[0])]
-        if reason is None and agreed[1]:
+        # Until the next check the run trains on unasked: the budget looks that many updates ahead, and at the
+        # evaluation after the next update (the final one, in _finish, too).
+        ahead = cadence.check.plan(counters.step, self.guard.skip, cadence.upcoming_checks(counters.step))
+        budget_reason = self.budget.local_stop_reason(cadence.eval_.due_next(counters.step), ahead=ahead)
+        votes.stop = max(votes.stop, CODES[budget_reason] if budget_reason else 0)
+        votes.save_due = self.env.is_main and cadence.save.time_due()  # rank 0's clock decides for all
+        votes.nonfinite = self.guard.code()
+        votes.step_seconds = self.budget.step.value
+        agreed = votes.agree()
+        cadence.check.step_seconds = agreed.step_seconds
+        self.guard.raise_if(agreed.nonfinite)
+        if agreed.reason is None and agreed.save_due:
             self._save()
-        return reason
+        return agreed.reason
 
     # ---- evaluation ---------------------------------------------------------------------------------------
 
@@ -445,19 +428,21 @@ class Trainer:
         self.timers.add("eval", seconds)
         if sums is None:
             set_rng_state(rng)
-            self.budget.eval_owed = self.state.step  # carried in the checkpoint: the next hop runs it first
+            self.budget.eval_owed = (
+                self.counters.step
+            )  # carried in the checkpoint: the next hop runs it first
             self.console.message(
-                f"evaluation at update {self.state.step} cut short ({stop}): it runs after the resume"
+                f"evaluation at update {self.counters.step} cut short ({stop}): it runs after the resume"
             )
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
         metrics = self.task.finish_eval(sums)
         if self.env.is_main:
-            self.trackers.log_scalars(self.state.step, metrics)
+            self.trackers.log_scalars(self.counters.step, metrics)
             shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            self.console.message(f"eval at update {self.state.step} | {shown}")
-        return judge(metrics, self.state, self.cfg.checkpoint, self.cfg.train.early_stopping)
+            self.console.message(f"eval at update {self.counters.step} | {shown}")
+        return judge(metrics, self.counters, self.cfg.checkpoint, self.cfg.train.early_stopping)
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
@@ -471,14 +456,14 @@ class Trainer:
         self.guard.check_losses(losses, self._window_first)
         self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()
-        self._window_first = self.state.step + 1
+        self._window_first = self.counters.step + 1
 
     def _log(self, out: StepOutput, mean_loss: float) -> None:
         if not self.env.is_main:
             return
         shares, elapsed = self.timers.shares()
-        updates = max(self.state.step - max(self.last_log_step, self.state.resumed_step or 0), 1)
-        self.last_log_step = self.state.step
+        updates = max(self.counters.step - max(self.last_log_step, self.counters.resumed_step or 0), 1)
+        self.last_log_step = self.counters.step
         lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
         scalars = update_scalars(out, mean_loss, self.ctx.grad_norms, lr)
         scalars.update(rates(out, updates, elapsed, self.env.world_size))
@@ -488,26 +473,26 @@ class Trainer:
             scalars["nonfinite_skips"] = self.guard.skipped
         if self.device.type == "cuda":
             scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.trackers.log_scalars(self.state.step, scalars)
-        self.console.update(self.state.step, scalars)
+        self.trackers.log_scalars(self.counters.step, scalars)
+        self.console.update(self.counters.step, scalars)
         self.timers.reset_window()
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
         if self.env.is_main:
             values = self.task.histograms(micro[0].data)
             self.trackers.log_histograms(
-                self.state.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
+                self.counters.step, {k: v.detach().float().cpu().numpy() for k, v in values.items()}
             )
 
     def _save(self, best: bool = False) -> None:
         self._check_finite()
         start = time.perf_counter()
-        self.keeper.save(best=best)
+        self.checkpointer.save(self.parts(), self.counters.step, self.trackers, best=best)
         seconds = time.perf_counter() - start
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
-        self._last_save_clock = time.monotonic()
-        self.chain.progress(self.state.step, self.timers.training_seconds)
+        self.cadence.save.saved()
+        self.chain.progress(self.counters.step, self.timers.training_seconds)
         self.console.flush()  # (the trackers' lines: at the commit)
 
     def _check_finite(self) -> None:
@@ -515,7 +500,7 @@ class Trainer:
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
         if self._window:
             self.guard.check_losses(torch.stack(self._window), self._window_first)
-        self.guard.check_weights(self.raw_modules, self.state.step)
+        self.guard.check_weights(self.raw_modules, self.counters.step)
         self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
 
     def _finish(self, reason: str) -> RunResult:
@@ -523,45 +508,45 @@ class Trainer:
         if reason == "finished" and self.has_val:
             result = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
             if result.abandoned:  # cut short by a stop: the next start runs it (the run is not finished)
-                if self.keeper.last_saved_step != self.state.step:
+                if self.checkpointer.last_saved_step != self.counters.step:
                     self._save()
                 return self._result("stopped", result.abandoned, EXIT_RESUMABLE)
             improved = result.improved
-        self.state.finished = True
+        self.counters.finished = True
         self._save(best=improved)
         if self.env.is_main:
-            self.task.after_training(self.raw_modules, self.state.step)
+            self.task.after_training(self.raw_modules, self.counters.step)
         return self._result("finished", reason, EXIT_OK)
 
     def _failed(self, bad: NonFinite) -> RunResult:
-        saved = self.keeper.last_saved_step
+        saved = self.checkpointer.last_saved_step
         return self._result(
             "failed",
             "nonfinite",
             EXIT_FAILURE,
-            nonfinite_message(bad, self.state.step, saved, self.guard.skip),
+            nonfinite_message(bad, self.counters.step, saved, self.guard.skip),
             nonfinite_update=bad.update,
-            stopped_at_update=self.state.step,
+            stopped_at_update=self.counters.step,
         )
 
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
-            last = self.state.step
+            last = self.counters.step
             if status == "failed":  # it got only as far as its last save: where a next start continues
-                saved = self.keeper.last_saved_step
-                last = saved if saved is not None else (self.state.resumed_step or 0)
+                saved = self.checkpointer.last_saved_step
+                last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
-            summary = summary_record(status, reason, last, self.state, digest, self.timers, hop)
+            summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
             summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
-        return RunResult(status, reason, self.state.step, digest, code, message)
+        return RunResult(status, reason, self.counters.step, digest, code, message)
 
     def close(self) -> None:
         try:
-            self.keeper.close()
-            self.keeper.remote.finish(self.budget)  # the last upload, never past the walltime
+            self.checkpointer.close()
+            self.checkpointer.remote.finish(self.budget)  # the last upload, never past the walltime
             for close in reversed(self._closers):
                 close()
             self.trackers.close()
@@ -569,8 +554,3 @@ class Trainer:
         finally:
             if self.lock is not None:
                 self.lock.release()  # last: everything above may still write into the run folder
-
-
-def _next_multiple(step: int, every: int) -> int:
-    """The first multiple of `every` after `step`."""
-    return (step // every + 1) * every

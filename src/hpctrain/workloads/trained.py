@@ -95,7 +95,7 @@ def load(path: str | Path, which: str = "latest", device: str | torch.device = "
     from hpctrain.config.loading import validate
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.train.checkpoint import strip_prefixes
-    from hpctrain.train.state import params_sha256
+    from hpctrain.train.parts import params_sha256
     from hpctrain.workloads import registry
 
     state, file, run_dir = pick_checkpoint(path, which)

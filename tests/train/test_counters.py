@@ -1,12 +1,12 @@
-"""TrainState: the counters a checkpoint carries, and what a resume makes of them."""
+"""Counters: the counters a checkpoint carries, and what a resume makes of them."""
 
 from __future__ import annotations
 
-from hpctrain.train.train_state import TrainState
+from hpctrain.train.counters import Counters
 
 
 def test_counters_round_trip_and_a_resume_remembers_where_it_started() -> None:
-    saved = TrainState(step=40, samples=1280, total_updates=100, best=0.25, evals_without_improvement=2)
+    saved = Counters(step=40, samples=1280, total_updates=100, best=0.25, evals_without_improvement=2)
     counters = saved.state_dict()
     assert counters == {
         "step": 40,
@@ -16,7 +16,7 @@ def test_counters_round_trip_and_a_resume_remembers_where_it_started() -> None:
         "best": 0.25,
         "evals_without_improvement": 2,
     }
-    resumed = TrainState(total_updates=200)  # this hop asks for more updates
+    resumed = Counters(total_updates=200)  # this hop asks for more updates
     resumed.load_state_dict(counters)
     assert (resumed.step, resumed.samples, resumed.best, resumed.evals_without_improvement) == (
         40,
@@ -28,7 +28,7 @@ def test_counters_round_trip_and_a_resume_remembers_where_it_started() -> None:
 
 
 def test_a_finished_run_and_counters_of_an_older_version() -> None:
-    state = TrainState()
+    state = Counters()
     # An older hpctrain also wrote the world size (now read from the per-rank RNG states) and no patience count.
     state.load_state_dict({"step": 10, "samples": 80, "total_updates": 10, "finished": True, "world_size": 2})
     assert state.finished and state.finished_total == 10 and state.best is None

@@ -7,7 +7,7 @@ from typing import Any
 
 
 @dataclass
-class TrainState:
+class Counters:
     """What the trainer counts. The first six fields are saved (`state_dict`, the checkpoint's "counters");
     the rest say what the last resume found, for this process only."""
 
