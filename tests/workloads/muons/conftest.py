@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.data.staged import StagingSpec
+from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.spec import MuonData
 from hpctrain.workloads.muons.stream import EventStream

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hpctrain.data import lent_buffers
+from hpctrain.data.stream import lent_buffers
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import layouts
 from hpctrain.workloads.muons.stream import EventStream

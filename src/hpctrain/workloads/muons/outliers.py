@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hpctrain.data.ragged import gather_ragged
+from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
 from hpctrain.workloads.muons import layouts, physics

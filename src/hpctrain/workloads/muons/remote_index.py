@@ -1,4 +1,4 @@
-"""Remote muon files: their index without downloading them (staging them is data/staged.py's).
+"""Remote muon files: their index without downloading them (staging them is data/stream/staged.py's).
 
 The global order needs the events per unit (Parquet row group, HDF5 slice) of every file, before any
 file is read. For a remote file we read only its metadata through the fsspec/pelicanfs file object with Range
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.remote import StagingConfig
-from hpctrain.data.staged import StagingSpec
 from hpctrain.data.staging import BadFileError, StagingError
+from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.fsutil import atomic_path
 from hpctrain.remote.failures import classify_failure, is_folder
 from hpctrain.remote.files import RemoteFiles

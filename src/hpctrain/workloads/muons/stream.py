@@ -1,13 +1,13 @@
 """EventStream: muon-bundle batches from Parquet/HDF5 files, sharded over ranks and workers, resumable.
 
-The epoch's order and its work items are data/epoch_plan.py's (files, row groups and events shuffled, seeded
+The epoch's order and its work items are data/stream/epoch_plan.py's (files, row groups and events shuffled, seeded
 by (seed, epoch)); the main process (the sampler here) hands this rank's work items to the DataLoader workers,
 which decode them (decode.py); batches are put back together from the items' pieces in order. The position
 (epoch, events of the epoch consumed by all ranks) is counted where batches are handed out.
 
 Remote inputs (pelican://, osdf:///, https://): the index comes from their metadata read remotely
 (remote_index.py); the sampler stages the files of each work item just before handing it to a worker, `ahead`
-files in advance in reading order, and releases them once the item's result is back (data/staged.py).
+files in advance in reading order, and releases them once the item's result is back (data/stream/staged.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Sampler
 
-from hpctrain.data.epoch_plan import EpochPlan, Reassembly, WorkItem, work_items
-from hpctrain.data.lent_buffers import LentBuffers
 from hpctrain.data.loader import (
     LoaderOptions,
     as_batch,
@@ -32,8 +30,10 @@ from hpctrain.data.loader import (
     position_state,
     seed_worker,
 )
-from hpctrain.data.prefetch import Prefetcher
-from hpctrain.data.staged import StagedFiles, StagingSpec
+from hpctrain.data.stream.epoch_plan import EpochPlan, Reassembly, WorkItem, work_items
+from hpctrain.data.stream.lent_buffers import LentBuffers
+from hpctrain.data.stream.prefetch import Prefetcher
+from hpctrain.data.stream.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv

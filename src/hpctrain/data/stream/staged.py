@@ -20,8 +20,8 @@ from typing import Any
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 from hpctrain.config.schema import DataConfigBase
-from hpctrain.data.epoch_plan import EpochPlan
 from hpctrain.data.staging import BadFileError, Stager
+from hpctrain.data.stream.epoch_plan import EpochPlan
 from hpctrain.runtime.env import ClusterEnv
 
 
