@@ -185,7 +185,7 @@ import torch
 from torch.utils.data import Dataset
 from hpctrain.data.loader import IndexedStream, LoaderOptions
 from hpctrain.workloads.muons.spec import MuonData
-from hpctrain.workloads.muons.stream import EventStream
+from hpctrain.workloads.muons.events.stream import EventStream
 
 class Squares(Dataset):
     def __len__(self):

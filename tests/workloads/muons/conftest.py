@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hpctrain.data.stream.staged import StagingSpec
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.stream import EventStream
 from hpctrain.workloads.muons.spec import MuonData
-from hpctrain.workloads.muons.stream import EventStream
 from hpctrain.workloads.muons.tools import synthetic_events
 
 

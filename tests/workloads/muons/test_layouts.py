@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.tools import synthetic_events
 
 

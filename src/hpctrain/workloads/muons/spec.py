@@ -315,11 +315,11 @@ WORKLOAD = WorkloadSpec(
     name="muons",
     # model.type -> (config, "module:TaskClass")
     models={
-        "muon_wgan": (MuonWGANConfig, "hpctrain.workloads.muons.task:MuonWGANTask"),
-        "muon_flow": (MuonFlowConfig, "hpctrain.workloads.muons.likelihood:MuonFlowTask"),
+        "muon_wgan": (MuonWGANConfig, "hpctrain.workloads.muons.tasks.task:MuonWGANTask"),
+        "muon_flow": (MuonFlowConfig, "hpctrain.workloads.muons.tasks.likelihood:MuonFlowTask"),
         "muon_multiplicity": (
             MuonMultiplicityConfig,
-            "hpctrain.workloads.muons.likelihood:MuonMultiplicityTask",
+            "hpctrain.workloads.muons.tasks.likelihood:MuonMultiplicityTask",
         ),
     },
     data=[MuonData],
@@ -329,7 +329,7 @@ WORKLOAD = WorkloadSpec(
         "inspect": "hpctrain.workloads.muons.tools:inspect",
         "sample": "hpctrain.workloads.muons.verbs:sample",
         "sample_args": "hpctrain.workloads.muons.verbs:sample_args",
-        "sampler": "hpctrain.workloads.muons.sampling:Sampler",
+        "sampler": "hpctrain.workloads.muons.models.sampling:Sampler",
         "evaluate": "hpctrain.workloads.muons.verbs:evaluate",
         "evaluate_args": "hpctrain.workloads.muons.verbs:evaluate_args",
         "report": "hpctrain.workloads.muons.report:REPORT",

@@ -11,7 +11,8 @@ import numpy as np
 
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import layouts, truth
+from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons.events import layouts
 
 SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": ".parquet", "hdf5": ".h5"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
-from hpctrain.workloads.muons.sampling import SAMPLE_BATCH, Found
+from hpctrain.workloads.muons.models.sampling import SAMPLE_BATCH, Found
 
 
 def sample_args(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def sample(args: argparse.Namespace, found: Found) -> int:
 
     import torch
 
-    from hpctrain.workloads.muons import sampling
+    from hpctrain.workloads.muons.models import sampling
 
     start = time.perf_counter()
     model = sampling.load_model(args.model, usable_device(args.device), found)
@@ -131,7 +131,8 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
 
-    from hpctrain.workloads.muons import evaluate, quality, sampling
+    from hpctrain.workloads.muons.evaluation import evaluate, quality
+    from hpctrain.workloads.muons.models import sampling
 
     model = sampling.load_model(args.model, usable_device(args.device), found)
     data = None

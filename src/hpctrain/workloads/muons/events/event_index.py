@@ -16,8 +16,8 @@ from hpctrain.data.fingerprint import FileList
 from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.remote.uris import is_remote
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.remote_index import FileMeta, remote_index
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.remote_index import FileMeta, remote_index
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 log = logging.getLogger("hpctrain.muons")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from hpctrain.train.task import MicroBatch, Task
-from hpctrain.workloads.muons import file_cache, first_batch
-from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
-from hpctrain.workloads.muons.stream import EventStream, resolve_files
+from hpctrain.workloads.muons.events import file_cache, first_batch
+from hpctrain.workloads.muons.events.batch import MuonBatch, split_by_muon_cap
+from hpctrain.workloads.muons.events.stream import EventStream, resolve_files
 
 if TYPE_CHECKING:
     from hpctrain.workloads.muons.spec import MuonRun

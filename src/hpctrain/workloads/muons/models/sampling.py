@@ -18,8 +18,9 @@ from torch import nn
 
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
-from hpctrain.workloads.muons import layouts, physics
-from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
+from hpctrain.workloads.muons import physics
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 
 # (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
 Found = tuple[dict[str, Any], Path, Path | None]

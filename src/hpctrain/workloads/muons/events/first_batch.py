@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from hpctrain.workloads.muons.layouts import Events
+    from hpctrain.workloads.muons.events.layouts import Events
 
 log = logging.getLogger(__name__)
 

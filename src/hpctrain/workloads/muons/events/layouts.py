@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from hpctrain.data.stream.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows, numbers
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
-from hpctrain.workloads.muons import file_cache, first_batch
+from hpctrain.workloads.muons.events import file_cache, first_batch
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
-from hpctrain.workloads.muons import layouts, quality, truth
-from hpctrain.workloads.muons.quality import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons.events import layouts
 
 __all__ = ["ks_statistic", "wasserstein_1d"]
 FLOOR_STREAM, BASELINE_STREAM = 1, 2  # numpy_rng keys after TRUTH_EVENTS: the floor's and baseline's samples
@@ -247,7 +249,7 @@ def evaluate_model(
     compare; the result is evaluate.json's content."""
     import torch
 
-    from hpctrain.workloads.muons.task import muon_cap
+    from hpctrain.workloads.muons.tasks.task import muon_cap
 
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
@@ -298,7 +300,7 @@ def evaluate_model(
 
 def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
     """Bundles for the primaries of `true` (multiplicities only when `only` is the multiplicity)."""
-    from hpctrain.workloads.muons import sampling
+    from hpctrain.workloads.muons.models import sampling
 
     if only == ("multiplicity",):
         counts = sampling.sample_counts(model, true.primaries, batch_size)
@@ -311,7 +313,7 @@ def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.
     physical units, read by the same loader as validation (events above the muon cap skipped, remote files
     staged), at most `max_events` (0 = all)."""
     from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.workloads.muons.task_base import ValBatches
+    from hpctrain.workloads.muons.tasks.task_base import ValBatches
 
     data = cfg.data.model_copy(update={"val_paths": list(paths), "num_workers": 0, "prefetch_batches": 0})
     parts, total = [], 0
@@ -347,7 +349,7 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     import torch
 
     from hpctrain.fsutil import atomic_write_text
-    from hpctrain.workloads.muons.sampling import LoadedModel
+    from hpctrain.workloads.muons.models.sampling import LoadedModel
 
     log = logging.getLogger("hpctrain.muons")
     device = next(modules["generator"].parameters()).device

@@ -37,11 +37,11 @@ from hpctrain.data.stream.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.decode import ChunkDataset, ReadOptions
-from hpctrain.workloads.muons.event_index import EventIndex, build_index, note_bad_file
-from hpctrain.workloads.muons.item_result import ItemError, ItemResult
-from hpctrain.workloads.muons.outliers import EventRules
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.events.decode import ChunkDataset, ReadOptions
+from hpctrain.workloads.muons.events.event_index import EventIndex, build_index, note_bad_file
+from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult
+from hpctrain.workloads.muons.events.outliers import EventRules
 from hpctrain.workloads.muons.spec import MuonData
 
 log = logging.getLogger("hpctrain.muons")

@@ -20,10 +20,10 @@ from hpctrain.data.stream.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
 from hpctrain.data.stream.lent_buffers import Borrowed
 from hpctrain.data.stream.read_ahead import ReadAhead
 from hpctrain.errors import UserError
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
-from hpctrain.workloads.muons.item_result import ItemError, ItemResult, Recycled, gather
-from hpctrain.workloads.muons.outliers import EventRules, muons_fine
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.event_index import EventIndex, note_bad_file
+from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult, Recycled, gather
+from hpctrain.workloads.muons.events.outliers import EventRules, muons_fine
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 _OPEN_FILES = 4  # readers kept open per worker

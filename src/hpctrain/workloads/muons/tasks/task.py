@@ -22,8 +22,8 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.memory import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.losses import (
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.models.losses import (
     critic_loss,
     functional_penalty,
     generator_loss,
@@ -32,7 +32,7 @@ from hpctrain.workloads.muons.losses import (
     normalize_scores,
     pair_muons,
 )
-from hpctrain.workloads.muons.networks import (
+from hpctrain.workloads.muons.models.networks import (
     DEFAULT_MUON_CAP,
     Critic,
     Generator,
@@ -40,7 +40,7 @@ from hpctrain.workloads.muons.networks import (
     event_index,
 )
 from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
-from hpctrain.workloads.muons.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
@@ -368,6 +368,6 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         """The evaluate table (ours vs floor vs baseline per feature and bin) on data.val_paths, written to
         <run folder>/evaluate_val.json and logged."""
         if self.cfg.data.val_paths:
-            from hpctrain.workloads.muons.evaluate import evaluate_after_training
+            from hpctrain.workloads.muons.evaluation.evaluate import evaluate_after_training
 
             evaluate_after_training(self.cfg, modules, step, self.run_dir)

@@ -28,7 +28,7 @@ from hpctrain.fsutil import atomic_path
 from hpctrain.remote.failures import classify_failure, is_folder
 from hpctrain.remote.files import RemoteFiles
 from hpctrain.remote.uris import FolderError, is_remote
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 
 log = logging.getLogger("hpctrain.muons")
 INDEX_VERSION = 1

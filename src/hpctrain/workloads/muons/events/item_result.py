@@ -21,8 +21,8 @@ from torch.utils.data import get_worker_info
 from hpctrain.data.stream import lent_buffers
 from hpctrain.data.stream.epoch_plan import PieceSize
 from hpctrain.data.stream.ragged import take_ragged, take_rows
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.batch import MuonBatch, from_buffer, packed, packed_size
 
 
 @dataclass
