@@ -17,6 +17,8 @@ from hpctrain.config.schema import (
 )
 from hpctrain.workloads.registry import WorkloadSpec
 
+DEFAULT_MUON_CAP = 100_000  # sampled muons per event when neither the model nor the data sets a cap
+
 UNIT_EVENTS = (
     65536  # events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says
 )
@@ -309,6 +311,11 @@ class MuonMultiplicityRun(MuonRun):
 
 class MuonFlowRun(MuonRun):
     model: MuonFlowConfig
+
+
+def muon_cap(cfg: MuonWGANRun | MuonFlowRun | MuonMultiplicityRun) -> int:
+    """Cap on sampled multiplicities: the model's, else the data's per-event cap, else DEFAULT_MUON_CAP."""
+    return int(cfg.model.multiplicity.max_muons_per_event or cfg.data.event_muon_cap or DEFAULT_MUON_CAP)
 
 
 WORKLOAD = WorkloadSpec(

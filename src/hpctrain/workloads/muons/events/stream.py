@@ -378,3 +378,19 @@ class EventStream:
             self._lent.close()
         if self._staged is not None:
             self._staged.close()
+
+
+class ValBatches:
+    """One pass over this rank's share of the validation files (built lazily: cheap to create)."""
+
+    def __init__(self, data: Any, seed: int, env: Any, run_dir: str | Path | None) -> None:
+        self.data, self.seed, self.env, self.run_dir = data, seed, env, run_dir
+
+    def __iter__(self) -> Iterator[MuonBatch]:
+        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val")
+        try:
+            for batch, _ in stream.epoch_batches(0, 0):
+                if len(batch):
+                    yield batch
+        finally:
+            stream.close()
