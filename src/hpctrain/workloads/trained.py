@@ -127,6 +127,6 @@ def load(path: str | Path, which: str = "latest", device: str | torch.device = "
         params_sha256(models),
     )
     spec = registry.workload_of(cfg.model.type)
-    if spec is not None and "sampler" in spec.extras:
-        trained.sampler = registry.extra(spec.name, "sampler")(trained)
+    if spec is not None and spec.verbs.sampler is not None:
+        trained.sampler = spec.verbs.sampler(trained)
     return trained

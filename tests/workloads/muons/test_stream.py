@@ -11,9 +11,9 @@ import torch
 
 from hpctrain.data.stream import lent_buffers
 from hpctrain.errors import UserError
+from hpctrain.workloads.muons.data_verbs import synthetic_events
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.stream import EventStream
-from hpctrain.workloads.muons.tools import synthetic_events
 
 from .conftest import event_stream, keys, write_set
 
