@@ -29,7 +29,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hpctrain.data.stream.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows, numbers
+from hpctrain.data.stream.ragged import (
+    fixed_list,
+    fixed_rows,
+    gather_ragged,
+    list_of_lists,
+    nested_rows,
+    numbers,
+)
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
 from hpctrain.workloads.muons.events import file_cache, first_batch
@@ -436,8 +443,6 @@ def _with_placeholders(muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarra
 
 def _rows_of(counts: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    from hpctrain.data.stream.ragged import gather_ragged
-
     return gather_ragged(offsets, np.flatnonzero(mask))
 
 

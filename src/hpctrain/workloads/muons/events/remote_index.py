@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from hpctrain.config.remote import StagingConfig
 from hpctrain.data.staging import BadFileError, StagingError
 from hpctrain.data.stream.staged import StagingSpec
@@ -65,8 +67,6 @@ def _remote_format(uri: str, fh: Any) -> str:
 
 def _read_meta(uri: str, fs: Any, path: str, hdf5_unit_events: int) -> FileMeta:
     """One remote file's metadata through Range requests (no download)."""
-    import pyarrow.parquet as pq
-
     with fs.open(path, "rb", block_size=_FOOTER_BLOCK, cache_type="readahead") as fh:
         kind = _remote_format(uri, fh)
         size = int(fh.size)

@@ -35,6 +35,7 @@ from hpctrain.data.stream.lent_buffers import LentBuffers
 from hpctrain.data.stream.prefetch import Prefetcher
 from hpctrain.data.stream.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
+from hpctrain.remote.expand import expand_paths
 from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.events.batch import MuonBatch
@@ -52,8 +53,6 @@ def resolve_files(paths: list[str], data: MuonData) -> list[str]:
 
     Remote files are NOT downloaded here: the stream reads their metadata remotely and stages each file to
     node-local scratch just ahead of its use (data.staging)."""
-    from hpctrain.remote.expand import expand_paths
-
     if not paths:
         raise UserError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
     return expand_paths(list(paths), data.pelican)
