@@ -60,6 +60,22 @@ class DataVerbs:
     inspect: Callable[[argparse.Namespace], int]
 
 
+def lazy_data_verbs(load: Callable[[], DataVerbs]) -> DataVerbs:
+    """DataVerbs whose module (the readers: pyarrow, h5py, torch) `load` imports when one of them runs, not when
+    the workload registers."""
+
+    def generate_args(parser: argparse.ArgumentParser) -> None:
+        load().generate_args(parser)
+
+    def generate(args: argparse.Namespace) -> int:
+        return load().generate(args)
+
+    def inspect(args: argparse.Namespace) -> int:
+        return load().inspect(args)
+
+    return DataVerbs(generate_args, generate, inspect)
+
+
 @dataclass(frozen=True)
 class ModelVerb:
     """`hpctrain sample|evaluate MODEL ...` for a checkpoint of one of the workload's model types."""

@@ -16,7 +16,7 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.fields.spec import FieldsRun
-from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs
+from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
     from hpctrain.track.report.panels import WorkloadReport
@@ -57,23 +57,10 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     return 0
 
 
-# `hpctrain data`: data_verbs.py imports the readers (pyarrow and torch: dataset.py), which no other command needs
-def generate_args(parser: argparse.ArgumentParser) -> None:
-    from hpctrain.workloads.fields import data_verbs
+def _data_verbs() -> DataVerbs:
+    from hpctrain.workloads.fields.data_verbs import DATA_VERBS
 
-    data_verbs.generate_args(parser)
-
-
-def generate(args: argparse.Namespace) -> int:
-    from hpctrain.workloads.fields import data_verbs
-
-    return data_verbs.generate(args)
-
-
-def inspect(args: argparse.Namespace) -> int:
-    from hpctrain.workloads.fields import data_verbs
-
-    return data_verbs.inspect(args)
+    return DATA_VERBS
 
 
 def field_task(cfg: FieldsRun, env: ClusterEnv) -> Task[Any]:
@@ -90,7 +77,7 @@ def report() -> WorkloadReport:
 
 VERBS = Verbs(
     tasks={"field_cnn": field_task},
-    data=DataVerbs(generate_args, generate, inspect),
+    data=lazy_data_verbs(_data_verbs),
     evaluate=ModelVerb(evaluate_args, evaluate),
     report=report,
 )

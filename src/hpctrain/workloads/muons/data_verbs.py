@@ -14,6 +14,7 @@ from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons import truth
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
+from hpctrain.workloads.registry import DataVerbs
 
 SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": ".parquet", "hdf5": ".h5"}
 
@@ -118,3 +119,6 @@ def inspect(args: argparse.Namespace) -> int:
     for path in local_files(args.path):
         _describe(path, args.events)
     return 0
+
+
+DATA_VERBS = DataVerbs(generate_args, generate, inspect)

@@ -17,7 +17,7 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
-from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs
+from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
     from hpctrain.track.report.panels import WorkloadReport
@@ -177,23 +177,10 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     return 0
 
 
-# `hpctrain data`: data_verbs.py imports the readers (pyarrow, h5py), which no other command needs
-def generate_args(parser: argparse.ArgumentParser) -> None:
-    from hpctrain.workloads.muons import data_verbs
+def _data_verbs() -> DataVerbs:
+    from hpctrain.workloads.muons.data_verbs import DATA_VERBS
 
-    data_verbs.generate_args(parser)
-
-
-def generate(args: argparse.Namespace) -> int:
-    from hpctrain.workloads.muons import data_verbs
-
-    return data_verbs.generate(args)
-
-
-def inspect(args: argparse.Namespace) -> int:
-    from hpctrain.workloads.muons import data_verbs
-
-    return data_verbs.inspect(args)
+    return DATA_VERBS
 
 
 def wgan_task(cfg: MuonWGANRun, env: ClusterEnv) -> Task[Any]:
@@ -228,7 +215,7 @@ def sampler(trained: Any) -> Any:
 
 VERBS = Verbs(
     tasks={"muon_wgan": wgan_task, "muon_flow": flow_task, "muon_multiplicity": multiplicity_task},
-    data=DataVerbs(generate_args, generate, inspect),
+    data=lazy_data_verbs(_data_verbs),
     sample=ModelVerb(sample_args, sample),
     evaluate=ModelVerb(evaluate_args, evaluate),
     report=report,
