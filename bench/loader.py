@@ -88,8 +88,8 @@ def loader(
     workers: ~15 ms of the main process's CPU each), then `passes` epochs: (events, muons, seconds, CPU s, first
     epoch s,
     CPU s of the main process alone: with workers, its share is the part that does not scale with them)."""
+    from hpctrain.workloads.muons.events.stream import EventStream
     from hpctrain.workloads.muons.spec import MuonData
-    from hpctrain.workloads.muons.stream import EventStream
 
     data = MuonData(
         batch_size=batch_size,
@@ -224,7 +224,7 @@ def _cpu_s() -> float:
 
 def phase(args: argparse.Namespace) -> None:
     files = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".parquet"))
-    import hpctrain.workloads.muons.stream  # noqa: F401  (torch's import time is not decoding time)
+    import hpctrain.workloads.muons.events.stream  # noqa: F401  (torch's import time is not decoding time)
 
     name, passes = args.phase, args.passes
     if name.startswith("loader"):

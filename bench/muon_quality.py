@@ -74,7 +74,7 @@ def train_all(
 
 def median_judgement(results: list[dict[str, Any]]) -> dict[str, Any]:
     """quality.judge on the per-bin median of ours over the seeds (floor and baseline are shared)."""
-    from hpctrain.workloads.muons import quality
+    from hpctrain.workloads.muons.evaluation import quality
 
     first = results[0]["quality"]["features"]
 
@@ -127,7 +127,8 @@ def main() -> None:
 
     import torch
 
-    from hpctrain.workloads.muons import evaluate, quality, sampling
+    from hpctrain.workloads.muons.evaluation import evaluate, quality
+    from hpctrain.workloads.muons.models import sampling
 
     torch.set_num_threads(args.threads)
     results, runs = [], []

@@ -30,7 +30,7 @@ REFERENCE = {
 
 def make_batch(events: int, cap: int, seed: int):  # type: ignore[no-untyped-def]
     from hpctrain.workloads.muons import truth
-    from hpctrain.workloads.muons.batch import MuonBatch
+    from hpctrain.workloads.muons.events.batch import MuonBatch
 
     rng = np.random.default_rng(seed)
     prims, muons, counts = [], [], []
@@ -52,7 +52,7 @@ def build(device: torch.device, critic_steps: int, lambda_gp: float, gp_every: i
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.train.context import Context
     from hpctrain.train.optim import build_optimizer
-    from hpctrain.workloads.muons.task import MuonWGANTask
+    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
     from hpctrain.workloads.registry import config_model, fill_default_types
 
     overrides = [
@@ -93,7 +93,7 @@ def time_ours(batch, device, critic_steps, lambda_gp, gp_every, cap, repeats):  
 
 def loop_step(task, ctx, batch, critic_steps: int, use_gp: bool) -> None:  # type: ignore[no-untyped-def]
     """The same update written the straightforward way: one event at a time, per-event GP by autograd."""
-    from hpctrain.workloads.muons.networks import MultiplicityHead
+    from hpctrain.workloads.muons.models.networks import MultiplicityHead
 
     gen, critic = ctx.raw_modules["generator"], ctx.raw_modules["critic"]
     opt_g, opt_c = ctx.optimizers["generator"], ctx.optimizers["critic"]

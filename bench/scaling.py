@@ -72,7 +72,7 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def files_child(folder: str) -> dict[str, Any]:
     """Index build and one epoch of the files in `folder`, in this (fresh) process."""
-    import hpctrain.workloads.muons.stream as stream_mod
+    import hpctrain.workloads.muons.events.stream as stream_mod
     from hpctrain.workloads.muons.spec import MuonData
 
     files = sorted(str(p) for p in Path(folder).glob("*.parquet"))
@@ -164,8 +164,8 @@ def ranks_child(folder: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from hpctrain.workloads.muons.events.stream import EventStream
     from hpctrain.workloads.muons.spec import MuonData
-    from hpctrain.workloads.muons.stream import EventStream
 
     torch.set_num_threads(1)
     rank, world = _join()

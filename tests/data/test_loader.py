@@ -1,4 +1,4 @@
-"""The generic loader (data/loader.py, data/epoch_plan.py, runtime/seeding.py): sharding over ranks, worker
+"""The generic loader (data/loader.py, data/stream/epoch_plan.py, runtime/seeding.py): sharding over ranks, worker
 seeds, exact resume mid-epoch, one form of the position in a checkpoint, and the close of persistent workers."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, get_worker_info
 
-from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
 from hpctrain.data.loader import IndexedStream, LoaderOptions, SeededLoader, as_batch, load_position
+from hpctrain.data.stream.epoch_plan import EpochPlan, PieceSize, Reassembly, work_items
 from hpctrain.runtime.seeding import CHUNK_EVENTS, EPOCH_UNITS, LOADER_WORKERS, derive, numpy_rng
 from tests.workloads.muons.conftest import event_stream, write_set
 
@@ -185,7 +185,7 @@ import torch
 from torch.utils.data import Dataset
 from hpctrain.data.loader import IndexedStream, LoaderOptions
 from hpctrain.workloads.muons.spec import MuonData
-from hpctrain.workloads.muons.stream import EventStream
+from hpctrain.workloads.muons.events.stream import EventStream
 
 class Squares(Dataset):
     def __len__(self):

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.data.staged import StagingSpec
 from hpctrain.data.staging import staging_root
+from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.remote.expand import expand_paths
 from tests.integration.pelican_fixtures import FederationSetup, StagingLog, pelican_federation

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.workloads.muons import evaluate as muon_eval
-from hpctrain.workloads.muons import layouts, quality
+from hpctrain.workloads.muons.evaluation import evaluate as muon_eval
+from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.events import layouts
 
 
 def _hops(changed_at: int, total: int) -> list[dict]:

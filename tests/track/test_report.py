@@ -15,7 +15,7 @@ from hpctrain.track.report import Image, WorkloadReport, write_report
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions
 from hpctrain.track.report.panels import figure, fmt
-from hpctrain.workloads.muons.quality_report import quality_panels
+from hpctrain.workloads.muons.evaluation.quality_report import quality_panels
 from tests.conftest import hpctrain
 from tests.track.report_runs import fields_run, muon_run
 

@@ -15,8 +15,8 @@ from hpctrain.runtime.torch_build import installed_build
 from hpctrain.train.memory import resolve_compile
 from hpctrain.train.outcome import Timers
 from hpctrain.train.setup import short_hop
-from hpctrain.workloads.muons.losses import functional_penalty, gradient_penalty, pair_muons
-from hpctrain.workloads.muons.networks import Critic, event_index
+from hpctrain.workloads.muons.models.losses import functional_penalty, gradient_penalty, pair_muons
+from hpctrain.workloads.muons.models.networks import Critic, event_index
 from tests.conftest import clean_env, hpctrain
 
 REPO = Path(__file__).resolve().parents[2]

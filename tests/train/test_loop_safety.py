@@ -378,7 +378,7 @@ def test_staging_wait_gives_up_when_a_stop_is_due(tmp_path: Path, stop_after, lo
 
 
 def test_prefetch_queue_wait_gives_up_when_a_stop_is_due(stop_after):
-    from hpctrain.data.prefetch import Prefetcher
+    from hpctrain.data.stream.prefetch import Prefetcher
 
     release = threading.Event()
 

@@ -1,31 +1,23 @@
 """`hpctrain data generate [--kind muons|fields] ...` and `hpctrain data inspect PATH [--events N]`.
 
-Each kind is a workload whose registry extras provide `generate_args(parser)`, `generate(args) -> int` and
-`inspect(args) -> int`.
+Each kind is a workload whose verbs hold `data` (a `registry.DataVerbs`: `generate_args(parser)`,
+`generate(args) -> int` and `inspect(args) -> int`).
 """
 
 from __future__ import annotations
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import UserError
+from hpctrain.workloads.registry import DataVerbs, with_data_verbs
 
 DEFAULT_KIND = "muons"
 
 
-def _kinds(extra: str) -> list[str]:
-    from hpctrain.workloads.registry import workloads
-
-    return sorted(name for name, spec in workloads().items() if extra in spec.extras)
-
-
-def _extra(kind: str, name: str):  # type: ignore[no-untyped-def]
-    from hpctrain.workloads.registry import extra
-
-    if kind not in _kinds(name):
-        raise UserError(
-            f"--kind {kind!r} has no `data {name.split('_')[0]}` (choose from {', '.join(_kinds(name))})"
-        )
-    return extra(kind, name)
+def _verbs(kind: str, action: str) -> DataVerbs:
+    offered = with_data_verbs()
+    if kind not in offered:
+        raise UserError(f"--kind {kind!r} has no `data {action}` (choose from {', '.join(offered)})")
+    return offered[kind]
 
 
 def main(argv: list[str]) -> int:
@@ -45,10 +37,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("action", choices=[known.action])
     parser.add_argument("--kind", default=DEFAULT_KIND, help=f"workload whose data (default {DEFAULT_KIND})")
     if known.action == "generate":
-        _extra(known.kind, "generate_args")(parser)
+        _verbs(known.kind, "generate").generate_args(parser)
         args = parser.parse_args(argv)
-        return int(_extra(args.kind, "generate")(args))
+        return _verbs(args.kind, "generate").generate(args)
     parser.add_argument("path", help="a file, folder or glob")
     parser.add_argument("--events", type=int, default=5, help="events to print from each file (default 5)")
     args = parser.parse_args(argv)
-    return int(_extra(args.kind, "inspect")(args))
+    return _verbs(args.kind, "inspect").inspect(args)

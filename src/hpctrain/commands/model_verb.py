@@ -1,14 +1,17 @@
 """What `hpctrain sample` and `hpctrain evaluate` share: find the checkpoint the user names, and hand it to the
-verb of the workload its `model.type` belongs to (registry extras "<verb>" and "<verb>_args"); a workload that
-has no such verb is one line, exit 2."""
+verb of the workload its `model.type` belongs to (its verbs' `sample` or `evaluate`, a `registry.ModelVerb`); a
+workload that has no such verb is one line, exit 2."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import UserError
+
+if TYPE_CHECKING:
+    from hpctrain.workloads.registry import ModelVerb
 
 MODEL_HELP = "run folder (its latest checkpoint) or a checkpoint file"
 
@@ -34,15 +37,16 @@ def run_model_verb(verb: str, description: str, argv: list[str]) -> int:
     able = ", ".join(registry.offering(verb)) or "none"
     if model_type is None:
         raise UserError(f"{found[1]}: holds no configuration, so no workload to {verb} it with")
-    if spec is None or verb not in spec.extras:
+    handler = spec.verbs.model_verb(verb) if spec is not None else None
+    if spec is None or handler is None:
         owner = f"workload {spec.name!r}" if spec is not None else "no registered workload"
         raise UserError(
             f"{found[1]}: model.type={model_type!r} ({owner}) has no `hpctrain {verb}`; it is offered for "
             f"models of: {able}"
         )
-    parser = _parser(verb, description, spec.name)
+    parser = _parser(verb, description, handler)
     args = parser.parse_args(argv)
-    return int(registry.extra(spec.name, verb)(args, found))
+    return handler.run(args, found)
 
 
 def _model_type(state: dict[str, Any]) -> str | None:
@@ -52,12 +56,10 @@ def _model_type(state: dict[str, Any]) -> str | None:
     return str(kind) if kind is not None else None
 
 
-def _parser(verb: str, description: str, workload: str) -> argparse.ArgumentParser:
-    from hpctrain.workloads import registry
-
+def _parser(verb: str, description: str, handler: ModelVerb) -> argparse.ArgumentParser:
     parser = ArgParser(prog=f"hpctrain {verb}", description=description)
     parser.add_argument("model", help=MODEL_HELP)
-    registry.extra(workload, f"{verb}_args")(parser)
+    handler.add_args(parser)
     return parser
 
 
@@ -69,6 +71,8 @@ def _overview(verb: str, description: str) -> str:
     lines.append("The options depend on the workload of the model's model.type:")
     for name in registry.offering(verb):
         parser = argparse.ArgumentParser(prog=f"hpctrain {verb}", add_help=False)
-        registry.extra(name, f"{verb}_args")(parser)
+        handler = registry.workloads()[name].verbs.model_verb(verb)
+        assert handler is not None  # offering() lists only the workloads that have it
+        handler.add_args(parser)
         lines += ["", f"workload {name}:", parser.format_help().rstrip()]
     return "\n".join(lines)

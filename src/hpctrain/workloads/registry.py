@@ -1,19 +1,35 @@
-"""name -> workload. Each folder under workloads/ with a `spec.py` defining WORKLOAD is found automatically.
+"""name -> workload. Each folder under workloads/ is one, found automatically, with two files the registry reads:
 
-Specs hold only pydantic configs and dotted paths to the task factories, so building the full config type
-(for validation on a login node, in `submit`) never imports torch.
+- `spec.py`: `WORKLOAD`, a `WorkloadSpec`: its name and pydantic configs (one per `model.type`, and its data
+  sections). Building the full config type (validation on a login node, in `submit`) imports only these.
+- `verbs.py`: `VERBS`, a `Verbs`: the task of each model type and the optional verbs (`hpctrain data`,
+  `sample`, `evaluate`, `report`, `hpctrain.load(...).sampler`), each a typed callable. `verbs.py` is imported
+  at registration by every command, login nodes included: it imports torch (and other heavy parts) only inside
+  the callables, when a verb runs.
+
+Registration checks the pair: a task for every model type and none other, and each callable's parameters and
+return as `Verbs` declares them (`VERB_SIGNATURES`). A mistake fails every command at once, naming the workload
+and the verb, instead of the one verb that resolves a bad dotted path days later.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+import hpctrain.workloads as package
+from hpctrain.config.loading import resolve_config
+from hpctrain.config.schema import build_config_model
+from hpctrain.track.report.panels import NO_WORKLOAD, WorkloadReport
 
 if TYPE_CHECKING:
     from hpctrain.config.loading import ConfigRequest, Provenance
@@ -23,45 +39,176 @@ if TYPE_CHECKING:
 
 DEFAULT_WORKLOAD = "regression"
 
+# hpctrain.train.checkpoint.find_checkpoint's answer: (checkpoint state, its file, its run folder or None)
+Found = tuple[dict[str, Any], Path, Path | None]
+TaskFactory = Callable[[Any, "ClusterEnv"], "Task[Any]"]  # (cfg of its model type, env) -> its Task
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
     name: str
-    # model.type -> (its pydantic model config, "module:TaskClass")
-    models: dict[str, tuple[type[BaseModel], str]]
+    models: dict[str, type[BaseModel]]  # model.type -> its pydantic model config
     data: list[type[BaseModel]]
-    # Optional verbs' helpers as dotted paths, looked up by commands: "generate", "generate_args" and "inspect"
-    # (`hpctrain data`, given args), "sample"/"sample_args" and "evaluate"/"evaluate_args" (`hpctrain sample` and
-    # `evaluate`, given args and the checkpoint found: hpctrain.train.checkpoint.find_checkpoint's tuple),
-    # "sampler" (what `hpctrain.load` hands out as `.sampler`: a class given the workloads.trained.Trained).
-    extras: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataVerbs:
+    """`hpctrain data generate --kind <workload>` and `hpctrain data inspect --kind <workload> PATH`."""
+
+    generate_args: Callable[[argparse.ArgumentParser], None]
+    generate: Callable[[argparse.Namespace], int]
+    inspect: Callable[[argparse.Namespace], int]
+
+
+def lazy_data_verbs(load: Callable[[], DataVerbs]) -> DataVerbs:
+    """DataVerbs whose module (the readers: pyarrow, h5py, torch) `load` imports when one of them runs, not when
+    the workload registers."""
+
+    def generate_args(parser: argparse.ArgumentParser) -> None:
+        load().generate_args(parser)
+
+    def generate(args: argparse.Namespace) -> int:
+        return load().generate(args)
+
+    def inspect(args: argparse.Namespace) -> int:
+        return load().inspect(args)
+
+    return DataVerbs(generate_args, generate, inspect)
+
+
+@dataclass(frozen=True)
+class ModelVerb:
+    """`hpctrain sample|evaluate MODEL ...` for a checkpoint of one of the workload's model types."""
+
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Found], int]
+
+
+@dataclass(frozen=True)
+class Verbs:
+    tasks: dict[str, TaskFactory]  # model.type -> (cfg, env) -> its Task; required for every model type
+    data: DataVerbs | None = None
+    sample: ModelVerb | None = None
+    evaluate: ModelVerb | None = None
+    report: Callable[[], WorkloadReport] | None = None  # what `hpctrain report` draws beyond the generic part
+    sampler: Callable[[Any], Any] | None = (
+        None  # hpctrain.load(...).sampler, given the workloads.trained.Trained
+    )
+
+    def model_verb(self, verb: str) -> ModelVerb | None:
+        """The `hpctrain <verb>` (sample or evaluate) the workload offers, or None."""
+        return {"sample": self.sample, "evaluate": self.evaluate}.get(verb)
+
+
+# Each callable's (parameter names, return annotation as written): what registration checks.
+VERB_SIGNATURES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "tasks": (("cfg", "env"), None),
+    "generate_args": (("parser",), "None"),
+    "generate": (("args",), "int"),
+    "inspect": (("args",), "int"),
+    "add_args": (("parser",), "None"),
+    "run": (("args", "found"), "int"),
+    "report": ((), "WorkloadReport"),
+    "sampler": (("trained",), None),
+}
+
+
+class RegistrationError(TypeError):
+    """A workload whose spec and verbs do not fit: found when the registry is first read."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A registered workload: its spec and its checked verbs."""
+
+    spec: WorkloadSpec
+    verbs: Verbs = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def models(self) -> dict[str, type[BaseModel]]:
+        return self.spec.models
+
+    @property
+    def data(self) -> list[type[BaseModel]]:
+        return self.spec.data
+
+
+def _check_callable(workload: str, verb: str, fn: Any) -> None:
+    names, returns = VERB_SIGNATURES[verb.rpartition(".")[2].split("[")[0]]
+    if not callable(fn):
+        raise RegistrationError(f"workload {workload!r}: verb {verb} is {fn!r}, not a callable")
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    got = tuple(p.name for p in params)
+    written = inspect.signature(fn).return_annotation
+    # postponed annotations (`from __future__ import annotations`) are strings; others are types or None
+    ret = None if written is inspect.Signature.empty else getattr(written, "__name__", str(written))
+    if len(got) != len(names) or (returns is not None and ret != returns):
+        want = f"({', '.join(names)})" + (f" -> {returns}" if returns else "")
+        have = f"({', '.join(got)})" + (f" -> {ret}" if ret is not None else "")
+        raise RegistrationError(f"workload {workload!r}: verb {verb} takes {have}; it must take {want}")
+
+
+def check(spec: WorkloadSpec, verbs: Verbs) -> Workload:
+    """The workload `spec` and `verbs` make, or a RegistrationError naming what is missing or mistyped."""
+    if not isinstance(verbs, Verbs):
+        raise RegistrationError(f"workload {spec.name!r}: verbs.VERBS is {type(verbs).__name__}, not a Verbs")
+    missing, extra = set(spec.models) - set(verbs.tasks), set(verbs.tasks) - set(spec.models)
+    if missing or extra:
+        raise RegistrationError(
+            f"workload {spec.name!r}: verbs.tasks must name a task for each model type of its spec "
+            f"({sorted(spec.models)}); missing {sorted(missing)}, unknown {sorted(extra)}"
+        )
+    for model_type, factory in verbs.tasks.items():
+        _check_callable(spec.name, f"tasks[{model_type}]", factory)
+    for part in fields(verbs):
+        value = getattr(verbs, part.name)
+        if part.name == "tasks" or value is None:
+            continue
+        if isinstance(value, (DataVerbs, ModelVerb)):
+            for sub in fields(value):
+                _check_callable(spec.name, f"{part.name}.{sub.name}", getattr(value, sub.name))
+        else:
+            _check_callable(spec.name, part.name, value)
+    return Workload(spec, verbs)
 
 
 @cache
-def workloads() -> dict[str, WorkloadSpec]:
-    import hpctrain.workloads as package
-
+def workloads() -> dict[str, Workload]:
     found = {}
     for info in pkgutil.iter_modules(package.__path__):
         if not info.ispkg:
             continue
         try:
-            module = importlib.import_module(f"hpctrain.workloads.{info.name}.spec")
+            spec_module = importlib.import_module(f"hpctrain.workloads.{info.name}.spec")
         except ModuleNotFoundError as exc:
             if exc.name == f"hpctrain.workloads.{info.name}.spec":
                 continue  # a folder without a spec is not a workload
             raise
-        spec: WorkloadSpec = module.WORKLOAD
-        found[spec.name] = spec
+        spec: WorkloadSpec = spec_module.WORKLOAD
+        try:
+            verbs_module = importlib.import_module(f"hpctrain.workloads.{info.name}.verbs")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"hpctrain.workloads.{info.name}.verbs":
+                raise RegistrationError(
+                    f"workload {spec.name!r}: no verbs.py (its tasks are named there)"
+                ) from None
+            raise
+        found[spec.name] = check(spec, verbs_module.VERBS)
     return found
 
 
 @cache
 def config_model() -> type[BaseModel]:
     """The full configuration type: every workload's model and data configs in discriminated unions."""
-    from hpctrain.config.schema import build_config_model
-
-    models = [cls for spec in workloads().values() for cls, _ in spec.models.values()]
+    models = [cls for spec in workloads().values() for cls in spec.models.values()]
     data = [cls for spec in workloads().values() for cls in spec.data]
     return build_config_model(models, data, DEFAULT_WORKLOAD)
 
@@ -80,54 +227,43 @@ def fill_default_types(tree: dict[str, Any]) -> None:
                 break
 
 
-def _load(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def workload_of(model_type: str) -> WorkloadSpec | None:
+def workload_of(model_type: str) -> Workload | None:
     """The workload that registers `model_type` (None: no workload does)."""
     return next((spec for spec in workloads().values() if model_type in spec.models), None)
 
 
-def offering(name: str) -> list[str]:
-    """The workloads whose extras provide `name` (e.g. "sample"), sorted."""
-    return sorted(spec.name for spec in workloads().values() if name in spec.extras)
+def offering(verb: str) -> list[str]:
+    """The workloads that offer `hpctrain <verb>` (sample, evaluate) for their models, sorted."""
+    return sorted(w.name for w in workloads().values() if w.verbs.model_verb(verb) is not None)
 
 
-def task_factory(model_type: str) -> Callable[..., Any]:
-    for spec in workloads().values():
-        if model_type in spec.models:
-            return _load(spec.models[model_type][1])  # type: ignore[no-any-return]
-    raise ValueError(f"model.type={model_type!r} has no registered workload")
+def with_data_verbs() -> dict[str, DataVerbs]:
+    """Workload name -> its `hpctrain data` verbs, for the workloads that have them."""
+    return {name: w.verbs.data for name, w in sorted(workloads().items()) if w.verbs.data is not None}
+
+
+def task_factory(model_type: str) -> TaskFactory:
+    spec = workload_of(model_type)
+    if spec is None:
+        raise ValueError(f"model.type={model_type!r} has no registered workload")
+    return spec.verbs.tasks[model_type]
 
 
 def make_task(cfg: ConfigBase, env: ClusterEnv) -> Task[ConfigBase]:
     """The task of `cfg.model.type`'s workload: what `hpctrain.train.entry.run` is handed (a TaskFactory)."""
-    return task_factory(cfg.model.type)(cfg, env)  # type: ignore[no-any-return]
+    return task_factory(cfg.model.type)(cfg, env)
 
 
 def resolve(request: ConfigRequest) -> tuple[Any, Provenance]:
     """The validated configuration a request names, and where each key came from (the full config type, with
     every workload's model and data sections)."""
-    from hpctrain.config.loading import resolve_config
-
     return resolve_config(request, config_model(), prepare=fill_default_types)  # type: ignore[no-any-return]
 
 
-def extra(workload: str, name: str) -> Callable[..., Any]:
-    spec = workloads().get(workload)
-    if spec is None or name not in spec.extras:
-        raise ValueError(f"workload {workload!r} has no {name!r}")
-    return _load(spec.extras[name])  # type: ignore[no-any-return]
-
-
-def report_of(model_type: str | None) -> Any:
-    """The `WorkloadReport` (track/report/panels.py) of model_type's workload: its "report" extra, or the
-    generic report when the workload has none or the type is unknown."""
-    from hpctrain.track.report.panels import NO_WORKLOAD
-
-    for spec in workloads().values():
-        if model_type in spec.models and "report" in spec.extras:
-            return _load(spec.extras["report"])
-    return NO_WORKLOAD
+def report_of(model_type: str | None) -> WorkloadReport:
+    """The `WorkloadReport` (track/report/panels.py) of model_type's workload, or the generic report when the
+    workload has none or the type is unknown."""
+    spec = workload_of(model_type) if model_type is not None else None
+    if spec is None or spec.verbs.report is None:
+        return NO_WORKLOAD
+    return spec.verbs.report()

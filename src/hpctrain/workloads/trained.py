@@ -15,7 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.config.loading import validate
 from hpctrain.errors import RunError, UserError
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.checkpoint import find_checkpoint, load_verified, strip_prefixes
+from hpctrain.train.parts import params_sha256
+from hpctrain.workloads import registry
 
 # (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
 Found = tuple[dict[str, Any], Path, Path | None]
@@ -62,8 +67,6 @@ class Trained:
 def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
     """The checkpoint `which` of a run folder (or the checkpoint file `path` names, with which=latest). Every
     failure is a UserError naming what is there: no checkpoint, an unreadable one, an unknown `which`."""
-    from hpctrain.train.checkpoint import find_checkpoint, load_verified
-
     match = _STEP.match(which)
     if which not in ("latest", "best") and match is None:
         raise UserError(f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
@@ -92,12 +95,6 @@ def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
 def load(path: str | Path, which: str = "latest", device: str | torch.device = "cpu") -> Trained:
     """The networks of checkpoint `which` of run folder (or checkpoint file) `path`, in eval mode on `device`,
     with the workload's sampler."""
-    from hpctrain.config.loading import validate
-    from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.train.checkpoint import strip_prefixes
-    from hpctrain.train.parts import params_sha256
-    from hpctrain.workloads import registry
-
     state, file, run_dir = pick_checkpoint(path, which)
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{file}: holds no configuration, so no workload to build its networks with")
@@ -127,6 +124,6 @@ def load(path: str | Path, which: str = "latest", device: str | torch.device = "
         params_sha256(models),
     )
     spec = registry.workload_of(cfg.model.type)
-    if spec is not None and "sampler" in spec.extras:
-        trained.sampler = registry.extra(spec.name, "sampler")(trained)
+    if spec is not None and spec.verbs.sampler is not None:
+        trained.sampler = spec.verbs.sampler(trained)
     return trained

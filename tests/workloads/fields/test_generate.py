@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from hpctrain.workloads.fields.cli import generate, generate_args
+from hpctrain.workloads.fields.data_verbs import generate, generate_args
 from hpctrain.workloads.fields.dataset import GeneratedFields, ShardFields
 from hpctrain.workloads.fields.generate import (
     R8,

@@ -157,7 +157,7 @@ def test_dataloader_workers_do_not_share_a_numpy_seed():
 def test_training_from_shards_on_disk_sees_the_on_the_fly_maps(tmp_path):
     import argparse
 
-    from hpctrain.workloads.fields.cli import generate, generate_args
+    from hpctrain.workloads.fields.data_verbs import generate, generate_args
 
     parser = argparse.ArgumentParser()
     generate_args(parser)

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.data.staged import StagingSpec
-from hpctrain.workloads.muons import layouts
+from hpctrain.data.stream.staged import StagingSpec
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.stream import EventStream
 from hpctrain.workloads.muons.spec import MuonData
-from hpctrain.workloads.muons.stream import EventStream
-from hpctrain.workloads.muons.tools import synthetic_events
 
 
 def write_set(

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from hpctrain.errors import UserError
 from hpctrain.remote.expand import expand_paths
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.event_index import build_index
-from hpctrain.workloads.muons.stream import EventStream
-from hpctrain.workloads.muons.tools import synthetic_events
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.event_index import build_index
+from hpctrain.workloads.muons.events.stream import EventStream
 from tests.conftest import ROOT, Done, hpctrain
 from tests.workloads.muons.conftest import event_stream, write_set
 

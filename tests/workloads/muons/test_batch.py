@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.workloads.muons.batch import MuonBatch, cut_points, split_by_muon_cap
-from hpctrain.workloads.muons.task_base import MuonTaskBase
-from hpctrain.workloads.muons.tools import synthetic_events
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.events.batch import MuonBatch, cut_points, split_by_muon_cap
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 
 def _batch(n: int = 40, seed: int = 3) -> MuonBatch:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 
 
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hpctrain.workloads.muons import file_cache, layouts
+from hpctrain.workloads.muons.events import file_cache, layouts
 from tests.conftest import hpctrain
 from tests.workloads.muons.conftest import write_set
 from tests.workloads.muons.test_model_run import wgan_overrides

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.workloads.muons import evaluate, layouts, quality, sampling
+from hpctrain.workloads.muons.evaluation import evaluate, quality
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.models import sampling
 from tests.conftest import hpctrain
 from tests.workloads.muons.conftest import write_set
 from tests.workloads.muons.test_model_run import data, make_cfg, reference  # noqa: F401 (fixtures)

@@ -14,7 +14,7 @@ import numpy as np
 from hpctrain.commands.train import run
 from hpctrain.errors import EXIT_OK
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 from tests.conftest import clean_env, hpctrain
 from tests.workloads.muons.conftest import write_set
 from tests.workloads.muons.test_model_run import FLOW_MODEL, make_cfg

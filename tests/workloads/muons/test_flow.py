@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hpctrain.workloads.muons import physics, truth
-from hpctrain.workloads.muons.flow import TAIL, MuonFlow, _log_prob, _transform, rq_spline
-from hpctrain.workloads.muons.networks import Generator, event_index
-from hpctrain.workloads.muons.quality import wasserstein_1d
+from hpctrain.workloads.muons.evaluation.quality import wasserstein_1d
+from hpctrain.workloads.muons.models.flow import TAIL, MuonFlow, _log_prob, _transform, rq_spline
+from hpctrain.workloads.muons.models.networks import Generator, event_index
 
 
 def spline_params(n: int, bins: int, seed: int, spread: float = 1.5) -> torch.Tensor:

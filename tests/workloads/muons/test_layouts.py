@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.tools import synthetic_events
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.events import layouts
 
 
 @pytest.mark.parametrize("layout", layouts.LAYOUTS)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.workloads.muons.evaluate import ks_statistic, wasserstein_1d
-from hpctrain.workloads.muons.losses import gradient_penalty, pair_muons
-from hpctrain.workloads.muons.networks import Critic, Generator, MultiplicityHead, event_index, pool
+from hpctrain.workloads.muons.evaluation.evaluate import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons.models.losses import gradient_penalty, pair_muons
+from hpctrain.workloads.muons.models.networks import Critic, Generator, MultiplicityHead, event_index, pool
 
 
 def make(counts: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

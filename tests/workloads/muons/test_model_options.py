@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hpctrain.workloads.muons.networks import Critic, event_index
+from hpctrain.workloads.muons.models.networks import Critic, event_index
 
 
 def test_muon_score_weighs_every_muon_equally() -> None:
@@ -36,7 +36,7 @@ def test_muon_score_weighs_every_muon_equally() -> None:
 
 
 def test_isotropic_generator_turns_each_muon_and_keeps_energy_and_radius() -> None:
-    from hpctrain.workloads.muons.networks import Generator
+    from hpctrain.workloads.muons.models.networks import Generator
 
     torch.manual_seed(1)
     plain = Generator(4, 3, 16, [8], cap=50)

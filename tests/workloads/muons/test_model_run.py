@@ -17,9 +17,9 @@ from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
 from hpctrain.train.task import MicroBatch
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.task import MuonWGANTask
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.tasks.task import MuonWGANTask
 from hpctrain.workloads.registry import config_model, fill_default_types
 from tests.conftest import hpctrain, read_jsonl
 from tests.track.test_report import FEATURES, check_report
@@ -255,7 +255,7 @@ FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {h
 def test_flow_models_train_resume_bit_exactly_sample_and_evaluate(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]
 ):
-    from hpctrain.workloads.muons.likelihood import MuonFlowTask
+    from hpctrain.workloads.muons.tasks.likelihood import MuonFlowTask
 
     whole = tmp_path / "whole"
     assert run(make_cfg(data, whole, *extra), ClusterEnv()) == EXIT_OK

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import layouts, quality, truth
+from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.events import layouts
 
 
 def truth_sample(primaries: np.ndarray, seed: int) -> layouts.Events:

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hpctrain.data import lent_buffers
+from hpctrain.data.stream import lent_buffers
 from hpctrain.errors import UserError
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.stream import EventStream
-from hpctrain.workloads.muons.tools import synthetic_events
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.stream import EventStream
 
 from .conftest import event_stream, keys, write_set
 
@@ -284,7 +284,7 @@ def test_the_fast_muon_check_misses_no_bad_value(rows: int) -> None:
     """The per-column min/max proof (outliers.muons_fine) accepts good muons and rejects a zero, negative,
     NaN or infinite energy and a NaN or infinite x/y, wherever it sits (also in the rows beyond the last
     full fold of 1024)."""
-    from hpctrain.workloads.muons.outliers import muons_fine
+    from hpctrain.workloads.muons.events.outliers import muons_fine
 
     good = np.random.default_rng(rows).random((rows, 3), dtype=np.float32) + 0.5
     good[:, 1:] -= 1.0  # x, y of either sign
@@ -317,7 +317,7 @@ def test_a_file_rewritten_in_another_layout_is_one_line(tmp_path: Path, first: s
 def test_proven_muons_are_not_checked_again_unless_the_file_changed(tmp_path: Path) -> None:
     """A unit whose muons were proven fine is not proven again in a later epoch (0 workers: the same data
     set object), and a file rewritten with a bad muon between epochs (same row groups) is still caught."""
-    from hpctrain.workloads.muons import decode
+    from hpctrain.workloads.muons.events import decode
 
     path = tmp_path / "f.parquet"
     events = synthetic_events(200, 1, 0)

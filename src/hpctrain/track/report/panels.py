@@ -1,7 +1,7 @@
 """The report's building blocks: figures without pyplot, hop markers, and what a workload hands in.
 
-A workload adds its own plots and tables with one `WorkloadReport` (its `report.py`, named in its spec's
-extras as "report"): scalar groups that name its logged keys by meaning, panels that draw figures from the run
+A workload adds its own plots and tables with one `WorkloadReport` (its `report.py`, handed over by its
+verbs.py as `Verbs.report`): scalar groups that name its logged keys by meaning, panels that draw figures from the run
 (often from its evaluate.json), and tables. The generic part (this package) never imports a workload.
 """
 

@@ -17,18 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
+from hpctrain.workloads.registry import config_model, task_factory
 
 
 def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
     """(cfg, task, model in eval mode, step, checkpoint file, run folder) of a run folder's latest checkpoint
     or of a checkpoint file."""
-    from hpctrain.config.loading import validate
-    from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
-    from hpctrain.workloads.registry import config_model, task_factory
-
     state, file, run_dir = find_checkpoint(path)
     cfg = validate(config_model(), state["config"])
     if cfg.model.type != "field_cnn":
@@ -42,8 +43,6 @@ def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
 
 
 def evaluate_run(path: str | Path, max_maps: int = 0, split: str = "test") -> dict[str, Any]:
-    import torch
-
     cfg, task, model, step, file, _ = _load(path)
     dataset = task.dataset(split)
     if dataset is None or len(dataset) == 0:
@@ -78,8 +77,6 @@ def evaluate_run(path: str | Path, max_maps: int = 0, split: str = "test") -> di
 
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
-    from hpctrain.fsutil import atomic_write_text
-
     path = Path(run_dir) / "evaluate.json"
     clean = {
         **result,

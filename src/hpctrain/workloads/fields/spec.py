@@ -103,16 +103,4 @@ class FieldsRun(ConfigBase):
     data: FieldsData
 
 
-WORKLOAD = WorkloadSpec(
-    name="fields",
-    models={"field_cnn": (FieldCNNConfig, "hpctrain.workloads.fields.task:FieldTask")},
-    data=[FieldsData],
-    extras={
-        "generate": "hpctrain.workloads.fields.cli:generate",
-        "generate_args": "hpctrain.workloads.fields.cli:generate_args",
-        "inspect": "hpctrain.workloads.fields.cli:inspect",
-        "evaluate": "hpctrain.workloads.fields.verbs:evaluate",
-        "evaluate_args": "hpctrain.workloads.fields.verbs:evaluate_args",
-        "report": "hpctrain.workloads.fields.report:REPORT",
-    },
-)
+WORKLOAD = WorkloadSpec(name="fields", models={"field_cnn": FieldCNNConfig}, data=[FieldsData])

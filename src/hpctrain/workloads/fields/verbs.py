@@ -1,17 +1,26 @@
-"""`hpctrain evaluate` for the fields models: predicted vs true (Omega_m, sigma_8) on held-out maps, written to
-<run folder>/evaluate.json, which `hpctrain report` draws (scatter per parameter with R^2 and residual spread)."""
+"""The fields workload's verbs, as the registry takes them (`VERBS`, checked at registration): the task, `hpctrain
+data` (data_verbs.py), `hpctrain evaluate` (predicted vs true (Omega_m, sigma_8) on held-out maps, written to
+<run folder>/evaluate.json) and the report that draws it (scatter per parameter with R^2 and residual spread).
+
+Every command imports this module (registration), login nodes included: torch, the task and the data reader
+are imported inside the callables, when a verb runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
-from hpctrain.train.checkpoint import find_checkpoint
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.workloads.fields.spec import FieldsRun
+from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
 
-Found = tuple[dict, Path, Path | None]
+if TYPE_CHECKING:
+    from hpctrain.track.report.panels import WorkloadReport
+    from hpctrain.train.task import Task
 
 
 def evaluate_args(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +38,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.fields.evaluate import evaluate_run, write_outputs
 
     result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split)
-    run_dir = find_checkpoint(args.model)[2] if not args.out else None
+    run_dir = found[2]  # the run folder of the checkpoint the command found (None: a lone file)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -46,3 +55,29 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         )
     print(f"wrote {out}")
     return 0
+
+
+def _data_verbs() -> DataVerbs:
+    from hpctrain.workloads.fields.data_verbs import DATA_VERBS
+
+    return DATA_VERBS
+
+
+def field_task(cfg: FieldsRun, env: ClusterEnv) -> Task[Any]:
+    from hpctrain.workloads.fields.task import FieldTask
+
+    return FieldTask(cfg, env)
+
+
+def report() -> WorkloadReport:
+    from hpctrain.workloads.fields.report import REPORT
+
+    return REPORT
+
+
+VERBS = Verbs(
+    tasks={"field_cnn": field_task},
+    data=lazy_data_verbs(_data_verbs),
+    evaluate=ModelVerb(evaluate_args, evaluate),
+    report=report,
+)

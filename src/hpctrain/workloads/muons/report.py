@@ -12,7 +12,7 @@ import numpy as np
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
 from hpctrain.track.report.generic import ratio_panel
 from hpctrain.track.report.panels import figure, fmt, legend_outside
-from hpctrain.workloads.muons.quality_report import quality_panels, quality_table
+from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
 
 FEATURES = {  # name -> (axis label, unit)
     "multiplicity": ("muons per event", "count"),

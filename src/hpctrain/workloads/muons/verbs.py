@@ -1,5 +1,9 @@
-"""`hpctrain sample` and `hpctrain evaluate` for the muon models: the options each takes and what it does with
-the checkpoint the command found (the registry routes a muon model's checkpoint here, see spec.py extras)."""
+"""The muon workload's verbs, as the registry takes them (`VERBS`, checked at registration): the task of each
+model type, `hpctrain data` (data_verbs.py), `hpctrain sample` and `hpctrain evaluate` (the options each takes and
+what it does with the checkpoint the command found), the report and `hpctrain.load(...).sampler`.
+
+Every command imports this module (registration), login nodes included: torch, the tasks, the networks and
+the judge are imported inside the callables, when a verb runs."""
 
 from __future__ import annotations
 
@@ -7,10 +11,17 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
-from hpctrain.workloads.muons.sampling import SAMPLE_BATCH, Found
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.workloads.muons.spec import SAMPLE_BATCH, MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
+from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
+
+if TYPE_CHECKING:
+    from hpctrain.track.report.panels import WorkloadReport
+    from hpctrain.train.task import Task
 
 
 def sample_args(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +80,7 @@ def sample(args: argparse.Namespace, found: Found) -> int:
 
     import torch
 
-    from hpctrain.workloads.muons import sampling
+    from hpctrain.workloads.muons.models import sampling
 
     start = time.perf_counter()
     model = sampling.load_model(args.model, usable_device(args.device), found)
@@ -131,7 +142,8 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
 
-    from hpctrain.workloads.muons import evaluate, quality, sampling
+    from hpctrain.workloads.muons.evaluation import evaluate, quality
+    from hpctrain.workloads.muons.models import sampling
 
     model = sampling.load_model(args.model, usable_device(args.device), found)
     data = None
@@ -163,3 +175,49 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     )
     print(f"wrote {out}")
     return 0
+
+
+def _data_verbs() -> DataVerbs:
+    from hpctrain.workloads.muons.data_verbs import DATA_VERBS
+
+    return DATA_VERBS
+
+
+def wgan_task(cfg: MuonWGANRun, env: ClusterEnv) -> Task[Any]:
+    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+
+    return MuonWGANTask(cfg, env)
+
+
+def flow_task(cfg: MuonFlowRun, env: ClusterEnv) -> Task[Any]:
+    from hpctrain.workloads.muons.tasks.likelihood import MuonFlowTask
+
+    return MuonFlowTask(cfg, env)
+
+
+def multiplicity_task(cfg: MuonMultiplicityRun, env: ClusterEnv) -> Task[Any]:
+    from hpctrain.workloads.muons.tasks.likelihood import MuonMultiplicityTask
+
+    return MuonMultiplicityTask(cfg, env)
+
+
+def report() -> WorkloadReport:
+    from hpctrain.workloads.muons.report import REPORT
+
+    return REPORT
+
+
+def sampler(trained: Any) -> Any:
+    from hpctrain.workloads.muons.models.sampling import Sampler
+
+    return Sampler(trained)
+
+
+VERBS = Verbs(
+    tasks={"muon_wgan": wgan_task, "muon_flow": flow_task, "muon_multiplicity": multiplicity_task},
+    data=lazy_data_verbs(_data_verbs),
+    sample=ModelVerb(sample_args, sample),
+    evaluate=ModelVerb(evaluate_args, evaluate),
+    report=report,
+    sampler=sampler,
+)

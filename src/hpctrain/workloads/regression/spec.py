@@ -40,8 +40,4 @@ class RegressionRun(ConfigBase):
     data: RegressionData
 
 
-WORKLOAD = WorkloadSpec(
-    name="regression",
-    models={"regression": (RegressionModel, "hpctrain.workloads.regression.task:RegressionTask")},
-    data=[RegressionData],
-)
+WORKLOAD = WorkloadSpec(name="regression", models={"regression": RegressionModel}, data=[RegressionData])

@@ -9,7 +9,7 @@ epoch needs a file, it is released (deleted with delete_after_use, within max_by
 the same list, so local rank 0 downloads and the others wait for the files.
 
 The files' index (samples per unit, which the epoch's order needs before any file is read) is the workload's:
-it knows the file formats (for muons: workloads/muons/remote_index.py reads Parquet footers remotely).
+it knows the file formats (for muons: workloads/muons/events/remote_index.py reads Parquet footers remotely).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 from hpctrain.config.schema import DataConfigBase
-from hpctrain.data.epoch_plan import EpochPlan
 from hpctrain.data.staging import BadFileError, Stager
+from hpctrain.data.stream.epoch_plan import EpochPlan
 from hpctrain.runtime.env import ClusterEnv
 
 

@@ -1,7 +1,7 @@
 """The index of muon files: which files opened, their layouts and events per unit (row group or HDF5 slice).
 
 Built once per stream from the files' metadata (a remote file's from its footer, read remotely: see
-remote_index.py), before any event is read: the epoch's order (data/epoch_plan.py) needs only these counts.
+remote_index.py), before any event is read: the epoch's order (data/stream/epoch_plan.py) needs only these counts.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.data.fingerprint import FileList
-from hpctrain.data.staged import StagingSpec
+from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.remote.uris import is_remote
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.remote_index import FileMeta, remote_index
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.remote_index import FileMeta, remote_index
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 log = logging.getLogger("hpctrain.muons")

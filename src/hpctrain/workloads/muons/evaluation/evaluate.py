@@ -11,16 +11,28 @@ the three features and the energy bins that have data on both sides: the headlin
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
-from hpctrain.workloads.muons import layouts, quality, truth
-from hpctrain.workloads.muons.quality import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.stream import ValBatches
+from hpctrain.workloads.muons.models import sampling
+from hpctrain.workloads.muons.models.sampling import LoadedModel
+from hpctrain.workloads.muons.spec import muon_cap
+
+log = logging.getLogger("hpctrain.muons")
 
 __all__ = ["ks_statistic", "wasserstein_1d"]
 FLOOR_STREAM, BASELINE_STREAM = 1, 2  # numpy_rng keys after TRUTH_EVENTS: the floor's and baseline's samples
@@ -245,10 +257,6 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Generate for the primaries of fresh truth events (or of held-out `data`, split in two halves) and
     compare; the result is evaluate.json's content."""
-    import torch
-
-    from hpctrain.workloads.muons.task import muon_cap
-
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
     true, floor, reference, dropped = reference_samples(n_events, seed, cap, data)
@@ -298,8 +306,6 @@ def evaluate_model(
 
 def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
     """Bundles for the primaries of `true` (multiplicities only when `only` is the multiplicity)."""
-    from hpctrain.workloads.muons import sampling
-
     if only == ("multiplicity",):
         counts = sampling.sample_counts(model, true.primaries, batch_size)
         return layouts.Events(true.primaries, np.zeros((0, 3), np.float32), counts, true.ids)
@@ -310,9 +316,6 @@ def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.
     """Every event of `paths` (files, folders, globs, pelican:// or other URIs; any layout the loader reads) in
     physical units, read by the same loader as validation (events above the muon cap skipped, remote files
     staged), at most `max_events` (0 = all)."""
-    from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.workloads.muons.task_base import ValBatches
-
     data = cfg.data.model_copy(update={"val_paths": list(paths), "num_workers": 0, "prefetch_batches": 0})
     parts, total = [], 0
     for batch in ValBatches(data, cfg.run.seed, ClusterEnv(), None):
@@ -342,14 +345,6 @@ VAL_EVENTS = 20_000  # at most this many validation events in the end-of-trainin
 def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_dir: Path) -> Path:
     """The table of `hpctrain evaluate --data <data.val_paths>` at the end of training: evaluate_val.json and
     the table as text (evaluate_val.txt) in the run folder."""
-    import logging
-
-    import torch
-
-    from hpctrain.fsutil import atomic_write_text
-    from hpctrain.workloads.muons.sampling import LoadedModel
-
-    log = logging.getLogger("hpctrain.muons")
     device = next(modules["generator"].parameters()).device
     model = LoadedModel(cfg, modules, step, run_dir, run_dir, device)
     data = held_out_events(cfg, list(cfg.data.val_paths), VAL_EVENTS)
@@ -369,8 +364,6 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
     """evaluate.json (atomically) and one `eval_*` record appended to metrics.jsonl at the model's step."""
-    from hpctrain.fsutil import atomic_write_text
-
     path = run_dir / "evaluate.json"
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
     record: dict[str, Any] = {"step": result["info"]["step"]}

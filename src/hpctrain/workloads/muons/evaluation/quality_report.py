@@ -18,7 +18,7 @@ import numpy as np
 
 from hpctrain.track.report import Image, RunData, Table
 from hpctrain.track.report.panels import figure, fmt
-from hpctrain.workloads.muons.quality import BASELINE_FACTOR, FLOOR_FACTOR, MIN_VALUES
+from hpctrain.workloads.muons.evaluation.quality import BASELINE_FACTOR, FLOOR_FACTOR, MIN_VALUES
 
 LABELS = {  # feature -> what the axis says (the values are quality.features': log10 units)
     "multiplicity": "muons per event, log10(N+1)",

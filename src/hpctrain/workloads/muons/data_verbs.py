@@ -1,9 +1,9 @@
-"""`hpctrain data generate --kind muons` and `hpctrain data inspect` for muon files."""
+"""`hpctrain data generate --kind muons` and `hpctrain data inspect` for muon files (verbs.py hands them to the
+registry; every workload with data verbs has this file, of this shape)."""
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import time
 
@@ -11,7 +11,10 @@ import numpy as np
 
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import layouts, truth
+from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.files import local_files
+from hpctrain.workloads.registry import DataVerbs
 
 SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": ".parquet", "hdf5": ".h5"}
 
@@ -60,24 +63,6 @@ def generate(args: argparse.Namespace) -> int:
         f"(seed {args.seed}, {seconds:.1f} s)"
     )
     return 0
-
-
-def _files(path: str) -> list[str]:
-    if any(ch in path for ch in "*?["):
-        found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-    elif os.path.isdir(path):
-        found = sorted(
-            os.path.join(root, n) for root, _, names in os.walk(path) for n in names if not n.startswith(".")
-        )
-    else:
-        try:
-            layouts.check_local(path)
-        except FileNotFoundError as err:
-            raise UserError(str(err)) from None
-        found = [path]
-    if not found:
-        raise UserError(f"{path}: no file matches")
-    return found
 
 
 def _describe(path: str, events: int) -> None:
@@ -131,6 +116,9 @@ def _describe(path: str, events: int) -> None:
 def inspect(args: argparse.Namespace) -> int:
     if args.events < 0:
         raise UserError(f"--events must be non-negative, not {args.events}")
-    for path in _files(args.path):
+    for path in local_files(args.path):
         _describe(path, args.events)
     return 0
+
+
+DATA_VERBS = DataVerbs(generate_args, generate, inspect)

@@ -6,37 +6,20 @@ MuonBatch objects on the device (see physics for the units), cut under `data.max
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from hpctrain.train.task import MicroBatch, Task
-from hpctrain.workloads.muons import file_cache, first_batch
-from hpctrain.workloads.muons.batch import MuonBatch, split_by_muon_cap
-from hpctrain.workloads.muons.stream import EventStream, resolve_files
+from hpctrain.workloads.muons.events import file_cache, first_batch
+from hpctrain.workloads.muons.events.batch import MuonBatch, split_by_muon_cap
+from hpctrain.workloads.muons.events.stream import EventStream, ValBatches, resolve_files
 
 if TYPE_CHECKING:
     from hpctrain.workloads.muons.spec import MuonRun
 
 M = TypeVar("M", bound="MuonRun", covariant=True)
-
-
-class ValBatches:
-    """One pass over this rank's share of the validation files (built lazily: cheap to create)."""
-
-    def __init__(self, data: Any, seed: int, env: Any, run_dir: str | Path | None) -> None:
-        self.data, self.seed, self.env, self.run_dir = data, seed, env, run_dir
-
-    def __iter__(self) -> Iterator[MuonBatch]:
-        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val")
-        try:
-            for batch, _ in stream.epoch_batches(0, 0):
-                if len(batch):
-                    yield batch
-        finally:
-            stream.close()
 
 
 class MuonTaskBase(Task[M]):

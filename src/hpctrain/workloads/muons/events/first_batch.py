@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from hpctrain.workloads.muons.layouts import Events
+from hpctrain.workloads.muons.events.decoded import Events
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.workloads.fields.dataset import ShardFields
 from hpctrain.workloads.fields.generate import KINDS, write_split
+from hpctrain.workloads.registry import DataVerbs
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -135,3 +136,6 @@ def inspect(args: argparse.Namespace) -> int:
                     f"mean {x.mean():+.3f} std {x.std():.3f} min {x.min():+.3f} max {x.max():+.3f}"
                 )
     return 0
+
+
+DATA_VERBS = DataVerbs(generate_args, generate, inspect)

@@ -13,21 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch import nn
 
+from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
+from hpctrain.fsutil import atomic_path
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
-from hpctrain.workloads.muons import layouts, physics
-from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
-
-# (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
-Found = tuple[dict[str, Any], Path, Path | None]
-
-
-# events generated at once by default: the fastest on CPU measured (bench/muon_sample.py: 1,024 events per
-# batch ~1.5x 4,096 and ~2.4x 65,536, in a third of the memory); a GPU wants more (--batch-size)
-SAMPLE_BATCH = 1024
+from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
+from hpctrain.workloads.muons import physics, truth
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.files import local_files
+from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
+from hpctrain.workloads.muons.spec import SAMPLE_BATCH
+from hpctrain.workloads.registry import Found, config_model, task_factory
 
 
 @dataclass
@@ -49,11 +50,6 @@ def load_model(
 ) -> LoadedModel:
     """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint, in eval mode on `device` (default: CUDA
     when there is one). `found`: the checkpoint `path` names, when the caller has read it already."""
-    from hpctrain.config.loading import validate
-    from hpctrain.runtime.env import ClusterEnv
-    from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
-    from hpctrain.workloads.registry import config_model, task_factory
-
     state, file, run_dir = found if found is not None else find_checkpoint(path)
     cfg = validate(config_model(), state["config"])
     if cfg.model.type not in ("muon_wgan", "muon_flow", "muon_multiplicity"):
@@ -215,16 +211,12 @@ def primary_chunks(
     synthetic truth (one stream, seed), or every event of the muon files `path` names (any layout, one
     row group at a time, muons ignored). Memory: one chunk, whatever the request."""
     if path is None:
-        from hpctrain.workloads.muons import truth
-
         assert n_events is not None
         rng = numpy_rng(seed, TRUTH_PRIMARIES)
         for start in range(0, n_events, chunk):
             yield truth.sample_primaries(min(chunk, n_events - start), rng), None
         return
-    from hpctrain.workloads.muons.tools import _files
-
-    for file in _files(path):
+    for file in local_files(path):
         try:
             reader = layouts.open_reader(file)
         except layouts.LayoutError as err:
@@ -241,10 +233,6 @@ def primary_chunks(
 def write_stream(path: str, chunks: Iterable[layouts.Events]) -> tuple[int, int]:
     """Write events chunk by chunk to one Parquet file of the current layout (a row group per chunk,
     atomically: temporary name, then rename); returns (events, muons)."""
-    import pyarrow.parquet as pq
-
-    from hpctrain.fsutil import atomic_path
-
     events = muons = 0
     with atomic_path(Path(path)) as tmp:
         writer = None

@@ -1,13 +1,13 @@
 """EventStream: muon-bundle batches from Parquet/HDF5 files, sharded over ranks and workers, resumable.
 
-The epoch's order and its work items are data/epoch_plan.py's (files, row groups and events shuffled, seeded
+The epoch's order and its work items are data/stream/epoch_plan.py's (files, row groups and events shuffled, seeded
 by (seed, epoch)); the main process (the sampler here) hands this rank's work items to the DataLoader workers,
 which decode them (decode.py); batches are put back together from the items' pieces in order. The position
 (epoch, events of the epoch consumed by all ranks) is counted where batches are handed out.
 
 Remote inputs (pelican://, osdf:///, https://): the index comes from their metadata read remotely
 (remote_index.py); the sampler stages the files of each work item just before handing it to a worker, `ahead`
-files in advance in reading order, and releases them once the item's result is back (data/staged.py).
+files in advance in reading order, and releases them once the item's result is back (data/stream/staged.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Sampler
 
-from hpctrain.data.epoch_plan import EpochPlan, Reassembly, WorkItem, work_items
-from hpctrain.data.lent_buffers import LentBuffers
 from hpctrain.data.loader import (
     LoaderOptions,
     as_batch,
@@ -32,16 +30,19 @@ from hpctrain.data.loader import (
     position_state,
     seed_worker,
 )
-from hpctrain.data.prefetch import Prefetcher
-from hpctrain.data.staged import StagedFiles, StagingSpec
+from hpctrain.data.stream.epoch_plan import EpochPlan, Reassembly, WorkItem, work_items
+from hpctrain.data.stream.lent_buffers import LentBuffers
+from hpctrain.data.stream.prefetch import Prefetcher
+from hpctrain.data.stream.staged import StagedFiles, StagingSpec
 from hpctrain.errors import UserError
+from hpctrain.remote.expand import expand_paths
 from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.decode import ChunkDataset, ReadOptions
-from hpctrain.workloads.muons.event_index import EventIndex, build_index, note_bad_file
-from hpctrain.workloads.muons.item_result import ItemError, ItemResult
-from hpctrain.workloads.muons.outliers import EventRules
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.events.decode import ChunkDataset, ReadOptions
+from hpctrain.workloads.muons.events.event_index import EventIndex, build_index, note_bad_file
+from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult
+from hpctrain.workloads.muons.events.outliers import EventRules
 from hpctrain.workloads.muons.spec import MuonData
 
 log = logging.getLogger("hpctrain.muons")
@@ -52,8 +53,6 @@ def resolve_files(paths: list[str], data: MuonData) -> list[str]:
 
     Remote files are NOT downloaded here: the stream reads their metadata remotely and stages each file to
     node-local scratch just ahead of its use (data.staging)."""
-    from hpctrain.remote.expand import expand_paths
-
     if not paths:
         raise UserError("data.paths is empty: name the muon files (paths, globs, folders or URIs)")
     return expand_paths(list(paths), data.pelican)
@@ -378,3 +377,19 @@ class EventStream:
             self._lent.close()
         if self._staged is not None:
             self._staged.close()
+
+
+class ValBatches:
+    """One pass over this rank's share of the validation files (built lazily: cheap to create)."""
+
+    def __init__(self, data: Any, seed: int, env: Any, run_dir: str | Path | None) -> None:
+        self.data, self.seed, self.env, self.run_dir = data, seed, env, run_dir
+
+    def __iter__(self) -> Iterator[MuonBatch]:
+        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val")
+        try:
+            for batch, _ in stream.epoch_batches(0, 0):
+                if len(batch):
+                    yield batch
+        finally:
+            stream.close()

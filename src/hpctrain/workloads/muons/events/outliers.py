@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hpctrain.data.ragged import gather_ragged
+from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
-from hpctrain.workloads.muons import layouts, physics
+from hpctrain.workloads.muons import physics
+from hpctrain.workloads.muons.events import layouts
 
 # row of the decoded events -> (file, row in that file), for messages and the outlier files
 Locate = Callable[[int], tuple[str, int]]

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 
 FEATURES = ("multiplicity", "energy", "lateral_distance", "energy_sum", "centre_radius", "spread")
 PER_MUON = ("energy", "lateral_distance")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hpctrain.data.ragged import fixed_list, fixed_rows, list_of_lists, nested_rows, numbers
+from hpctrain.data.stream.ragged import (
+    fixed_list,
+    fixed_rows,
+    gather_ragged,
+    list_of_lists,
+    nested_rows,
+    numbers,
+)
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path, nearest_existing_folder
-from hpctrain.workloads.muons import file_cache, first_batch
+from hpctrain.workloads.muons.events import file_cache, first_batch
+from hpctrain.workloads.muons.events.decoded import Events
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
@@ -91,26 +98,6 @@ def unreadable(path: str, err: BaseException, what: str = "cannot be read") -> U
     if empty:
         return UnreadableFileError(path, f"{what}: the file is empty (0 bytes; an interrupted copy?)")
     return UnreadableFileError(path, f"{what}, truncated or corrupt ({one_line(err)})")
-
-
-@dataclass
-class Events:
-    """Decoded events in physical units: primaries (n, 4) [E, zenith, mass, depth_m] float32, muons (M, 3)
-    [E, x, y] float32, counts (n,) int64, ids (n, 2) int64 [major, minor]."""
-
-    primaries: np.ndarray
-    muons: np.ndarray
-    counts: np.ndarray
-    ids: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.counts)
-
-    @property
-    def offsets(self) -> np.ndarray:
-        out = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=out[1:])
-        return out
 
 
 def file_format(path: str) -> str:
@@ -456,8 +443,6 @@ def _with_placeholders(muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarra
 
 def _rows_of(counts: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    from hpctrain.data.ragged import gather_ragged
-
     return gather_ragged(offsets, np.flatnonzero(mask))
 
 

@@ -1,6 +1,6 @@
 """The worker side of the muon stream: decode the units of one work item's chunk, keep the wanted events.
 
-`ChunkDataset` is a map-style data set whose 'index' is a WorkItem (data/epoch_plan.py). It runs in a
+`ChunkDataset` is a map-style data set whose 'index' is a WorkItem (data/stream/epoch_plan.py). It runs in a
 DataLoader worker (or in the main process with 0 workers): it opens the chunk's files (a few kept open),
 decodes only the units the item's events lie in, applies the event rules (outliers.py) and gathers the events
 in batch order into one ItemResult.
@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from hpctrain.data.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
-from hpctrain.data.lent_buffers import Borrowed
-from hpctrain.data.read_ahead import ReadAhead
+from hpctrain.data.stream.epoch_plan import EpochPlan, PieceSize, Unit, WorkItem
+from hpctrain.data.stream.lent_buffers import Borrowed
+from hpctrain.data.stream.read_ahead import ReadAhead
 from hpctrain.errors import UserError
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.event_index import EventIndex, note_bad_file
-from hpctrain.workloads.muons.item_result import ItemError, ItemResult, Recycled, gather
-from hpctrain.workloads.muons.outliers import EventRules, muons_fine
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.event_index import EventIndex, note_bad_file
+from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult, Recycled, gather
+from hpctrain.workloads.muons.events.outliers import EventRules, muons_fine
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 _OPEN_FILES = 4  # readers kept open per worker

@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hpctrain.data import ragged
-from hpctrain.data.ragged import (
+from hpctrain.data.stream import ragged
+from hpctrain.data.stream.ragged import (
     fixed_list,
     fixed_rows,
     gather_ragged,
@@ -91,7 +91,7 @@ def test_take_ragged_of_int64_rows_and_a_sliced_source(limit: int, monkeypatch: 
 
 
 def test_numbers_are_buffer_views_that_respect_slices_and_nulls() -> None:
-    from hpctrain.data.ragged import numbers
+    from hpctrain.data.stream.ragged import numbers
 
     array = pa.array(np.arange(10, dtype=np.float32))
     part = numbers(array.slice(3, 4))

@@ -22,8 +22,9 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.memory import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.losses import (
+from hpctrain.workloads.muons.evaluation.evaluate import evaluate_after_training
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.models.losses import (
     critic_loss,
     functional_penalty,
     generator_loss,
@@ -32,23 +33,17 @@ from hpctrain.workloads.muons.losses import (
     normalize_scores,
     pair_muons,
 )
-from hpctrain.workloads.muons.networks import (
-    DEFAULT_MUON_CAP,
+from hpctrain.workloads.muons.models.networks import (
     Critic,
     Generator,
     MultiplicityHead,
     event_index,
 )
-from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
-from hpctrain.workloads.muons.task_base import MuonTaskBase
+from hpctrain.workloads.muons.spec import MuonWGANRun, muon_cap
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
-
-
-def muon_cap(cfg: MuonWGANRun | MuonFlowRun | MuonMultiplicityRun) -> int:
-    """Cap on sampled multiplicities: the model's, else the data's per-event cap, else DEFAULT_MUON_CAP."""
-    return int(cfg.model.multiplicity.max_muons_per_event or cfg.data.event_muon_cap or DEFAULT_MUON_CAP)
 
 
 def _fork_rng(device: torch.device) -> Any:
@@ -368,6 +363,4 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         """The evaluate table (ours vs floor vs baseline per feature and bin) on data.val_paths, written to
         <run folder>/evaluate_val.json and logged."""
         if self.cfg.data.val_paths:
-            from hpctrain.workloads.muons.evaluate import evaluate_after_training
-
             evaluate_after_training(self.cfg, modules, step, self.run_dir)

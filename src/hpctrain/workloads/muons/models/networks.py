@@ -12,9 +12,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hpctrain.workloads.muons.flow import MuonFlow
+from hpctrain.workloads.muons.models.flow import MuonFlow
+from hpctrain.workloads.muons.spec import DEFAULT_MUON_CAP
 
-DEFAULT_MUON_CAP = 100_000
 PRIMARY_DIM, MUON_DIM = 4, 3
 
 

@@ -1,4 +1,4 @@
-"""Remote muon files: their index without downloading them (staging them is data/staged.py's).
+"""Remote muon files: their index without downloading them (staging them is data/stream/staged.py's).
 
 The global order needs the events per unit (Parquet row group, HDF5 slice) of every file, before any
 file is read. For a remote file we read only its metadata through the fsspec/pelicanfs file object with Range
@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from hpctrain.config.remote import StagingConfig
-from hpctrain.data.staged import StagingSpec
 from hpctrain.data.staging import BadFileError, StagingError
+from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.fsutil import atomic_path
 from hpctrain.remote.failures import classify_failure, is_folder
 from hpctrain.remote.files import RemoteFiles
 from hpctrain.remote.uris import FolderError, is_remote
-from hpctrain.workloads.muons import layouts
+from hpctrain.workloads.muons.events import layouts
 
 log = logging.getLogger("hpctrain.muons")
 INDEX_VERSION = 1
@@ -65,8 +67,6 @@ def _remote_format(uri: str, fh: Any) -> str:
 
 def _read_meta(uri: str, fs: Any, path: str, hdf5_unit_events: int) -> FileMeta:
     """One remote file's metadata through Range requests (no download)."""
-    import pyarrow.parquet as pq
-
     with fs.open(path, "rb", block_size=_FOOTER_BLOCK, cache_type="readahead") as fh:
         kind = _remote_format(uri, fh)
         size = int(fh.size)

@@ -11,12 +11,12 @@ from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
-from hpctrain.workloads.muons.batch import MuonBatch
-from hpctrain.workloads.muons.losses import likelihood_losses
-from hpctrain.workloads.muons.networks import Generator, MultiplicityHead, event_index
-from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun
-from hpctrain.workloads.muons.task import muon_cap
-from hpctrain.workloads.muons.task_base import MuonTaskBase
+from hpctrain.workloads.muons.evaluation.evaluate import evaluate_after_training
+from hpctrain.workloads.muons.events.batch import MuonBatch
+from hpctrain.workloads.muons.models.losses import likelihood_losses
+from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
+from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, muon_cap
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 
 class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
@@ -97,8 +97,6 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
     def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
         """The evaluate table on data.val_paths, as for muon_wgan."""
         if self.cfg.data.val_paths:
-            from hpctrain.workloads.muons.evaluate import evaluate_after_training
-
             evaluate_after_training(self.cfg, modules, step, self.run_dir)
 
 

@@ -10,8 +10,8 @@ from multiprocessing.reduction import ForkingPickler
 import pytest
 import torch
 
-from hpctrain.data import lent_buffers
-from hpctrain.data.lent_buffers import Borrowed, LentBuffers, Loan
+from hpctrain.data.stream import lent_buffers
+from hpctrain.data.stream.lent_buffers import Borrowed, LentBuffers, Loan
 
 
 def _lender(size: int = 4096, keep: int = 2) -> LentBuffers:

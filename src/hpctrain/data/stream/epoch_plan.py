@@ -20,7 +20,7 @@ import numpy as np
 from hpctrain.runtime.seeding import CHUNK_EVENTS, EPOCH_UNITS, numpy_rng
 
 if TYPE_CHECKING:
-    from hpctrain.data.lent_buffers import Loan
+    from hpctrain.data.stream.lent_buffers import Loan
 
 T = TypeVar("T")
 
@@ -98,7 +98,9 @@ class WorkItem:
     paths: dict[int, str] | None = (
         None  # staged inputs: file -> local path (a file that could not be: missing)
     )
-    loan: Loan | None = None  # a buffer for the result, lent by the main process (data/lent_buffers.py)
+    loan: Loan | None = (
+        None  # a buffer for the result, lent by the main process (data/stream/lent_buffers.py)
+    )
 
 
 class PieceSize(NamedTuple):

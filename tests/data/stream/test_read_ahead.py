@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hpctrain.data.read_ahead import ReadAhead
+from hpctrain.data.stream.read_ahead import ReadAhead
 
 
 class Reads:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpctrain.workloads.muons.networks import MultiplicityHead, segment_sum
+from hpctrain.workloads.muons.models.networks import MultiplicityHead, segment_sum
 
 
 def normalize_scores(scores: torch.Tensor, how: str, clamp: float) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 `gather` writes the wanted events into that batch with one copy of the muons: in a DataLoader worker straight
 into one shared-memory buffer, the one the main process lent with the work item when it is big enough
-(data/lent_buffers.py: shipping it then costs neither a copy nor a new mapping), in the main process into a
+(data/stream/lent_buffers.py: shipping it then costs neither a copy nor a new mapping), in the main process into a
 recycled buffer (or as views, when the rows are consecutive).
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from hpctrain.data import lent_buffers
-from hpctrain.data.epoch_plan import PieceSize
-from hpctrain.data.ragged import take_ragged, take_rows
-from hpctrain.workloads.muons import layouts
-from hpctrain.workloads.muons.batch import MuonBatch, from_buffer, packed, packed_size
+from hpctrain.data.stream import lent_buffers
+from hpctrain.data.stream.epoch_plan import PieceSize
+from hpctrain.data.stream.ragged import take_ragged, take_rows
+from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.batch import MuonBatch, from_buffer, packed, packed_size
 
 
 @dataclass
