@@ -81,7 +81,7 @@ class CheckpointStore:
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
         """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.json + best.pt], the step
         file's sidecar + the step file, then `latest`; then prune. Returns the step file."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()

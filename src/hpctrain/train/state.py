@@ -256,7 +256,7 @@ class StateKeeper:
                 return ("fresh", None, ""), None
             if not self._requeued_same_job():
                 aside = set_aside_previous_run(t.run_dir)  # the trainer reads chain.json again after this
-                t.store.folder.mkdir(parents=True, exist_ok=True)
+                t.store.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
                 return (
                     "fresh",
                     None,
