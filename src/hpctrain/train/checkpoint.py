@@ -254,6 +254,20 @@ def is_full_state(state: dict[str, Any]) -> bool:
 _NO_SIDECAR = "{sidecar} with its SHA-256 (removed, or a save cut short): its bytes cannot be checked"
 
 
+def follow_pointer(path: Path) -> Path:
+    """The step file a `latest` pointer file names (checked like any checkpoint file); any other path as is."""
+    if path.name != "latest" or not path.is_file():
+        return path
+    try:
+        named = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"the pointer {path} cannot be read ({exc})") from None
+    if not _STEP_FILE.match(named):
+        raise Unreadable(f"the pointer {path} names no step checkpoint ({named[:40]!r})")
+    log.info("%s names %s: resuming from that file", path, named)
+    return path.parent / named
+
+
 def _accepted_hashes(path: Path) -> list[str]:
     """The SHA-256 values the sidecar accepts for `path`: its own, and while a save replaces the file, those of
     the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged)."""

@@ -28,6 +28,7 @@ from hpctrain.train.checkpoint import (
     FULL_STATE_KEYS,
     CheckpointStore,
     Unreadable,
+    follow_pointer,
     is_full_state,
     read_checkpoint,
     strip_prefixes,
@@ -492,6 +493,10 @@ def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
             if loaded is None:
                 raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
             return loaded[1], loaded[0]
+        path = follow_pointer(path)  # <run>/checkpoints/latest: the file it names
         return path, read_checkpoint(path, named=True)
     except (Unreadable, RunError) as exc:
-        raise UserError(f"checkpoint.resume={given}: cannot be used: {exc}") from None
+        raise UserError(
+            f"checkpoint.resume={given}: cannot be used: {exc}; give a checkpoint file (step_N.pt, best.pt), "
+            "a run folder or its checkpoints folder"
+        ) from None
