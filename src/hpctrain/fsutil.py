@@ -132,7 +132,7 @@ def not_yours(path: Path, what: str = "folder") -> str | None:
     folder of ours is fine (a run folder kept on scratch); the staging code refuses links itself."""
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except OSError:  # missing, or under a file: whoever creates it says why it cannot be
         return None
     if not stat.S_ISDIR(st.st_mode):
         return f"{what} {path} is not a folder"
