@@ -62,17 +62,15 @@ def test_a_run_folder_of_another_user_is_refused(tmp_path: Path) -> None:
         runlock.RunLock(run_dir).acquire()
 
 
+# files hpctrain rewrites whole (a temporary and a rename): a link at the name is replaced, never written through
+PLANTED = ("metrics.jsonl", "chain.json", "summary.json", "config.yaml", "checkpoints/step_00000004.pt")
+
+
 def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> None:
     assert run(cfg_for(tmp_path, "train.total_updates=2", "checkpoint.every=1"), ClusterEnv()) == EXIT_OK
     run_dir, victim = tmp_path / "t", tmp_path / "victim.txt"
     victim.write_text("precious\n")
-    for name in (
-        "metrics.jsonl",
-        "chain.json",
-        "summary.json",
-        "config.yaml",
-        "checkpoints/step_00000004.pt",
-    ):
+    for name in PLANTED:
         (run_dir / name).unlink(missing_ok=True)
         (run_dir / name).symlink_to(victim)
     temp_name(run_dir / "config.yaml").symlink_to(victim)  # our own temporary's name, planted beforehand
@@ -84,13 +82,7 @@ def test_links_planted_in_a_run_folder_are_never_followed(tmp_path: Path) -> Non
     log.unlink()
     assert run(cfg_for(tmp_path, "train.total_updates=4", "checkpoint.every=1"), ClusterEnv()) == EXIT_OK
     assert victim.read_text() == "precious\n"
-    for name in (
-        "metrics.jsonl",
-        "chain.json",
-        "summary.json",
-        "config.yaml",
-        "checkpoints/step_00000004.pt",
-    ):
+    for name in PLANTED:
         assert not (run_dir / name).is_symlink() and (run_dir / name).is_file(), name
 
 
