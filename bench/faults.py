@@ -1,6 +1,7 @@
 """Nothing lost: SIGKILL training runs at many precise points, resume them, compare with an uninterrupted run.
 
-    python bench/faults.py [--kills 38] [--seed 0] [--jobs regression,muons] [--quick] [--workdir DIR]
+    python bench/faults.py [--kills 38] [--seed 0] [--jobs regression,muons] [--quick] [--edges] [--workdir DIR]
+    python bench/faults.py --kills 0 --jobs regression --edges   # only the edge faults (fault_edges.py)
     python bench/faults.py --verify RUN_DIR --reference REF_DIR --job regression   # check one run folder
 
 Two jobs, each made tiny (single CPU thread, a few dozen updates, a checkpoint every 4-5 updates): the default
@@ -21,7 +22,9 @@ logged update and evaluation exactly once, and each update's loss equals the ref
 also whether summary.json, chain.json and `best.pt` (same networks as the reference's) came out right.
 The LAST line printed is one JSON object: kills, kills_by_point, resumed_ok, params_equal, all_params_equal,
 steps_repeated_or_lost (goals: all resumed, all equal, 0 lost), and what did not go as promised (`failures`,
-`anomalies`).
+`anomalies`); with `--edges`, `edges`: the edge faults (signals in the first and last second, a full disk at
+start-up and in a save, a damaged chain.json, a folder of another owner), each met cleanly and then resumed to
+params equal to the reference's (`all_clean`, `all_params_equal`, `deaths_by_signal`: goal 0).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from fault_check import (  # noqa: E402
     verify,
 )
 from fault_child import POINTS  # noqa: E402 (the child's own table: both sides agree on the names)
+from fault_edges import run_edges  # noqa: E402
 from fault_procs import Watch, child_env, kill_group  # noqa: E402
 
 TIME_POINTS = ("time:startup", "time:update", "time:eval")
@@ -458,7 +462,12 @@ def campaign(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if leftover:
                 outcomes.append(campaign_run(c, job, index, leftover))
                 leftover = outcomes[-1].leftover
+    if args.edges:  # signals in the first and last second, a full disk, damaged chain.json, another owner
+        if "regression" not in c.refs:
+            c.refs["regression"] = reference(c, jobs["regression"])
+        edges = run_edges(jobs["regression"], c.refs["regression"], work / "edges", REPO / "src", rng, say)
     extra = {
+        **({"edges": edges} if args.edges else {}),
         "processes": c.processes,
         "seconds": round(time.monotonic() - start, 1),
         "seed": args.seed,
@@ -491,6 +500,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill plan, delays and Nth calls")
     parser.add_argument("--jobs", default="regression,muons", help="comma-separated: regression,muons")
     parser.add_argument("--quick", action="store_true", help="8 fixed kill points (for the test)")
+    parser.add_argument(
+        "--edges", action="store_true", help="also the edge faults (bench/helpers/fault_edges.py)"
+    )
     parser.add_argument("--workdir", help="keep run folders here (default: a temporary folder, removed)")
     parser.add_argument("--verify", help="only check this run folder (with --reference and --job)")
     parser.add_argument("--reference", help="reference run folder for --verify")

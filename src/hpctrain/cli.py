@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r} (choose from {', '.join(VERBS)})", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if verb == "train" and "--until-done" not in rest:
+        # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
+        # a death (runtime/signals.py).
+        from hpctrain.runtime.signals import install_early
+
+        install_early()
     module = importlib.import_module(f"hpctrain.commands.{verb}")
     try:
         return int(module.main(rest))

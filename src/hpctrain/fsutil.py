@@ -7,15 +7,19 @@ finds it left behind can tell whether its writer still runs (`train/runlock.py: 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import socket
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+from hpctrain.errors import UserError
 
 HOST = socket.gethostname()
 
@@ -61,6 +65,8 @@ def atomic_path(path: Path, fsync: bool = True) -> Iterator[Path]:
     needs. `fsync=False` only for files whose loss on a power cut is harmless (a cache rebuilt on demand, state
     that lives as long as the job). A folder replaces only a missing or empty `path` (rename's rule)."""
     tmp = temp_name(path)
+    if tmp.is_symlink():  # planted under our predictable name: writing it would follow the link
+        tmp.unlink()
     try:
         yield tmp
         if fsync:
@@ -68,7 +74,9 @@ def atomic_path(path: Path, fsync: bool = True) -> Iterator[Path]:
         if before_commit is not None:
             before_commit(tmp, path)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a failed write() names no file: say which one was being written
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -101,6 +109,81 @@ def atomic_write_text(path: Path, text: str, fsync: bool = True) -> None:
 
 def atomic_write_json(path: Path, obj: Any, indent: int | None = 2, fsync: bool = True) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n", fsync=fsync)
+
+
+def open_append(path: Path) -> TextIO:
+    """`path` opened to append text, created if missing; a symbolic link there is refused, never followed (one
+    line, exit 2): a link planted in a run folder must not make us append to a file it points at."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        if path.is_symlink():
+            raise UserError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); hpctrain never writes through one: "
+                "remove the link (and check who made it)"
+            ) from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def not_yours(path: Path, what: str = "folder") -> str | None:
+    """Why we must not write into the existing folder `path` (None if we may, or if it does not exist): a folder
+    of another user, or one that others may write (who could plant links or files in it). A symlink to a
+    folder of ours is fine (a run folder kept on scratch); the staging code refuses links itself."""
+    try:
+        st = path.stat()
+    except OSError:  # missing, or under a file: whoever creates it says why it cannot be
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{what} {path} is not a folder"
+    if st.st_uid != os.getuid():
+        return f"{what} {path} belongs to {_user(st.st_uid)}, not to you"
+    if st.st_mode & 0o022:
+        return (
+            f"{what} {path} is writable by {'group and others' if st.st_mode & 0o002 else 'its group'} "
+            f"(mode {stat.filemode(st.st_mode)}): others could plant files or links in it; `chmod go-w {path}`"
+        )
+    return None
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_own_folders(*folders: tuple[Path, str]) -> None:
+    """UserError (one line, exit 2) for the first of `(path, what)` that `not_yours` refuses."""
+    for path, what in folders:
+        problem = not_yours(path, what)
+        if problem:
+            raise UserError(f"{problem}; refusing to use it (choose another run.out_dir or run.name)")
+
+
+# A write the user's disk or quota refused: theirs to fix (free space, another folder), not a bug to trace.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+@contextmanager
+def no_room_is_user_error() -> Iterator[None]:
+    """Turn a write refused for room (full disk, quota, file size limit, read-only mount) into one line naming
+    the file and the reason (exit 2). The temporaries `atomic_path` writes are named by the file they make."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        name = str(exc.filename or "a file")
+        where = Path(name)
+        if ".tmp-" in where.name and where.name.startswith("."):
+            where = where.with_name(where.name[1:].rsplit(".tmp-", 1)[0])
+        raise UserError(
+            f"cannot write {where}: {exc.strerror or os.strerror(exc.errno or 0)}; free space (or quota) there, or "
+            "choose another run.out_dir, and run the same command again (the last committed checkpoint stays)"
+        ) from None
 
 
 def nearest_existing_folder(path: str | Path) -> Path:

@@ -124,6 +124,17 @@ def test_judge_sorts_changes_and_compares_only_what_the_checkpoint_knows():
         epochs, load("train.epochs=2"), old_total=256, new_total=128, length_effect="x", **WORLD
     )
     assert [str(c) for c in same_keys.refused] == ["train.epochs 256 updates -> 128 updates (x)"]
+    # train.epochs set on resume of a run by total_updates: the updates that run are what is said (the ignored
+    # train.total_updates value is not: no `train.total_updates 256 -> 200` beside a run to 256)
+    by_epochs = load("train.epochs=1")
+    same_length = judge(
+        dump_config(load("train.total_updates=256")), by_epochs, old_total=256, new_total=256, **WORLD
+    )
+    assert not same_length.allowed and not same_length.refused
+    longer = judge(
+        dump_config(load("train.total_updates=256")), by_epochs, old_total=128, new_total=256, **WORLD
+    )
+    assert [str(c) for c in longer.allowed] == ["train.epochs 128 updates -> 256 updates"]
 
 
 WORLD = {"old_world": 1, "new_world": 1}

@@ -149,9 +149,14 @@ def judge(
     accept = list(getattr(getattr(cfg, "checkpoint", None), "accept_changes", []) or [])
     needs_consent = length_effect is not None and old_total != new_total
     changes = [c for c in differences(old, cfg) if c.key not in _NOT_LISTED]
+    train = getattr(cfg, "train", None)
+    by_epochs = getattr(train, "epochs", None) is not None or _lookup(old, "train.epochs")[1] is not None
+    if old_total is not None and by_epochs:
+        # train.epochs sets the length (train.total_updates is then ignored): the updates that ran and will run
+        # are what changed, not the keys' values (a `train.total_updates 256 -> 200` beside a run to 256).
+        changes = [c for c in changes if c.mark != GROWS]
     if old_total is not None and old_total != new_total and not any(c.mark == GROWS for c in changes):
         # The same keys, another length (train.epochs over another global batch): named by the key that sets it.
-        train = getattr(cfg, "train", None)
         key = "train.epochs" if getattr(train, "epochs", None) is not None else "train.total_updates"
         changes.append(Change(key, f"{old_total} updates", f"{new_total} updates", GROWS))
     verdict = Verdict()

@@ -13,20 +13,74 @@ list found now:
   `data.allow_changed_files` is true: then the current epoch restarts from its beginning with the new list
   (same epoch number, so the order is the new list's order for that epoch), with a warning;
 - a checkpoint without a list (written before this check existed): accepted with a warning.
+
+Names, sizes and event counts miss a file rewritten with other events at the same size (generated HDF5 files
+come out at a fixed size). So each local file also carries cheap content evidence (`content_evidence`): its
+mtime_ns and a hash of a few small byte ranges (head, tail and three fixed fractions of the size: at most
+5 x 4 KiB read per file). On resume a file whose size and mtime_ns are the saved ones is taken as the same without
+reading it (a stat); one whose mtime differs is sampled again, and only a different hash is a change (a copy to
+another volume keeps its bytes and changes its mtime). Remote files are compared by what their listing and index
+give (name, size, events), nothing is read for them here. A checkpoint written before the evidence existed
+resumes with the old comparison.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
 
 log = logging.getLogger("hpctrain.data")
 _SHOWN = 3  # names shown per kind of difference
+SAMPLE_BYTES = 4096  # bytes per sampled range
+SAMPLE_AT = (0.25, 0.5, 0.75)  # fixed fractions of the size sampled besides head and tail
+_UNKNOWN = ""
+# (path, size, mtime_ns) -> sampled hash: a resume that found the saved mtime trusts the saved hash, and the first
+# save after it reuses it instead of reading every file again.
+_sampled: dict[tuple[str, int, int], str] = {}
+
+
+def sample_ranges(size: int) -> list[tuple[int, int]]:
+    """The (offset, length) ranges `content_evidence` reads of a file of `size` bytes, merged where they meet."""
+    starts = [0, *(int(size * f) for f in SAMPLE_AT), max(0, size - SAMPLE_BYTES)]
+    ranges: list[tuple[int, int]] = []
+    for start in sorted(starts):
+        end = min(size, start + SAMPLE_BYTES)
+        if ranges and start <= ranges[-1][0] + ranges[-1][1]:
+            first = ranges[-1][0]
+            ranges[-1] = (first, max(ranges[-1][1], end - first))
+        elif end > start:
+            ranges.append((start, end - start))
+    return ranges
+
+
+def content_evidence(path: str) -> tuple[int, str]:
+    """(mtime_ns, sampled hash) of a local file; (-1, "") if it cannot be read (the reader says why later)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, _UNKNOWN
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _sampled:
+        digest = hashlib.blake2b(digest_size=8)
+        try:
+            with open(path, "rb") as fh:
+                for offset, length in sample_ranges(st.st_size):
+                    fh.seek(offset)
+                    digest.update(fh.read(length))
+        except OSError:
+            return st.st_mtime_ns, _UNKNOWN
+        _sampled[key] = digest.hexdigest()
+    return st.st_mtime_ns, _sampled[key]
+
+
+def _is_remote(name: str) -> bool:
+    return "://" in name
 
 
 def _root(names: Sequence[str]) -> str:
@@ -45,14 +99,24 @@ class FileList:
     names: list[str]
     sizes: list[int]
     events: list[int]
+    # per file (mtime_ns, sampled hash): computed when first asked (local files; remote ones: (-1, ""))
+    _evidence: list[tuple[int, str]] | None = field(default=None, repr=False, compare=False)
+
+    def evidence(self) -> list[tuple[int, str]]:
+        if self._evidence is None:
+            self._evidence = [(-1, _UNKNOWN) if _is_remote(n) else content_evidence(n) for n in self.names]
+        return self._evidence
 
     def state(self) -> dict[str, Any]:
         root = _root(self.names)
+        evidence = self.evidence()
         return {
             "root": root,
             "names": [n[len(root) :] for n in self.names],
             "sizes": list(self.sizes),
             "events": list(self.events),
+            "mtimes": [m for m, _ in evidence],
+            "samples": [h for _, h in evidence],
         }
 
     @classmethod
@@ -60,11 +124,38 @@ class FileList:
         root = str(state.get("root", ""))
         names = [root + str(n) for n in state["names"]]
         n = len(names)
-        return cls(
+        saved = cls(
             names,
             [int(s) for s in state.get("sizes", [-1] * n)],
             [int(e) for e in state.get("events", [-1] * n)],
         )
+        # a checkpoint written before the content evidence existed: unknown, compared by the rest alone
+        mtimes, samples = state.get("mtimes", [-1] * n), state.get("samples", [_UNKNOWN] * n)
+        saved._evidence = [(int(m), str(h)) for m, h in zip(mtimes, samples)]
+        return saved
+
+    def _content_changed(self, saved: FileList) -> set[str]:
+        """Names (relative to the list's root) of local files whose bytes differ from the saved evidence. A file
+        with its saved size and mtime_ns is not read (the saved hash is taken for it)."""
+        old_root, new_root = _root(saved.names), _root(self.names)
+        old = {
+            n[len(old_root) :]: (size, ev) for n, size, ev in zip(saved.names, saved.sizes, saved.evidence())
+        }
+        changed = set()
+        for name, size in zip(self.names, self.sizes):
+            rel = name[len(new_root) :]
+            if rel not in old or _is_remote(name) or not old[rel][1][1] or old[rel][0] != size:
+                continue  # new, remote, saved without evidence, or a size change (said as such)
+            mtime, digest = old[rel][1]
+            try:
+                st = os.stat(name)
+            except OSError:
+                continue  # the reader says why
+            if st.st_mtime_ns == mtime and st.st_size == size:
+                _sampled.setdefault((name, st.st_size, st.st_mtime_ns), digest)
+            elif content_evidence(name)[1] not in (digest, _UNKNOWN):
+                changed.add(rel)
+        return changed
 
     def changes(self, saved: FileList) -> str | None:
         """What differs from `saved` (the checkpoint's list), in a few words; None if the same files."""
@@ -74,12 +165,15 @@ class FileList:
         added = [n for n in new if n not in old]
         removed = [n for n in old if n not in new]
         changed = []
+        rewritten = self._content_changed(saved)
         for name in (n for n in new if n in old):
             (s0, e0), (s1, e1) = old[name], new[name]
             if s0 >= 0 and s1 >= 0 and s0 != s1:
                 changed.append(f"{name} {s0} -> {s1} bytes")
             elif e0 >= 0 and e1 >= 0 and e0 != e1:
                 changed.append(f"{name} {e0} -> {e1} events")
+            elif name in rewritten:
+                changed.append(f"{name} rewritten (same size, other bytes)")
         parts = [
             f"{len(items)} {what} ({_few(items)})"
             for what, items in (("added", added), ("removed", removed), ("changed", changed))

@@ -29,9 +29,9 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from hpctrain.config.schema import DataConfigBase
 from hpctrain.data.fingerprint import FileList, check_resume
 from hpctrain.errors import UserError
-from hpctrain.runtime.budget import ignore_stop_signals
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import EPOCH_ORDER, LOADER_WORKERS, NUMPY_SEED_SPAN, derive
+from hpctrain.runtime.signals import ignore_stop_signals
 
 
 def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:

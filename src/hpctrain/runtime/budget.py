@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import collections
 import logging
-import signal
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from hpctrain.config.schema import BudgetConfig, parse_duration
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.signals import StopSignals
 from hpctrain.runtime.slurm import job_end_time
+
+# StopSignals is re-exported: it lives in runtime/signals.py, which `hpctrain train` imports first thing.
+__all__ = ["StopSignals", "TimeBudget"]
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 # Reason codes shared by all ranks through a max-reduction: a higher code wins.
 # early_stop ranks highest: a run that has decided to end must not become a resumable stop that trains on.
 # data_error (a bad file met mid-run) ranks above all: the run saves what it trained and ends with exit 2.
@@ -72,37 +73,6 @@ def check_stop() -> None:
     reason = check() if check is not None else None
     if reason:
         raise StopRequested(reason)
-
-
-class StopSignals:
-    """Installs flag-setting handlers for USR1, USR2, TERM and INT; restores the old ones on close."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum).name
-        elif signum == signal.SIGINT:
-            # A second Ctrl-C means "now": give the default behaviour back.
-            raise KeyboardInterrupt
-
-    def install(self) -> StopSignals:
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def close(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-def ignore_stop_signals() -> None:
-    """For DataLoader workers: the main process decides when to stop."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 class DurationEstimate:

@@ -9,6 +9,7 @@ their hop's first record had the `hop_start` dict under `hop`: `record_hop` read
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.fsutil import atomic_write_text
+from hpctrain.fsutil import atomic_write_text, open_append
 from hpctrain.track.base import Pace
+
+log = logging.getLogger(__name__)
 
 # What every record says about itself, beside the logged scalars.
 RECORD_KEYS = ("step", "time", "hop", "hop_start")
@@ -41,7 +44,7 @@ class MetricsFile:
             self.truncate_after(resume_step)
         elif path.exists():
             path.unlink()
-        self._handle = open(path, "a")  # noqa: SIM115 (open for the run, closed in close())
+        self._handle = open_append(path)  # open for the run, closed in close(); a planted link is refused
         # Records kept and written about once a second (see Pace), and at every checkpoint commit (flush): a
         # record past the last commit is dropped on resume anyway (truncate_after). Each is kept with the
         # monotonic time Pace read when it came (no clock read of its own), made wall time when written.
@@ -52,14 +55,24 @@ class MetricsFile:
         """Drop records of updates after the checkpoint we resume from: they will be done again."""
         if not self.path.exists():
             return
-        kept = []
+        kept, torn = [], 0
         for line in self.path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
-                continue  # a line cut by a kill
+                torn += 1  # a line cut by a kill
+                continue
             if record.get("step", 0) <= step:
                 kept.append(line)
+        if torn:
+            log.warning(
+                "%s: dropped %d unreadable line%s (a write cut by a kill); the updates after update %d are "
+                "logged again",
+                self.path,
+                torn,
+                "" if torn == 1 else "s",
+                step,
+            )
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:

@@ -81,7 +81,7 @@ class CheckpointStore:
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
         """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.json + best.pt], the step
         file's sidecar + the step file, then `latest`; then prune. Returns the step file."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
@@ -252,6 +252,20 @@ def is_full_state(state: dict[str, Any]) -> bool:
 
 
 _NO_SIDECAR = "{sidecar} with its SHA-256 (removed, or a save cut short): its bytes cannot be checked"
+
+
+def follow_pointer(path: Path) -> Path:
+    """The step file a `latest` pointer file names (checked like any checkpoint file); any other path as is."""
+    if path.name != "latest" or not path.is_file():
+        return path
+    try:
+        named = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"the pointer {path} cannot be read ({exc})") from None
+    if not _STEP_FILE.match(named):
+        raise Unreadable(f"the pointer {path} names no step checkpoint ({named[:40]!r})")
+    log.info("%s names %s: resuming from that file", path, named)
+    return path.parent / named
 
 
 def _accepted_hashes(path: Path) -> list[str]:

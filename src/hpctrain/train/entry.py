@@ -2,7 +2,8 @@
 
 `run(cfg, env, make_task)` is what `hpctrain train` and the submitit job both call; `make_task` comes from the
 workload registry (hpctrain.workloads.registry.make_task), handed down by the caller: the engine names no workload.
-1. stop handlers first (this module imports no torch): a USR1 during the slow torch import must not kill us;
+1. stop handlers first: `hpctrain train` installed them before anything else (runtime/signals.py), other
+   callers get them here (this module imports no torch): a USR1 during the slow torch import must not kill us;
 2. the pre-flight checks (inputs, token file, output folders, resume path): a mistake is one line, exit 2;
 3. build the task and the trainer, then decide how to resume. Only once that succeeded is `config.yaml`
    written: a run folder whose resume failed keeps the config of the run it holds;
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, TextIO
 from hpctrain.config.dump import to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
+from hpctrain.fsutil import no_room_is_user_error
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.preflight import check_config
 
@@ -55,9 +57,9 @@ def run(
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
     `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
     automatic run.name was formed (config/naming.py), said with the run folder first."""
-    from hpctrain.runtime.budget import StopSignals
+    from hpctrain.runtime.signals import for_run
 
-    signals = StopSignals().install()
+    signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
     error: BaseException | None = None
@@ -71,7 +73,10 @@ def run(
 
         prepare_tokens(cfg)  # data.pelican.auto_token: the login (cached; a batch job without one: exit 2)
         out.say(f"run folder {cfg.run.dir} ({naming or f'run.name={cfg.run.name}'})")
-        return _train(cfg, env, make_task, signals, built, out, verbose)
+        with (
+            no_room_is_user_error()
+        ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
+            return _train(cfg, env, make_task, signals, built, out, verbose)
     except BaseException as exc:
         error = exc
         raise
@@ -187,7 +192,9 @@ class RunOutput:
         import datetime
         import socket
 
-        self.file = open(run_dir / "training.log", "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        from hpctrain.fsutil import open_append
+
+        self.file = open_append(run_dir / "training.log")  # a planted link is refused, never followed
         when = datetime.datetime.now().isoformat(timespec="seconds")
         self.file.write(f"==== {when} on {socket.gethostname()} ({self.env.job_id or 'no job'}) ====\n")
         self._write("".join(self._pending))

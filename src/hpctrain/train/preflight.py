@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ConfigBase
-from hpctrain.fsutil import nearest_existing_folder
+from hpctrain.fsutil import nearest_existing_folder, not_yours
 from hpctrain.runtime.torch_build import cuda_problem
 from hpctrain.train.resume_forms import resume_form
 
@@ -59,6 +59,10 @@ def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) ->
             problem = _unwritable(folder)
             if problem:
                 errors.append(f"{key}: {problem}")
+        for folder, what in ((run_dir, "run folder"), (run_dir / "checkpoints", "checkpoints folder")):
+            problem = not_yours(folder, what)
+            if problem:
+                errors.append(f"{problem}; refusing to use it (choose another run.out_dir or run.name)")
     resume = cfg.checkpoint.resume
     # A file, or a run folder (its latest checkpoint); the other forms are checked against the run folder.
     if (

@@ -36,6 +36,7 @@ from hpctrain.train.checkpoint import (
     FULL_STATE_KEYS,
     CheckpointStore,
     Unreadable,
+    follow_pointer,
     is_full_state,
     read_checkpoint,
     strip_prefixes,
@@ -197,7 +198,7 @@ def _fresh_over(store: CheckpointStore, run_dir: Path, why: str) -> ResumePlan:
     """A fresh start in a folder holding an earlier run's files: they move aside first (the trainer reads
     chain.json again after this)."""
     aside = set_aside_previous_run(run_dir)
-    store.folder.mkdir(parents=True, exist_ok=True)
+    store.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
     return ResumePlan(ResumeKind.FRESH, note=f" ({why}: the previous run was moved to {aside})")
 
 
@@ -428,6 +429,10 @@ def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
             if loaded is None:
                 raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
             return loaded[1], loaded[0]
+        path = follow_pointer(path)  # <run>/checkpoints/latest: the file it names
         return path, read_checkpoint(path, named=True)
     except (Unreadable, RunError) as exc:
-        raise UserError(f"checkpoint.resume={given}: cannot be used: {exc}") from None
+        raise UserError(
+            f"checkpoint.resume={given}: cannot be used: {exc}; give a checkpoint file (step_N.pt, best.pt), "
+            "a run folder or its checkpoints folder"
+        ) from None

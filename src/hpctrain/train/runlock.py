@@ -33,13 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import HOST, atomic_path, fsync_dir, pid_alive, temp_writer
+from hpctrain.fsutil import HOST, atomic_path, check_own_folders, fsync_dir, pid_alive, temp_writer
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_SECONDS = 15.0  # the shared convention: at least every 30 s
 STALE_SECONDS = 120.0  # the shared convention: readers call a run with an older heartbeat dead
+# A heartbeat this far ahead of our clock is no proof of life (hosts of one cluster agree within seconds; NTP)
+FUTURE_SECONDS = 300.0
 TAKEOVER_PAUSE = 1.0  # without flock: a takeover re-reads the record after this long to see who won
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 _HELD_HERE: set[str] = set()  # locks this process holds: a record with our own pid is ours only if listed
@@ -73,6 +75,24 @@ def clean_temporaries(folder: Path, what: str) -> None:
         if leftover.is_file() and writer_gone(leftover):
             log.warning("removing a half-written %s: %s", what, leftover.name)
             leftover.unlink(missing_ok=True)
+
+
+def heartbeat_fresh(record: LockRecord, path: Path) -> bool:
+    """Whether another host's heartbeat says its holder runs: younger than STALE_SECONDS, and not more than
+    FUTURE_SECONDS ahead of our clock. A heartbeat further ahead comes from a clock out of step (or a forged
+    record): it would hold the folder until that time, so it counts as stale, with a warning."""
+    age = time.time() - record.heartbeat
+    if age < -FUTURE_SECONDS:
+        log.warning(
+            "%s: the heartbeat of %s is %.0f s in the future (its host's clock is out of step?); more than %.0f "
+            "s ahead counts as stale",
+            path,
+            record.host,
+            -age,
+            FUTURE_SECONDS,
+        )
+        return False
+    return age < STALE_SECONDS
 
 
 @dataclass
@@ -131,7 +151,10 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock or raise UserError naming its holder (one line)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # 0o755 whatever the umask: a folder others may write is refused at the next start (check_own_folders)
+        self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        run_dir = self.path.parent
+        check_own_folders((run_dir, "run folder"), (run_dir / "checkpoints", "checkpoints folder"))
         for _ in range(100):  # the name moves to a new file at each heartbeat: try again on a moved one
             if self._try_acquire():
                 break
@@ -243,7 +266,7 @@ class RunLock:
             return pid_alive(record.pid)
         if self.restart_count > 0 and self.job_id is not None and record.job_id == self.job_id:
             return False  # a requeued SLURM job: its previous run on another node has ended
-        return time.time() - record.heartbeat < STALE_SECONDS
+        return heartbeat_fresh(record, self.path)
 
     def _take_over_from(self, previous: LockRecord | None) -> None:
         if previous is not None:

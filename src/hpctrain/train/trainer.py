@@ -113,7 +113,7 @@ class Trainer:
     def build(self) -> None:
         self._lock_run_folder()
         if self.env.is_main:
-            (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "checkpoints").mkdir(mode=0o755, parents=True, exist_ok=True)
         seed_everything(self.cfg.run.seed)
         self.raw_modules = self.task.build_modules()
         for module in self.raw_modules.values():

@@ -1,0 +1,74 @@
+"""Stop signals: handlers that only set a flag, installed first thing in a training process and kept until it exits.
+
+SLURM sends USR1 (or TERM) ahead of the walltime and on preemption; a process that has not installed its handlers
+yet (still importing torch, loading the config) or has already restored the defaults (after "finished") dies of
+it: exit 138 / 143, a failed hop that ends the chain. So `install_early()` runs before anything slow in `hpctrain
+train` (cli.py, before the verb's module is even imported), and the run adopts that instance (`for_run`): a
+signal received before training starts is the same requeue-able stop as a time-budget one (exit 75); one after
+the run finished is noted and ignored (the flag is never read again). The early handlers are never restored:
+the process exits with them in place.
+
+This module imports only the standard library: it runs before everything else.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Installs flag-setting handlers for USR1, USR2, TERM and INT; restores the old ones on close (except for
+    the process-wide early instance, which stays until the process exits)."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+        self._keep = keep
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+        elif signum == signal.SIGINT:
+            # A second Ctrl-C means "now": give the default behaviour back.
+            raise KeyboardInterrupt
+
+    def install(self) -> StopSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def close(self) -> None:
+        if self._keep:
+            return
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+_early: StopSignals | None = None
+
+
+def install_early() -> StopSignals:
+    """Install the process-wide handlers now (main thread only), and let signals through that a launcher
+    blocked until then (a launcher can block them across exec to close the window before Python runs)."""
+    global _early
+    if _early is None:
+        _early = StopSignals(keep=True).install()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return _early
+
+
+def for_run() -> StopSignals:
+    """The handlers a run uses: the early ones where `install_early` ran (a signal they already caught counts),
+    else new ones, restored when the run closes (in-process callers: tests, a notebook, submitit)."""
+    return _early if _early is not None else StopSignals().install()
+
+
+def ignore_stop_signals() -> None:
+    """For DataLoader workers: the main process decides when to stop."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

@@ -1,0 +1,88 @@
+"""A data file rewritten at the same size is a change (sampled content evidence); a copy with a new mtime is not;
+a checkpoint written before the evidence existed still resumes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.data.fingerprint import SAMPLE_BYTES, FileList, sample_ranges
+from hpctrain.data.loader import IndexedStream
+from hpctrain.errors import UserError
+from hpctrain.workloads.fields.dataset import ShardFields
+from hpctrain.workloads.fields.generate import write_split
+
+
+def shards(out: Path, seed: int, fmt: str) -> Path:
+    prior = [(0.1, 0.5), (0.6, 1.0)]
+    write_split(
+        out,
+        "train",
+        24,
+        kind="gaussian",
+        seed=seed,
+        size=8,
+        box_size=100.0,
+        prior=prior,
+        fmt=fmt,
+        shard_size=8,
+    )
+    return out / "train"
+
+
+def saved_state(folder: Path) -> dict[str, Any]:
+    data = ShardFields(folder)
+    return IndexedStream(data, 4, 0, files=data.file_list()).state_dict() | {"position": 8}
+
+
+def resume(folder: Path, state: dict[str, Any], allow: bool = False) -> IndexedStream:
+    data = ShardFields(folder)
+    stream = IndexedStream(data, 4, 0, files=data.file_list(), allow_changed_files=allow)
+    stream.load_state_dict(state)
+    return stream
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_a_file_rewritten_at_the_same_size_is_refused_unless_allowed(tmp_path: Path, fmt: str) -> None:
+    folder = shards(tmp_path / "f", seed=1, fmt=fmt)
+    state = saved_state(folder)
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+    victim = Path(next(n for n in ShardFields(folder).file_list().names if "shard-00001" in n))
+    other = shards(tmp_path / "g", seed=2, fmt=fmt)
+    shutil.copyfile(other / victim.name, victim)  # other events, same size
+    assert {p.name: p.stat().st_size for p in folder.iterdir()} == sizes
+    with pytest.raises(UserError) as info:
+        resume(folder, state)
+    text = str(info.value)
+    assert "\n" not in text and f"{victim.name} rewritten (same size, other bytes)" in text
+    assert "data.allow_changed_files=true" in text
+    assert resume(folder, state, allow=True).position == 0
+
+
+def test_a_copy_with_new_mtimes_and_an_old_checkpoint_resume(tmp_path: Path) -> None:
+    folder = shards(tmp_path / "f", seed=1, fmt="npy")
+    state = saved_state(folder)
+    moved = tmp_path / "scratch" / "train"
+    shutil.copytree(folder, moved, copy_function=shutil.copyfile)  # new mtimes, same bytes
+    later = os.stat(folder / "meta.json").st_mtime_ns + 10**9
+    for p in moved.iterdir():
+        os.utime(p, ns=(later, later))
+    assert resume(moved, state).position == 8
+    # written before the evidence existed: compared by names, sizes and events alone
+    old = state | {"files": {k: v for k, v in state["files"].items() if k not in ("mtimes", "samples")}}
+    victim = Path(ShardFields(folder).file_list().names[0])
+    shutil.copyfile(shards(tmp_path / "g", seed=2, fmt="npy") / victim.name, victim)
+    assert resume(folder, old).position == 8
+
+
+def test_sampled_ranges_are_few_small_and_cover_head_and_tail() -> None:
+    assert sample_ranges(0) == []
+    assert sample_ranges(100) == [(0, 100)]
+    ranges = sample_ranges(10**9)
+    assert len(ranges) == 5 and all(n == SAMPLE_BYTES for _, n in ranges)
+    assert ranges[0][0] == 0 and ranges[-1] == (10**9 - SAMPLE_BYTES, SAMPLE_BYTES)
+    assert FileList(["pelican://host/a.h5"], [5], [1]).state()["samples"] == [""]  # nothing read remotely
