@@ -54,8 +54,7 @@ def test_log_file_gets_plain_lines_and_messages_do_not_tear_the_bar() -> None:
     console.close()
     console.close()  # twice is harmless (closed before the final line, then again at exit)
     assert (
-        log.getvalue()
-        == "update 5/10 | loss 0.125 | updates/s 2 | data 25% | elapsed 00:00 | eta 00:02\n"
+        log.getvalue() == "update 5/10 | loss 0.125 | updates/s 2 | data 25% | elapsed 00:00 | eta 00:02\n"
         "eval at update 5 | val_loss 0.1\n"
     )
 

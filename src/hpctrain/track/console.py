@@ -111,7 +111,9 @@ class Console:
         """The lines of the figures kept since the last time, written and flushed out."""
         if not self._pending:
             return
-        lines = "".join(f"{_line(step, self.total, scalars, times)}\n" for step, scalars, times in self._pending)
+        lines = "".join(
+            f"{_line(step, self.total, scalars, times)}\n" for step, scalars, times in self._pending
+        )
         last = self._pending[-1][1]
         self._pending = []
         if self.log_file is not None and not self.log_file.closed:

@@ -13,9 +13,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
-from hpctrain.runtime.threads import cpu_threads
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.threads import cpu_threads
 from hpctrain.runtime.torch_build import cpu_only_message
 from hpctrain.train.context import Context
 from hpctrain.train.memory import (
