@@ -97,3 +97,16 @@ def test_generate_data_sh_writes_disjoint_fields_shares(tmp_path: Path) -> None:
         assert len(a) == len(b) == (40 if split == "train" else 8)
         for x, y in zip(a.__getitems__(list(range(len(a)))), b.__getitems__(list(range(len(b))))):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_submit_local_says_where_its_output_went(tmp_path: Path) -> None:
+    """The local job's output is not on the terminal: the last line names its files (issue 31 item 8)."""
+    import shutil
+
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    done = hpctrain("submit", "--local", "train.total_updates=4", cwd=tmp_path)
+    assert done.code == 0, done.err
+    last = done.out.strip().splitlines()[-1]
+    assert last.startswith("local job ") and " exited 0; its output: " in last
+    out, err = last.split("its output: ", 1)[1].split(" and ")
+    assert Path(out).is_file() and Path(err).is_file() and "update 4/4" in Path(out).read_text()

@@ -42,7 +42,7 @@ def test_hops_from_the_deadline_then_squeue_then_slurm_time(tmp_path: Path) -> N
     info = _status(tmp_path / "d", run)
     # 900 updates left, 1 per wall second, 120 s per hop
     assert info["remaining_hops"] == 8 and info["hop_seconds"] == pytest.approx(120)
-    assert "about 8 more hop(s) of 0:02:00 (hop #0's deadline in chain.json)" in info["text"]
+    assert "about 8 more hop(s) of 0:02:00 (hop #1's deadline in chain.json)" in info["text"]
 
     run = _run_folder(tmp_path / "q", [_long_hop(None, job="77")], STOPPED)
     squeue = 'case "$*" in *%l*) echo 5:00;; *) exit 0;; esac'  # time limit 5 min; not in the queue

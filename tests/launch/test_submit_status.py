@@ -253,7 +253,12 @@ def test_status_running_from_a_live_lock_holder(tmp_path: Path) -> None:
     run = _run_folder(tmp_path, [_hop(0, now - 900, None, 0, 30, None)], None, lock)
     info = _status(tmp_path, run)
     assert info["status"] == "running" and f"live process {os.getpid()}" in info["evidence"]
-    assert "#0 job 40 on c1" in info["text"] and "-> running:" in info["text"]
+    assert "#1 job 40 on c1" in info["text"] and "-> running:" in info["text"]  # hops counted from 1
+    # where training is now: metrics.jsonl's last record, not the last checkpoint's 30 (issue 31 item 5)
+    records = [{"step": step, "time": now - 60 + step, "loss": 1.0} for step in (40, 50)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 5')
+    info = _status(tmp_path, run)
+    assert info["updates_done"] == 50 and "last logged: update 50 at " in info["text"]
 
 
 def test_status_running_from_a_fresh_heartbeat_on_another_node(tmp_path: Path) -> None:
@@ -282,7 +287,7 @@ def test_status_crashed_when_the_last_hop_never_closed_and_nobody_holds_the_lock
     run = _run_folder(tmp_path, hops, summary, stale)
     info = _status(tmp_path, run)
     assert info["status"] == "crashed"
-    assert "hop #1 never closed and no process holds run.lock" in info["evidence"]
+    assert "hop #2 never closed and no process holds run.lock" in info["evidence"]  # counted from 1
     assert info["text"].startswith(f"run {run}: crashed (resume with the same command")
     assert "-> killed:" in info["text"]
 
@@ -299,11 +304,14 @@ def test_status_stopped_resumable_finished_and_not_started(tmp_path: Path) -> No
     done = {"status": "finished", "reason": "finished", "step": 100, "total_updates": 100, "hops": 1}
     info = _status(tmp_path / "f", _run_folder(tmp_path / "f", hops, done))
     assert info["status"] == "finished" and info["remaining_hops"] == 0
+    # words that say something (issue 31 item 5): not "finished (finished)", not "0:00:00 of wall time; none"
+    assert "finished (summary.json: all updates done)" in info["text"]
+    assert info["text"].rstrip().endswith("remaining: nothing (finished)")
 
     hops = [_hop(0, now - 900, now - 600, 0, 60, "early_stop")]
     early = {"status": "finished", "reason": "early_stop", "step": 60, "total_updates": 100, "hops": 1}
     info = _status(tmp_path / "e", _run_folder(tmp_path / "e", hops, early))
-    assert info["status"] == "finished" and "early_stop" in info["evidence"]
+    assert info["status"] == "finished" and info["evidence"] == "summary.json: early stopping"
 
     info = _status(tmp_path / "n", _run_folder(tmp_path / "n", [], None))
     assert info["status"] == "not started"

@@ -40,7 +40,7 @@ def test_one_rate_and_an_eta_bounded_by_the_budget() -> None:
     console.update(400, {"loss": 0.25, "updates_per_s": 10.0, "samples_per_s": 320.0})
     console.close()
     line = term.getvalue().strip().rsplit("\r", 1)[-1]
-    assert "eta 01:00 | budget 01:15" in line  # 600 updates at 10/s; 75 s of budget left
+    assert "eta 01:00 | deadline in 01:15" in line  # 600 updates at 10/s; 75 s of budget left
     assert "updates/s 10" in line and "upd/s" not in line and "it/s" not in line  # our rate only
     assert "400/1000" in line
 
@@ -54,8 +54,8 @@ def test_log_file_gets_plain_lines_and_messages_do_not_tear_the_bar() -> None:
     console.close()
     console.close()  # twice is harmless (closed before the final line, then again at exit)
     assert (
-        log.getvalue()
-        == "update 5/10 | loss 0.125 | updates/s 2 | data 25%\neval at update 5 | val_loss 0.1\n"
+        log.getvalue() == "update 5/10 | loss 0.125 | updates/s 2 | data 25% | elapsed 00:00 | eta 00:02\n"
+        "eval at update 5 | val_loss 0.1\n"
     )
 
 
@@ -87,3 +87,14 @@ def test_progress_lines_reach_their_files_within_a_second_messages_at_once(tmp_p
     metrics.close()
     out.close()
     log.close()
+
+
+def test_plain_lines_carry_elapsed_eta_and_deadline_like_the_bar() -> None:
+    """A SLURM log (no terminal) gets the bar's times on every progress line (issue 31 item 2)."""
+    log = io.StringIO()
+    console = Console(total=1000, start=0, stream=log, time_left=lambda: 3725.0)
+    console.update(400, {"loss": 0.5, "updates_per_s": 4.0})
+    console.close()
+    line = log.getvalue().strip()
+    assert line.startswith("update 400/1000 | loss 0.5 | updates/s 4 | elapsed 00:00")
+    assert line.endswith("| eta 02:30 | deadline in 1:02:05")  # 600 updates at 4/s; the budget's 3725 s

@@ -35,8 +35,10 @@ from hpctrain.commands.common import ArgParser
 from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.fsutil import pid_alive
-from hpctrain.track.chain import changes_text, read_chain
-from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
+from hpctrain.track.chain import changes_text, hop_number, read_chain
+from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, tail_records
+
+LOGGED_TAIL = 16 * 1024  # bytes of metrics.jsonl read for its last record (a few records)
 
 
 def _read(path: Path, default: Any) -> Any:
@@ -97,15 +99,17 @@ def run_state(
     last = hops[-1] if hops else None
     if last is not None and last.get("end") is None:
         return "crashed", (
-            f"hop #{last.get('hop', len(hops) - 1)} never closed and no process holds run.lock "
+            f"hop #{hop_number(last, len(hops) - 1)} never closed and no process holds run.lock "
             "(killed, out of memory, node failure, or an error: see the job's log)"
         )
     written_by = summary.get("hops")  # the number of hops when the summary was written
     if last is not None and (not summary or (isinstance(written_by, int) and written_by < len(hops))):
-        return "crashed", f"hop #{last.get('hop', len(hops) - 1)} closed but wrote no summary.json"
+        return "crashed", f"hop #{hop_number(last, len(hops) - 1)} closed but wrote no summary.json"
     status = summary.get("status")
     if finished or status in ("finished", "already_finished"):  # early stopping finishes short of the total
-        return "finished", f"summary.json: {status} ({summary.get('reason')})"
+        reason = summary.get("reason")
+        said = {"finished": "all updates done", "early_stop": "early stopping", None: status}
+        return "finished", f"summary.json: {said.get(reason, reason)}"
     if status == "stopped":
         return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
     if status == "failed":  # ended on purpose by the trainer (e.g. a non-finite loss), its last save intact
@@ -155,7 +159,7 @@ def hop_seconds(hops: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[float 
     hop = hops[-1]  # the latest settings: an earlier hop's limit may no longer hold
     deadline, start = hop.get("deadline"), hop.get("start")
     if isinstance(deadline, (int, float)) and isinstance(start, (int, float)) and deadline > start:
-        return deadline - start, f"hop #{hop.get('hop', '?')}'s deadline in chain.json"
+        return deadline - start, f"hop #{hop_number(hop, len(hops) - 1)}'s deadline in chain.json"
     job = hop.get("job_id")
     limit = queue_time_limit(job)
     if limit:
@@ -211,7 +215,15 @@ def collect(run_dir: Path) -> dict[str, Any]:
             "step": meta.get("step"),
             "time": ckpt.stat().st_mtime if ckpt.exists() else None,
         }
-    done = max([int(h.get("last_update") or 0) for h in hops] + [int(summary.get("step") or 0)])
+    # metrics.jsonl's last record: where a running hop is now (chain.json and the checkpoint lag by up to
+    # checkpoint.every updates); a resume cuts the file back to its checkpoint, so no record is from a dead past
+    logged = tail_records(run_dir / "metrics.jsonl", block=LOGGED_TAIL).records
+    last_logged = max((r for r in logged if isinstance(r.get("time"), (int, float))), key=_step, default=None)
+    done = max(
+        [int(h.get("last_update") or 0) for h in hops]
+        + [int(summary.get("step") or 0)]
+        + [_step(last_logged) if last_logged else 0]
+    )
     now = time.time()
     walls = [((h.get("end") or h.get("last_seen") or now) - h["start"]) for h in hops]
     trained = sum(float(h.get("train_seconds") or 0.0) for h in hops)
@@ -237,6 +249,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "hops": hops,
         "chain_problem": chain.problem,
         "last_checkpoint": checkpoint,
+        "last_logged": {"step": _step(last_logged), "time": last_logged["time"]} if last_logged else None,
         "updates_per_train_second": progress / trained if trained > 0 else None,
         "updates_per_wall_second": per_wall,
         "goodput": trained / wall if wall > 0 else None,
@@ -282,7 +295,7 @@ def render(info: dict[str, Any]) -> str:
         )
         goodput = f"{hop['goodput']:.2f}" if hop.get("goodput") is not None else "-"
         lines.append(
-            f"  #{hop.get('hop', '?')} job {hop.get('job_id') or '-'} on {hop.get('nodes') or '-'} "
+            f"  #{hop_number(hop, i)} job {hop.get('job_id') or '-'} on {hop.get('nodes') or '-'} "
             f"{_when(hop.get('start'))} -> {end}: "
             f"updates {hop.get('first_update')}->{hop.get('last_update')}, "
             f"{hop.get('exit_reason') or '-'}, goodput {goodput}"
@@ -294,6 +307,9 @@ def render(info: dict[str, Any]) -> str:
         if ckpt
         else "last checkpoint: none"
     )
+    logged = info["last_logged"]
+    if logged and info["status"] == "running":
+        lines.append(f"last logged: update {logged['step']} at {_when(logged['time'])} (metrics.jsonl)")
     rate = info["updates_per_train_second"]
     wall_rate = info["updates_per_wall_second"]
     lines.append(
@@ -309,8 +325,9 @@ def render(info: dict[str, Any]) -> str:
     )
     hops_left = info["remaining_hops"]
     if info["status"] == "finished":
-        hops_text = "none"
-    elif hops_left is None:
+        lines.append("remaining: nothing (finished)")
+        return _with_queue(lines, info)
+    if hops_left is None:
         hops_text = f"more hops: unknown ({info['hop_seconds_source']})"
     else:
         after = " after the running one" if info["status"] == "running" else ""
@@ -319,9 +336,17 @@ def render(info: dict[str, Any]) -> str:
             f"({info['hop_seconds_source']})"
         )
     lines.append(f"remaining: {_duration(info['remaining_wall_seconds'])} of wall time; {hops_text}")
+    return _with_queue(lines, info)
+
+
+def _with_queue(lines: list[str], info: dict[str, Any]) -> str:
     if info["queue"]:
         lines.append(f"queue: job {info['hops'][-1].get('job_id')} {info['queue']}")
     return "\n".join(lines)
+
+
+def _step(record: dict[str, Any]) -> int:
+    return int(record["step"])
 
 
 def main(argv: list[str]) -> int:

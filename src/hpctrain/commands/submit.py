@@ -315,5 +315,6 @@ def _wait_local(job: Any) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT if bad_input else EXIT_FAILURE
-    print(f"local job {job.job_id} exited {code}")
+    # its output is not on the terminal: say where it went (submitit's folder of the job)
+    print(f"local job {job.job_id} exited {code}; its output: {job.paths.stdout} and {job.paths.stderr}")
     return code

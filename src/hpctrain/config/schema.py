@@ -356,7 +356,9 @@ class TrainConfig(Section):
     threads: int = Field(
         0,
         ge=0,
-        description="torch CPU threads per process (0 = leave torch's default).",
+        description="torch CPU threads per process (0 = the allocation's cores: the fewer of "
+        "SLURM_CPUS_PER_TASK and the CPU affinity mask, split over torchrun's processes on a node; printed at "
+        "start).",
         json_schema_extra=MAY_CHANGE,
     )
     early_stopping: EarlyStoppingConfig = Field(

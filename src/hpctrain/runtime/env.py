@@ -28,8 +28,19 @@ _TABLE: dict[str, tuple[str, ...]] = {
     "master_port": ("MASTER_PORT",),
     "tmpdir": ("SLURM_TMPDIR", "TMPDIR"),
     "submit_dir": ("SLURM_SUBMIT_DIR",),
+    "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
+    "torchrun": ("TORCHELASTIC_RUN_ID",),
 }
-_INTS = {"rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes", "restart_count"}
+_INTS = {
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "restart_count",
+    "cpus_per_task",
+}
 
 
 def _lookup(environ: Mapping[str, str], names: tuple[str, ...]) -> str | None:
@@ -63,6 +74,8 @@ class ClusterEnv:
     master_port: str | None = None
     tmpdir: str | None = None
     submit_dir: str | None = None
+    cpus_per_task: int | None = None  # SLURM's share of cores per task (runtime/threads.py)
+    torchrun: str | None = None  # torchrun's run id: its processes on a node share one allocation
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> ClusterEnv:

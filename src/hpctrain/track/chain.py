@@ -60,6 +60,13 @@ def read_json(path: Path, default: Any) -> Any:
         return default
 
 
+def hop_number(record: dict[str, Any], index: int) -> int:
+    """The hop as people count it, from 1 (`train` says "hop 1 of this run"): chain.json keeps the 0-based
+    index `hop` (older files and metrics records use it); `index` is the record's place when it has none."""
+    hop = record.get("hop")
+    return (hop if isinstance(hop, int) and not isinstance(hop, bool) else index) + 1
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

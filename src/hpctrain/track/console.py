@@ -1,5 +1,9 @@
 """Progress on the console: one tqdm bar on a terminal, a plain line every log_every updates otherwise.
 
+A plain line (what a SLURM log gets) carries what the bar shows beside it: the hop's elapsed time, the ETA at
+the current rate and, under a time budget, the time to the deadline (`elapsed 01:02 | eta 03:10 | deadline in
+29:00`): a log read an hour later says how far the run was from its end without a calculator.
+
 The bar redraws at most `REDRAW_SECONDS` apart whatever the update rate (a bar redrawn at every update costs
 time and floods a terminal multiplexer's scrollback), shows one rate (ours, averaged over the log window, not
 tqdm's own next to it), and an ETA bounded by the time budget when there is one: the run stops (and saves)
@@ -40,9 +44,20 @@ SHOWN = ("loss", "lr", "updates_per_s", "samples_per_s", "events_per_s", "muons_
 ON_BAR = ("loss", "updates_per_s", "lr", "data_share")
 
 
-def _line(step: int, total: int, scalars: dict[str, float]) -> str:
+def _line(step: int, total: int, scalars: dict[str, float], times: list[str] | None = None) -> str:
     shown = [_fmt(k.replace("_per_s", "/s"), scalars[k]) for k in SHOWN if k in scalars]
-    return f"update {step}/{total} | " + " | ".join(shown)
+    return f"update {step}/{total} | " + " | ".join([*shown, *(times or [])])
+
+
+def timing(elapsed: float, step: int, total: int, rate: float | None, time_left: float | None) -> list[str]:
+    """`elapsed`, `eta` (at `rate` updates/s; none before a rate is known) and `deadline in` (None: no
+    budget) as the plain lines show them."""
+    parts = [f"elapsed {_clock(elapsed)}"]
+    if rate and rate > 0:
+        parts.append(f"eta {_clock(max(total - step, 0) / rate)}")
+    if time_left is not None:
+        parts.append(f"deadline in {_clock(time_left)}")
+    return parts
 
 
 class Console:
@@ -61,14 +76,14 @@ class Console:
         self.stream = stream or sys.stdout
         self.log_file = log_file  # plain lines also go here (training.log), bar or not
         # a log step's figures, shown about once a second (messages, flush and close at once): see Pace
-        self._pending: list[tuple[int, dict[str, float]]] = []
+        self._pending: list[tuple[int, dict[str, float], list[str]]] = []
         self._pace = Pace()
         self.total = total
         self.start = start
         self._time_left = time_left or (lambda: None)
         self._rate: float | None = None
         self._postfix = ""
-        self._drawn_at = time.monotonic()  # tqdm draws once when created
+        self._drawn_at = self._began = time.monotonic()  # tqdm draws once when created
         self._drawn_step = self._step = start
         self._bar: Any = None
         if mode == "bar" or (mode == "auto" and self.stream.isatty()):
@@ -86,7 +101,8 @@ class Console:
     def update(self, step: int, scalars: dict[str, float]) -> None:
         """A log step's figures: on the bar at once (its rate), as lines about once a second (see Pace)."""
         self._rate = scalars.get("updates_per_s", self._rate)
-        self._pending.append((step, scalars))
+        times = timing(time.monotonic() - self._began, step, self.total, self._rate, self._time_left())
+        self._pending.append((step, scalars, times))
         if self._pace.due():
             self.flush()
         self.tick(step)
@@ -95,7 +111,9 @@ class Console:
         """The lines of the figures kept since the last time, written and flushed out."""
         if not self._pending:
             return
-        lines = "".join(f"{_line(step, self.total, scalars)}\n" for step, scalars in self._pending)
+        lines = "".join(
+            f"{_line(step, self.total, scalars, times)}\n" for step, scalars, times in self._pending
+        )
         last = self._pending[-1][1]
         self._pending = []
         if self.log_file is not None and not self.log_file.closed:
@@ -127,15 +145,9 @@ class Console:
         )
 
     def _eta(self, step: int) -> list[str]:
-        """`eta MM:SS` from our rate, and the time budget left when there is one (the hop stops, saving, before
-        it ends: the earlier of the two is where this hop's progress ends)."""
-        parts = []
-        if self._rate and self._rate > 0:
-            parts.append(f"eta {_clock((self.total - step) / self._rate)}")
-        budget = self._time_left()
-        if budget is not None:
-            parts.append(f"budget {_clock(budget)}")
-        return parts
+        """The plain lines' `eta` and `deadline in` (the hop stops, saving, before the deadline: the earlier of
+        the two is where this hop's progress ends); the bar shows its own elapsed time."""
+        return timing(0.0, step, self.total, self._rate, self._time_left())[1:]
 
     def _to_log(self, line: str) -> None:
         if self.log_file is not None and not self.log_file.closed:

@@ -243,7 +243,9 @@ def _describe(
     run_dir: Path,
     say: Callable[..., None],
 ) -> None:
-    say(f"{env.describe()}; device {trainer.device}; run folder {run_dir}")
+    setup = trainer.setup
+    threads = f"{setup.threads} CPU thread{'s' if setup.threads > 1 else ''} ({setup.threads_source})"
+    say(f"{env.describe()}; device {trainer.device}; {threads}; run folder {run_dir}")
     if budget.deadline is not None:
         say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})")
 

@@ -15,6 +15,7 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.threads import cpu_threads
 from hpctrain.runtime.torch_build import cpu_only_message
 from hpctrain.train.context import Context
 from hpctrain.train.memory import (
@@ -84,8 +85,9 @@ class Setup:
         self.device = pick_device(train.device, env)
         if train.precision == "fp16" and self.device.type != "cuda":
             raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
-        if train.threads:
-            torch.set_num_threads(train.threads)
+        # the allocation's cores, not torch's default of every core on the machine (runtime/threads.py)
+        self.threads, self.threads_source = cpu_threads(train.threads, env)
+        torch.set_num_threads(self.threads)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
             torch.backends.cudnn.allow_tf32 = train.allow_tf32

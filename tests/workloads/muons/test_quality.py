@@ -155,3 +155,14 @@ def test_judge_per_bin_rules() -> None:
     few = figures(0.5)
     few["m"]["bins"]["b"]["n_true"] = 10
     assert quality.judge(few, figures(0.1), figures(0.01))["features"]["m"]["bins_judged"] == 0
+
+
+def test_a_feature_without_a_judged_bin_is_not_judged_not_failed() -> None:
+    """Issue 31 item 4: "0/0 NOT met" read as a failure of a model nobody judged."""
+    from hpctrain.workloads.muons.quality import MIN_VALUES, goal_word
+
+    assert goal_word({"bins_judged": 0, "goal_met": False}).startswith(
+        f"not judged (no bin has {MIN_VALUES} "
+    )
+    assert goal_word({"bins_judged": 3, "goal_met": False}) == "NOT met"
+    assert goal_word({"bins_judged": 3, "goal_met": True}) == "met"

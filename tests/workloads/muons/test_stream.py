@@ -209,6 +209,9 @@ def test_outliers_and_empty_events(tmp_path: Path, caplog: pytest.LogCaptureFixt
     said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
     assert said and said[0].startswith(f"muon data, train split: {big} events with more than ")
     assert f"data.max_muons_per_event={cap} muons removed (raise the limit" in said[0]
+    assert (
+        len(said) == 2 and "so far" not in said[0]
+    )  # once per split and stream (hop), not at every doubling
     table = pq.read_table(out).to_pydict()
     assert len(table["source_row"]) == 2 * big
     rows = table["source_row"][:big]

@@ -7,13 +7,14 @@ verbs.py as `Verbs.report`): scalar groups that name its logged keys by meaning,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from hpctrain.track.chain import changes_text
+from hpctrain.track.chain import changes_text, hop_number
 from hpctrain.track.report.data import RunData
 
 DPI = 100
@@ -86,10 +87,18 @@ def figure(
     return fig, axes
 
 
+LABEL_SPACING = 0.2  # hop labels closer than this share of the x range go a row lower (they would overprint)
+LABEL_ROWS = 4
+
+
 def mark_hops(ax: Any, data: RunData, labels: bool = True) -> None:
     """A line where each hop began: red (solid) where the hop accepted identity changes with
     checkpoint.accept_changes (another configuration), purple where only keys that may change did, grey else;
-    with `labels`, the hop, its job and how many keys changed are written beside the line."""
+    with `labels`, the hop (numbered from 1, as `train` and `status` count), its job and how many keys changed
+    are written beside the line, a row lower than the previous label where they would overprint."""
+    low, high = ax.dataLim.intervalx if ax.dataLim.width > 0 else (0.0, 1.0)
+    near = LABEL_SPACING * max(high - low, 1e-9)
+    row, last_x = 0, -math.inf
     for i, hop in enumerate(data.hops[1:], start=1):
         x = hop.get("first_update", 0)
         accepted = list(hop.get("accepted_changes") or {})
@@ -100,15 +109,16 @@ def mark_hops(ax: Any, data: RunData, labels: bool = True) -> None:
         ax.axvline(x, color=color, linestyle="-" if accepted else "--", linewidth=0.8)
         if not labels:
             continue
+        row, last_x = ((row + 1) % LABEL_ROWS if x - last_x < near else 0), x
         # Short: the changed keys are listed in the hops table.
-        label = f"hop {i}" + (f", job {hop['job_id']}" if hop.get("job_id") else "")
+        label = f"hop {hop_number(hop, i)}" + (f", job {hop['job_id']}" if hop.get("job_id") else "")
         if changed:
             label += f" ({len(changed)} key{'s' if len(changed) > 1 else ''} changed)"
         ax.annotate(
             label,
             (x, 1.0),
             xycoords=("data", "axes fraction"),
-            xytext=(2, -2),
+            xytext=(2, -2 - 9 * row),
             textcoords="offset points",
             va="top",
             ha="left",

@@ -41,6 +41,16 @@ ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
 ZENITH_BANDS_DEG = (0.0, 30.0, 45.0, 60.0, 75.0)  # cos(zenith) >= 0.3 in the truth: up to 72.5 deg
 R_FLOOR_M = 0.01
 MIN_VALUES = 100  # a bin with fewer true values of a feature is shown, not judged
+
+
+def goal_word(feature: dict[str, Any]) -> str:
+    """met / NOT met, or, where no bin had enough true values to judge, says so: "0/0 NOT met" read as a
+    failure of a model nobody judged."""
+    if not feature["bins_judged"]:
+        return f"not judged (no bin has {MIN_VALUES} true values: evaluate more events)"
+    return "met" if feature["goal_met"] else "NOT met"
+
+
 FLOOR_FACTOR, BASELINE_FACTOR = 2.0, 0.5
 FLOOR_DRAWS = 4  # independent truth samples averaged into the floor (synthetic truth)
 
@@ -275,7 +285,7 @@ def table(judged: dict[str, Any]) -> list[str]:
         lines.append(
             f"{name:<17}{_fmt(f['ours_w1'])}{_fmt(f['baseline_w1'])}{_fmt(f['floor_w1'])}{_fmt(f['ours_ks'])}"
             f"{_fmt(f['baseline_ks'])}{_fmt(f['floor_ks'])}{_fmt(f['ratio'], 10)}"
-            f"{f['bins_ok']:>4}/{f['bins_judged']:<4}  {'met' if f['goal_met'] else 'NOT met'}"
+            f"{f['bins_ok']:>4}/{f['bins_judged']:<4}  {goal_word(f)}"
         )
     return lines
 

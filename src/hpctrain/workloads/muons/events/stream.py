@@ -288,10 +288,15 @@ class EventStream:
             self._dataset.remember(result.proven)  # (0 workers: the same object proved them)
         for key, value in result.stats.items():
             self.stats[key] = self.stats.get(key, 0) + value
-            # say so in the log, at most at every doubling
-            if value and self.stats[key] >= 2 * self._warned.get(key, 0):
+            # said once per split and hop (a line per doubling read as a growing problem); the count goes on
+            if value and key not in self._warned:
                 self._warned[key] = self.stats[key]
-                log.warning("muon data, %s split: %d %s so far", self.split, self.stats[key], self._why(key))
+                log.warning(
+                    "muon data, %s split: %d %s (said once; the count goes on in the stream's stats)",
+                    self.split,
+                    self.stats[key],
+                    self._why(key),
+                )
         if self._staged is not None:
             self._staged.done(result.epoch, result.chunk)
         return result
