@@ -159,7 +159,7 @@ def test_judge_per_bin_rules() -> None:
 
 def test_a_feature_without_a_judged_bin_is_not_judged_not_failed() -> None:
     """Issue 31 item 4: "0/0 NOT met" read as a failure of a model nobody judged."""
-    from hpctrain.workloads.muons.quality import MIN_VALUES, goal_word
+    from hpctrain.workloads.muons.evaluation.quality import MIN_VALUES, goal_word
 
     assert goal_word({"bins_judged": 0, "goal_met": False}).startswith(
         f"not judged (no bin has {MIN_VALUES} "
