@@ -92,3 +92,16 @@ def test_judge_accepts_a_fresh_draw_and_rejects_shuffled_positions() -> None:
     bad = two_sample.judge(prim, true, _shuffled(true, rng), [null], folds=3)
     assert not bad.accepted("all")
     assert bad.auc["E8-9"] > 0.8
+
+
+def test_judge_rejects_both_stand_ins_on_both_truths() -> None:
+    for version in ("v1", "v2"):
+        sampler = truth_versions.get(version)
+        rng = np.random.default_rng(3)
+        prim = truth.sample_primaries(3000, rng)
+        true, fresh, null = (sampler.sample_bundles(prim, rng) for _ in range(3))
+        blind = prim.copy()
+        blind[:, 2:] = truth.sample_primaries(len(prim), rng)[:, 2:]  # mass and depth from the prior
+        assert two_sample.judge(prim, true, fresh, [null], folds=3).accepted("all"), version
+        for stand_in in (_shuffled(true, rng), sampler.sample_bundles(blind, rng)):
+            assert not two_sample.judge(prim, true, stand_in, [null], folds=3).accepted("all"), version
