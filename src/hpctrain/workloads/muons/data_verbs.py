@@ -11,7 +11,7 @@ import numpy as np
 
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
 from hpctrain.workloads.registry import DataVerbs
@@ -32,12 +32,21 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed; file i uses the stream (seed, i)")
     parser.add_argument("--row-group-size", type=int, default=8192, help="events per Parquet row group")
     parser.add_argument("--prefix", default="muons", help="file name prefix (default muons)")
+    parser.add_argument(
+        "--truth",
+        choices=tuple(truth_versions.TRUTHS),
+        default=truth_versions.DEFAULT,
+        help="synthetic truth version (default v1; v2 has event-wide structure, docs/muons.md); recorded in "
+        "the files",
+    )
 
 
-def synthetic_events(n: int, seed: int, file_index: int) -> layouts.Events:
-    """n events of the truth for file `file_index`; ids are (file_index, event number)."""
+def synthetic_events(
+    n: int, seed: int, file_index: int, version: str = truth_versions.DEFAULT
+) -> layouts.Events:
+    """n events of truth `version` for file `file_index`; ids are (file_index, event number)."""
     rng = numpy_rng(seed, file_index)
-    primaries, muons, counts = truth.sample(n, rng)
+    primaries, muons, counts = truth_versions.get(version).sample(n, rng)
     ids = np.stack([np.full(n, file_index, np.int64), np.arange(n, dtype=np.int64)], axis=1)
     return layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
 
@@ -52,15 +61,17 @@ def generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     events = muons = 0
     for i in range(args.first_file, args.first_file + args.files):
-        data = synthetic_events(args.events_per_file, args.seed, i)
+        data = synthetic_events(args.events_per_file, args.seed, i, args.truth)
         path = os.path.join(args.out, f"{args.prefix}-{i:05d}{SUFFIX[args.layout]}")
-        layouts.write_events(path, data, args.layout, args.row_group_size)
+        layouts.write_events(
+            path, data, args.layout, args.row_group_size, {truth_versions.TRUTH_KEY: args.truth}
+        )
         events += len(data)
         muons += len(data.muons)
     seconds = time.perf_counter() - start
     print(
         f"wrote {args.files} {args.layout} file(s) to {args.out}: {events} events, {muons} muons "
-        f"(seed {args.seed}, {seconds:.1f} s)"
+        f"(seed {args.seed}, truth {args.truth}, {seconds:.1f} s)"
     )
     return 0
 

@@ -468,23 +468,34 @@ def events_table(events: Events, layout: str) -> pa.Table:
     return pa.table({"primary": fixed_list(prim), "muons": list_of_lists(muons, counts)})
 
 
-def write_events(path: str, events: Events, layout: str, row_group_size: int = 65536) -> None:
-    """Write `events` in `layout` (atomically: temporary name, then rename)."""
+def write_events(
+    path: str,
+    events: Events,
+    layout: str,
+    row_group_size: int = 65536,
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Write `events` in `layout` (atomically: temporary name, then rename); `metadata`: key-value pairs kept
+    in the file (Parquet schema metadata, HDF5 attributes), e.g. the truth version."""
     if layout not in LAYOUTS:
         raise LayoutError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     with atomic_path(Path(path)) as tmp:
         if layout == "hdf5":
-            _write_hdf5(str(tmp), events)
+            _write_hdf5(str(tmp), events, metadata or {})
         else:
-            pq.write_table(events_table(events, layout), str(tmp), row_group_size=row_group_size)
+            table = events_table(events, layout)
+            if metadata:
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+            pq.write_table(table, str(tmp), row_group_size=row_group_size)
 
 
-def _write_hdf5(path: str, events: Events) -> None:
+def _write_hdf5(path: str, events: Events, metadata: dict[str, str]) -> None:
     import h5py
 
     prim, muons = _full_rows(events)
     muons, counts = _with_placeholders(muons, events.counts)
     with h5py.File(path, "w") as fh:
+        fh.attrs.update(metadata)
         fh.create_dataset("primaries", data=prim)
         # (a file without events has no muons: an empty dataset cannot be chunked)
         fh.create_dataset("muons", data=muons, chunks=(min(len(muons), 65536), 6) if len(muons) else None)

@@ -1,0 +1,109 @@
+"""The muon judge's classifier two-sample test, its features, FPD/KPD, and truth v2 with its file version."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpctrain.workloads.muons import truth, truth_v2, truth_versions
+from hpctrain.workloads.muons.data_verbs import synthetic_events
+from hpctrain.workloads.muons.evaluation import event_features, two_sample
+from hpctrain.workloads.muons.events import layouts
+
+
+def test_auc_matches_known_cases() -> None:
+    labels = np.r_[np.ones(3), np.zeros(3)]
+    assert two_sample.auc(np.array([4.0, 5, 6, 1, 2, 3]), labels) == 1.0
+    assert two_sample.auc(np.array([1.0, 2, 3, 4, 5, 6]), labels) == 0.0
+    assert two_sample.auc(np.ones(6), labels) == 0.5
+
+
+def test_frechet_distance_of_gaussians_matches_the_formula() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.0, 1.0, (200_000, 2))
+    b = rng.normal([1.0, 0.0], [2.0, 1.0], (200_000, 2))
+    # |dmu|^2 + sum (sigma_a - sigma_b)^2 for diagonal covariances: 1 + (1 - 2)^2 = 2
+    assert abs(two_sample.frechet_distance(a, b) - 2.0) < 0.05
+    assert abs(two_sample.frechet_distance(a, a)) < 1e-9
+
+
+def test_kernel_distance_is_near_zero_for_one_distribution_and_not_for_two() -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(4000, 3)), rng.normal(size=(4000, 3))
+    assert abs(two_sample.kernel_distance(a, b)) < 0.02
+    assert two_sample.kernel_distance(a, b + 0.5) > 0.1
+
+
+def test_event_features_of_a_known_event() -> None:
+    muons = np.array([[100.0, 3.0, 4.0], [10.0, -3.0, -4.0], [1.0, 0.0, 1.0]])
+    f = event_features.event_features(muons, np.array([0, 3]), np.random.default_rng(0))
+    name = dict(zip(event_features.NAMES, range(len(event_features.NAMES))))
+    assert np.all(f[0, 1:] == event_features.EMPTY) or f[0, name["corr_loge_logr"]] == 0.0
+    assert np.isclose(f[1, name["log10_n1"]], np.log10(4))
+    assert np.isclose(f[1, name["leading_log10_e"]], 2.0)
+    assert np.isclose(f[1, name["leading_fraction"]], 100 / 111)
+    assert np.isclose(f[1, name["log10_e_q50"]], 1.0)
+    assert np.isclose(f[1, name["pair_log10_d_min"]], np.log10(np.hypot(3, 3)))
+
+
+def test_truth_v2_has_event_wide_structure() -> None:
+    rng = np.random.default_rng(2)
+    prim = truth.sample_primaries(4000, rng)
+    prim[:, 0] = 1e7
+    muons, counts = truth_v2.sample_bundles(prim, rng)
+    ev = np.repeat(np.arange(len(counts)), counts)
+    mean_loge = np.bincount(ev, np.log10(muons[:, 0]), len(counts)) / np.maximum(counts, 1)
+    deep = prim[:, 3] / np.cos(prim[:, 1]) > 4000
+    shallow = prim[:, 3] / np.cos(prim[:, 1]) < 1500
+    ok = counts >= 5
+    # the spectrum at depth hardens with slant depth (v1's does not depend on it)
+    assert np.median(mean_loge[ok & deep]) > np.median(mean_loge[ok & shallow]) + 0.1
+    assert np.all(muons[:, 0] >= 1.0)
+    # heavier nuclei fluctuate less
+    assert truth_v2.fluctuation_sigma(np.array([56]))[0] < truth_v2.fluctuation_sigma(np.array([1]))[0]
+
+
+def test_files_record_the_truth_version(tmp_path) -> None:
+    for layout in ("parquet", "hdf5"):
+        path = str(tmp_path / f"v2.{'h5' if layout == 'hdf5' else 'parquet'}")
+        data = synthetic_events(50, 0, 0, "v2")
+        layouts.write_events(path, data, layout, 100, {truth_versions.TRUTH_KEY: "v2"})
+        assert truth_versions.file_version(path) == "v2"
+        old = str(tmp_path / f"old.{'h5' if layout == 'hdf5' else 'parquet'}")
+        layouts.write_events(old, data, layout, 100)
+        assert truth_versions.file_version(old) == "v1"
+        assert len(layouts.read_all(path)[1]) == 50
+
+
+def _shuffled(
+    bundle: tuple[np.ndarray, np.ndarray], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    muons, counts = bundle
+    ev = np.repeat(np.arange(len(counts)), counts)
+    order = np.lexsort((rng.random(len(ev)), ev))
+    out = muons.copy()
+    out[:, 1:] = muons[order, 1:]
+    return out, counts
+
+
+def test_judge_accepts_a_fresh_draw_and_rejects_shuffled_positions() -> None:
+    rng = np.random.default_rng(3)
+    prim = truth.sample_primaries(3000, rng)
+    true, fresh, null = (truth.sample_bundles(prim, rng) for _ in range(3))
+    good = two_sample.judge(prim, true, fresh, [null], folds=3)
+    assert good.accepted("all")
+    bad = two_sample.judge(prim, true, _shuffled(true, rng), [null], folds=3)
+    assert not bad.accepted("all")
+    assert bad.auc["E8-9"] > 0.8
+
+
+def test_judge_rejects_both_stand_ins_on_both_truths() -> None:
+    for version in ("v1", "v2"):
+        sampler = truth_versions.get(version)
+        rng = np.random.default_rng(3)
+        prim = truth.sample_primaries(3000, rng)
+        true, fresh, null = (sampler.sample_bundles(prim, rng) for _ in range(3))
+        blind = prim.copy()
+        blind[:, 2:] = truth.sample_primaries(len(prim), rng)[:, 2:]  # mass and depth from the prior
+        assert two_sample.judge(prim, true, fresh, [null], folds=3).accepted("all"), version
+        for stand_in in (_shuffled(true, rng), sampler.sample_bundles(blind, rng)):
+            assert not two_sample.judge(prim, true, stand_in, [null], folds=3).accepted("all"), version
