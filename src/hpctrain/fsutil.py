@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import shutil
 import socket
 import stat
@@ -147,8 +148,6 @@ def not_yours(path: Path, what: str = "folder") -> str | None:
 
 
 def _user(uid: int) -> str:
-    import pwd
-
     try:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
