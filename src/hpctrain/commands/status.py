@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -32,10 +31,11 @@ from typing import Any
 import yaml
 
 from hpctrain.commands.common import ArgParser
+from hpctrain.commands.status_table import collect_rows, render_table, sort_rows
 from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
-from hpctrain.fsutil import pid_alive
 from hpctrain.track.chain import changes_text, hop_number, read_chain
+from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, tail_records
 
 LOGGED_TAIL = 16 * 1024  # bytes of metrics.jsonl read for its last record (a few records)
@@ -64,62 +64,6 @@ def _duration(seconds: float | None) -> str:
 
 
 # run.lock's heartbeat is refreshed at least every 30 s while the run holds it.
-HEARTBEAT_FRESH = 120.0
-_RUNNING_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING")
-
-
-def lock_holder(run_dir: Path, now: float) -> str | None:
-    """Who holds run.lock, as evidence for 'running' (None: nobody, or a stale lock)."""
-    lock = _read(run_dir / "run.lock", None)
-    if not isinstance(lock, dict):
-        return None
-    pid, host, beat = lock.get("pid"), lock.get("host"), lock.get("heartbeat")
-    if isinstance(pid, int) and host == socket.gethostname():
-        # On this host the process table is the evidence: a fresh heartbeat of a dead pid is a killed run.
-        return f"run.lock held by live process {pid} on this host" if pid_alive(pid) else None
-    if isinstance(beat, (int, float)) and now - beat < HEARTBEAT_FRESH:
-        return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"
-    return None
-
-
-def run_state(
-    hops: list[dict[str, Any]],
-    summary: dict[str, Any],
-    holder: str | None,
-    queue: str | None,
-    finished: bool,
-) -> tuple[str, str]:
-    """(state, the evidence for it): running | finished | stopped | failed | crashed | not started."""
-    if holder:
-        return "running", holder
-    if queue and queue.split(" ", 1)[0] in _RUNNING_STATES:
-        return "running", f"squeue: job {hops[-1].get('job_id')} {queue.split(' ', 1)[0]}"
-    if not hops and not summary:
-        return "not started", "no hop in chain.json and no summary.json"
-    last = hops[-1] if hops else None
-    if last is not None and last.get("end") is None:
-        return "crashed", (
-            f"hop #{hop_number(last, len(hops) - 1)} never closed and no process holds run.lock "
-            "(killed, out of memory, node failure, or an error: see the job's log)"
-        )
-    written_by = summary.get("hops")  # the number of hops when the summary was written
-    if last is not None and (not summary or (isinstance(written_by, int) and written_by < len(hops))):
-        return "crashed", f"hop #{hop_number(last, len(hops) - 1)} closed but wrote no summary.json"
-    status = summary.get("status")
-    if finished or status in ("finished", "already_finished"):  # early stopping finishes short of the total
-        reason = summary.get("reason")
-        said = {"finished": "all updates done", "early_stop": "early stopping", None: status}
-        return "finished", f"summary.json: {said.get(reason, reason)}"
-    if status == "stopped":
-        return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
-    if status == "failed":  # ended on purpose by the trainer (e.g. a non-finite loss), its last save intact
-        where = summary.get("nonfinite_update")
-        return "failed", f"summary.json: failed ({summary.get('reason')}" + (
-            f" at update {where})" if where is not None else ")"
-        )
-    return "crashed", f"summary.json says {status!r}"
-
-
 def queue_state(job_id: str | None) -> str | None:
     """`squeue` on the job: state, elapsed, time left, reason; None when squeue is missing or silent."""
     exe = shutil.which("squeue")
@@ -364,8 +308,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     runs = [] if not args.run_dir.is_dir() or is_run_dir(args.run_dir) else find_runs(args.run_dir)
     if runs:
-        from hpctrain.commands.status_table import collect_rows, render_table, sort_rows
-
         rows = sort_rows(collect_rows(args.run_dir, runs), args.sort or "name", args.reverse)
         print(json.dumps(rows) if args.json else render_table(rows))
         return EXIT_OK

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.commands.status import lock_holder, run_state
 from hpctrain.errors import UserError
 from hpctrain.launch.chain import read_hops
 from hpctrain.track.chain import read_json
+from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import Tail, read_config, tail_records
 
 # `--sort` keys: the column each sorts by (rows without a value come last, whatever the order).
