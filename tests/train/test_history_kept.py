@@ -84,3 +84,14 @@ def test_a_finished_run_whose_checkpoints_and_chain_are_gone_keeps_its_records(t
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r] == [
         2
     ]  # the new run's own
+
+
+def test_a_bad_files_list_alone_is_not_a_run_to_move_aside(tmp_path: Path) -> None:
+    """bad_files.txt is written by a start's own data index before it decides how to resume: alone it is no
+    earlier run (a fresh start in an empty folder that skips a bad file must not move its own list away)."""
+    run_dir = tmp_path / "t"
+    run_dir.mkdir()
+    (run_dir / "bad_files.txt").write_text("gone.parquet\t404\n")
+    assert run(cfg_for(tmp_path), ClusterEnv()) == EXIT_OK
+    assert not list(run_dir.glob("old-*"))
+    assert (run_dir / "bad_files.txt").read_text() == "gone.parquet\t404\n"

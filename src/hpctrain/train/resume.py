@@ -46,7 +46,7 @@ from hpctrain.train.length import length_change
 from hpctrain.train.parts import Group, Parts
 from hpctrain.train.remote_ckpt import local_resume_path, pull_working_copy
 from hpctrain.train.resume_forms import note_rewind, resume_form, rewind_target
-from hpctrain.train.runlock import previous_run_files, set_aside_previous_run
+from hpctrain.train.runlock import earlier_history, set_aside_previous_run
 
 if TYPE_CHECKING:
     from hpctrain.runtime.env import ClusterEnv
@@ -142,7 +142,7 @@ def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, A
     cfg, run_dir = where.cfg, where.run_dir
     mode = cfg.checkpoint.resume
     if mode == "never":
-        if not previous_run_files(run_dir):
+        if not earlier_history(run_dir):
             return ResumePlan(ResumeKind.FRESH), None
         if not _requeued_same_job(where.env, run_dir):
             return _fresh_over(store, run_dir, "checkpoint.resume=never"), None
@@ -183,11 +183,11 @@ def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, A
         # no checkpoint of this run, but its history (metrics, summary, ...): kept, never overwritten
         note = (
             _fresh_over(store, run_dir, "no checkpoint of it is left").note
-            if previous_run_files(run_dir)
+            if earlier_history(run_dir)
             else ""
         )
         return ResumePlan(kind, path, mode, note), snap
-    if previous_run_files(run_dir):
+    if earlier_history(run_dir):
         # No checkpoint and no chain.json that names one, but an earlier run's history (metrics, summary, an
         # empty or damaged chain.json, training.log): a fresh start would overwrite it.
         return _fresh_over(store, run_dir, "no checkpoint of it is left"), None

@@ -363,6 +363,15 @@ def previous_run_files(run_dir: Path) -> list[Path]:
     return found
 
 
+# Written by a start itself before it decides how to resume (the data index notes bad input files first).
+WRITTEN_AT_START = ("bad_files.txt",)
+
+
+def earlier_history(run_dir: Path) -> list[Path]:
+    """The previous run's files that this start cannot have written yet: evidence of a run to keep."""
+    return [path for path in previous_run_files(run_dir) if path.name not in WRITTEN_AT_START]
+
+
 def set_aside_previous_run(run_dir: Path) -> Path | None:
     """Move a previous run's files into `run_dir/old-<time>/` (the caller holds the run lock); None if none.
 
