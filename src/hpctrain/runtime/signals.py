@@ -62,10 +62,18 @@ def install_early() -> StopSignals:
     return _early
 
 
+_early_taken = False
+
+
 def for_run() -> StopSignals:
     """The handlers a run uses: the early ones where `install_early` ran (a signal they already caught counts),
-    else new ones, restored when the run closes (in-process callers: tests, a notebook, submitit)."""
-    return _early if _early is not None else StopSignals().install()
+    for the first run of the process only; else new ones, restored when the run closes (in-process callers:
+    tests, a notebook, submitit, a second run in one process, which must not inherit the first's stop)."""
+    global _early_taken
+    if _early is not None and not _early_taken:
+        _early_taken = True
+        return _early
+    return StopSignals().install()
 
 
 def ignore_stop_signals() -> None:
