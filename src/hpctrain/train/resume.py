@@ -182,16 +182,21 @@ def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, A
         kind = ResumeKind.RESTART if cfg.checkpoint.restart else ResumeKind.FINETUNE
         # no checkpoint of this run, but its history (metrics, summary, ...): kept, never overwritten
         note = (
-            _fresh_over(store, run_dir, "no checkpoint of it is left").note
-            if earlier_history(run_dir)
-            else ""
+            _fresh_over(store, run_dir, "no checkpoint of it is left").note if _earlier_run(run_dir) else ""
         )
         return ResumePlan(kind, path, mode, note), snap
-    if earlier_history(run_dir):
+    if _earlier_run(run_dir):
         # No checkpoint and no chain.json that names one, but an earlier run's history (metrics, summary, an
         # empty or damaged chain.json, training.log): a fresh start would overwrite it.
         return _fresh_over(store, run_dir, "no checkpoint of it is left"), None
     return ResumePlan(ResumeKind.FRESH), None
+
+
+def _earlier_run(run_dir: Path) -> bool:
+    """Whether the folder holds an earlier run's history that a fresh start would overwrite. chain.json with
+    hops (none of which committed a checkpoint) is this run's own record of hops that kept no update (killed
+    before their first save, requeued): the run starts afresh in place and its chain goes on."""
+    return bool(earlier_history(run_dir)) and not read_chain(run_dir / "chain.json").hops
 
 
 def _fresh_over(store: CheckpointStore, run_dir: Path, why: str) -> ResumePlan:
