@@ -107,9 +107,13 @@ def sample_bundles(primaries: np.ndarray, rng: np.random.Generator) -> tuple[np.
     energy = np.minimum(MUON_E_SCALE * (u ** (-1.0 / MUON_E_SHAPE) - 1.0) + 1.0, e_cap)
     pt = rng.gamma(PT_SHAPE, PT_SCALE, total)
     r = np.minimum(pt * PRODUCTION_HEIGHT_M / cos_z / (energy + e_th), R_MAX_M)
-    phi = rng.uniform(0.0, 2 * np.pi, total)
-    muons = np.stack([energy, r * np.sin(phi), r * np.cos(phi)], axis=1)
-    return muons, counts
+    return placed(energy, r, rng), counts
+
+
+def placed(energy: np.ndarray, r: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Muons (len(r), 3) as (energy, x, y): each at distance r from the axis, at a uniform azimuth."""
+    phi = rng.uniform(0.0, 2 * np.pi, len(r))
+    return np.stack([energy, r * np.sin(phi), r * np.cos(phi)], axis=1)
 
 
 def sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ from hpctrain.workloads.muons.truth import (
     R_MAX_M,
     mass_number,
     mean_multiplicity,
+    placed,
     sample_primaries,
     threshold_energy,
 )
@@ -86,9 +87,7 @@ def sample_bundles(primaries: np.ndarray, rng: np.random.Generator) -> tuple[np.
     height = np.repeat((HEIGHT_M + HEIGHT_PER_LN_A_M * np.log(a)) / cos_z, counts) * np.exp(HEIGHT_SIGMA * s)
     pt = rng.gamma(PT_SHAPE, PT_SCALE, total)
     r = np.minimum(pt * height / e_surface, R_MAX_M)
-    phi = rng.uniform(0.0, 2 * np.pi, total)
-    muons = np.stack([energy, r * np.sin(phi), r * np.cos(phi)], axis=1)
-    return muons, counts
+    return placed(energy, r, rng), counts
 
 
 def sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
