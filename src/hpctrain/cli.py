@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
+from hpctrain import __version__
 from hpctrain.config.messages import error_line
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
+from hpctrain.runtime.signals import install_early
 
 VERBS = {
     "train": "train a model (default: the debug regression job)",
@@ -27,13 +30,9 @@ VERBS = {
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("hpctrain")
     except PackageNotFoundError:  # running from a source tree that was never installed
-        from hpctrain import __version__
-
         return __version__
 
 
@@ -65,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "train" and "--until-done" not in rest:
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
         # a death (runtime/signals.py).
-        from hpctrain.runtime.signals import install_early
-
         install_early()
     module = importlib.import_module(f"hpctrain.commands.{verb}")
     try:

@@ -14,6 +14,9 @@ from typing import Any
 
 from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.remote import oidc
+from hpctrain.remote.uris import PELICAN_SCHEMES, is_remote, scheme
+from hpctrain.train.remote_ckpt import pelican_uris
 
 
 def main(argv: list[str]) -> int:
@@ -22,9 +25,6 @@ def main(argv: list[str]) -> int:
     add_config_arguments(parser)
     parser.add_argument("--read-only", action="store_true", help="ask for storage.read only")
     args = parser.parse_args(argv)
-    from hpctrain.remote import oidc
-    from hpctrain.remote.uris import PELICAN_SCHEMES, is_remote, scheme
-
     uris = [o for o in args.overrides if is_remote(o)]
     args.overrides = [o for o in args.overrides if not is_remote(o)]
     for word in args.overrides:  # neither a URI nor key=value: most likely a URI without its scheme
@@ -43,8 +43,6 @@ def main(argv: list[str]) -> int:
             raise UserError(f"auth login: {uris[0]} is not a pelican:// or osdf:// URI")
         reads, writes = ([uris[0]], []) if args.read_only else ([], [uris[0]])
     else:
-        from hpctrain.train.remote_ckpt import pelican_uris
-
         reads, writes = pelican_uris(cfg)
     scopes = oidc.scopes_for(reads, writes, pelican)
     if not scopes:
@@ -63,10 +61,8 @@ def main(argv: list[str]) -> int:
 
 
 def _show(pelican: Any) -> int:
-    from hpctrain.remote.oidc import cache_file, load
-
-    path = cache_file(pelican)
-    logins = load(pelican)
+    path = oidc.cache_file(pelican)
+    logins = oidc.load(pelican)
     if not logins:
         print(f"no cached Pelican login in {path}")
     for entry in logins:

@@ -12,6 +12,7 @@ from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.messages import cut
 from hpctrain.config.provenance import announce
 from hpctrain.errors import UserError
+from hpctrain.workloads.registry import resolve
 
 # `--optim.lr=3e-4`, `--optim.lr` (value in the next argument) or `--lr=3e-4`: a key=value written as an option.
 _DASHED_OVERRIDE = re.compile(r"^--?[A-Za-z_][\w-]*(?:\.[\w-]+)+(?:=|$)|^--?[A-Za-z_][\w.-]*=")
@@ -97,8 +98,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_from_args(args: argparse.Namespace) -> tuple[Any, Provenance]:
-    from hpctrain.workloads.registry import resolve
-
     return resolve(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
 
 

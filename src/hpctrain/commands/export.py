@@ -12,13 +12,16 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from hpctrain import __version__
 from hpctrain.commands.common import ArgParser
+from hpctrain.config.dump import to_yaml
 from hpctrain.errors import UserError
-
-if TYPE_CHECKING:
-    from hpctrain.workloads.trained import Trained
+from hpctrain.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from hpctrain.workloads.trained import Trained, load
 
 EXPORT_JSON = "export.json"
 SHOWN_TENSORS = 24  # tensors listed per network in the README (all of them are in the file)
@@ -37,8 +40,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     old = _check_out(out)
-
-    from hpctrain.workloads.trained import load
 
     trained = load(args.run, args.which, "cpu")
     written = write_export(trained, out, args.run, args.which, old)
@@ -67,12 +68,6 @@ def _check_out(out: Path) -> list[str]:
 
 def write_export(trained: Trained, out: Path, run: str, which: str, old: list[str]) -> list[str]:
     """Write the export's files into `out` (each atomically; the README last). Returns their names."""
-    import torch
-
-    from hpctrain import __version__
-    from hpctrain.config.dump import to_yaml
-    from hpctrain.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
-
     out.mkdir(parents=True, exist_ok=True)
     networks: dict[str, Any] = {}
     for name, module in trained.models.items():

@@ -5,20 +5,18 @@ workload that has no such verb is one line, exit 2."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import UserError
-
-if TYPE_CHECKING:
-    from hpctrain.workloads.registry import ModelVerb
+from hpctrain.train.checkpoint import find_checkpoint
+from hpctrain.workloads import registry
+from hpctrain.workloads.registry import ModelVerb
 
 MODEL_HELP = "run folder (its latest checkpoint) or a checkpoint file"
 
 
 def run_model_verb(verb: str, description: str, argv: list[str]) -> int:
-    from hpctrain.workloads import registry
-
     top = ArgParser(prog=f"hpctrain {verb}", add_help=False)
     top.add_argument("model", nargs="?")
     top.add_argument("-h", "--help", action="store_true")
@@ -28,8 +26,6 @@ def run_model_verb(verb: str, description: str, argv: list[str]) -> int:
             print(_overview(verb, description))
             return 0
         raise UserError(f"hpctrain {verb}: name a run folder or a checkpoint file (`hpctrain {verb} --help`)")
-
-    from hpctrain.train.checkpoint import find_checkpoint
 
     found = find_checkpoint(known.model)
     model_type = _model_type(found[0])
@@ -65,8 +61,6 @@ def _parser(verb: str, description: str, handler: ModelVerb) -> argparse.Argumen
 
 def _overview(verb: str, description: str) -> str:
     """`hpctrain VERB --help` without a model: the options of every workload that offers the verb."""
-    from hpctrain.workloads import registry
-
     lines = [f"usage: hpctrain {verb} MODEL [options]", "", description, "", f"MODEL: {MODEL_HELP}."]
     lines.append("The options depend on the workload of the model's model.type:")
     for name in registry.offering(verb):

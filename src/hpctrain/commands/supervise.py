@@ -19,6 +19,7 @@ from typing import Any
 from hpctrain.commands.common import ArgParser, add_config_arguments, config_from_args
 from hpctrain.errors import UserError
 from hpctrain.launch.supervise import Policy, Supervisor
+from hpctrain.runtime.env import ClusterEnv
 
 USAGE = "hpctrain supervise [--run-dir DIR] [--backoff S] [--backoff-max S] [--max-idle N] -- COMMAND ..."
 
@@ -84,8 +85,6 @@ def refuse_restarting_afresh(cfg: Any) -> None:
 def supervise_training(args: argparse.Namespace, cfg: Any) -> int:
     """`hpctrain train ... --until-done`: the same training as a child process, restarted until done. A first
     start with checkpoint.resume=never is followed by restarts that continue it (checkpoint.resume=auto)."""
-    from hpctrain.runtime.env import ClusterEnv
-
     if ClusterEnv.from_environ().world_size > 1:
         raise UserError(
             "--until-done supervises one training process, not each rank of one: run "

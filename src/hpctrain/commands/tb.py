@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.track.tb_merge import merge as do_merge
 
 
 def main(argv: list[str]) -> int:
@@ -33,8 +34,6 @@ def main(argv: list[str]) -> int:
         "--glob", metavar="PATTERN", help="only runs whose path under --src-root fits the glob"
     )
     args = parser.parse_args(argv)
-
-    from hpctrain.track.tb_merge import merge as do_merge
 
     try:
         runs = do_merge(args.out, args.src_root, args.mode, args.since, args.match, args.glob)

@@ -7,23 +7,18 @@ Exit 0 finished, 75 stopped early and resumable, 2 bad input (one line), 1 failu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hpctrain.commands.common import announce, config_from_args, resolve_from_args
 from hpctrain.commands.supervise import add_supervision_arguments, supervise_training, train_parser
-
-if TYPE_CHECKING:
-    from hpctrain.config.schema import ConfigBase
-    from hpctrain.runtime.env import ClusterEnv
+from hpctrain.config.schema import ConfigBase
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train import entry
+from hpctrain.workloads.registry import make_task
 
 __all__ = ["main", "run"]
 
 
 def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False, naming: str | None = None) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
-    from hpctrain.train import entry
-    from hpctrain.workloads.registry import make_task
-
     return entry.run(cfg, env, make_task, verbose=verbose, naming=naming)
 
 
@@ -39,8 +34,6 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.until_done:
         return supervise_training(args, config_from_args(args, quiet=True))
-    from hpctrain.runtime.env import ClusterEnv
-
     cfg, sources = resolve_from_args(args)
     announce(sources)
     return run(cfg, ClusterEnv.from_environ(), verbose=args.verbose, naming=sources.naming)

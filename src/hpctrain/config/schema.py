@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
 
+from hpctrain.config.identity import unknown_keys
 from hpctrain.config.remote import PelicanConfig, StagingConfig
 
 
@@ -605,8 +606,6 @@ class ConfigBase(Section):
 
     @model_validator(mode="after")
     def _accepted_keys_exist(self) -> ConfigBase:
-        from hpctrain.config.identity import unknown_keys
-
         unknown = unknown_keys(self, self.checkpoint.accept_changes)
         if unknown:
             raise ValueError(

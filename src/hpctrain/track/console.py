@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 from hpctrain.track.base import Pace
 
 REDRAW_SECONDS = 0.25
@@ -87,8 +89,6 @@ class Console:
         self._drawn_step = self._step = start
         self._bar: Any = None
         if mode == "bar" or (mode == "auto" and self.stream.isatty()):
-            from tqdm import tqdm
-
             self._bar = tqdm(
                 total=total,
                 initial=start,

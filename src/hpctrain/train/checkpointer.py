@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.dump import config_hash
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError
+from hpctrain.remote.mirror import FolderMirror
 from hpctrain.runtime import dist
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.parts import Parts, snapshot
 from hpctrain.train.remote_ckpt import RemoteCheckpoints
 
 if TYPE_CHECKING:
-    from hpctrain.remote.mirror import FolderMirror
     from hpctrain.track.base import Trackers
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,6 @@ class Checkpointer:
 
     def _mirror_in_background(self, folder: Path, dest: str) -> None:
         """Copy in a thread: the training goes on meanwhile (the next save waits for it, see save)."""
-        from hpctrain.remote.mirror import FolderMirror
-
         if self._mirror_copier is None:
             self._mirror_copier = FolderMirror(dest)
         copier = self._mirror_copier

@@ -17,22 +17,27 @@ User mistakes raise `UserError` (one line, exit 2 from the cli); anything else p
 
 from __future__ import annotations
 
+import datetime
 import logging
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from hpctrain.config.dump import to_yaml
+from hpctrain.config.dump import differences, to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
-from hpctrain.fsutil import no_room_is_user_error
+from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
+from hpctrain.remote.uris import MissingPathError
+from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.signals import for_run
 from hpctrain.train.preflight import check_config
+from hpctrain.train.remote_ckpt import prepare_tokens
 
 if TYPE_CHECKING:
-    from hpctrain.runtime.budget import StopSignals, TimeBudget
     from hpctrain.train.task import TaskFactory
     from hpctrain.train.trainer import Trainer
 
@@ -57,8 +62,6 @@ def run(
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
     `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
     automatic run.name was formed (config/naming.py), said with the run folder first."""
-    from hpctrain.runtime.signals import for_run
-
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
@@ -69,8 +72,6 @@ def run(
         problems = check_config(cfg, writable=env.is_main)
         if problems:
             raise UserError("; ".join(problems))
-        from hpctrain.train.remote_ckpt import prepare_tokens
-
         prepare_tokens(cfg)  # data.pelican.auto_token: the login (cached; a batch job without one: exit 2)
         out.say(f"run folder {cfg.run.dir} ({naming or f'run.name={cfg.run.name}'})")
         with (
@@ -101,7 +102,7 @@ def _train(
     out: RunOutput,
     verbose: bool,
 ) -> int:
-    from hpctrain.runtime.budget import TimeBudget
+    # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
     from hpctrain.train.trainer import Trainer
 
@@ -124,8 +125,6 @@ def _train(
     with _user_mistakes(resuming=run_dir):
         resumed = trainer.resume()
     if env.is_main:
-        from hpctrain.fsutil import atomic_write_text
-
         # Only now: the run really starts with this config (a failed resume above left config.yaml alone).
         atomic_write_text(run_dir / "config.yaml", to_yaml(cfg))
     # Like config.yaml, only once the resume succeeded (a refused one changes nothing in the folder): from here on
@@ -189,11 +188,6 @@ class RunOutput:
     def open(self, run_dir: Path) -> None:
         if not self.env.is_main:
             return
-        import datetime
-        import socket
-
-        from hpctrain.fsutil import open_append
-
         self.file = open_append(run_dir / "training.log")  # a planted link is refused, never followed
         when = datetime.datetime.now().isoformat(timespec="seconds")
         self.file.write(f"==== {when} on {socket.gethostname()} ({self.env.job_id or 'no job'}) ====\n")
@@ -225,8 +219,6 @@ class _LogLines(logging.Handler):
 def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
     """A terminal's view of the config: where the whole of it is written, and the keys set away from their
     defaults (`--verbose` prints it all; so does a job's log, which is not a terminal)."""
-    from hpctrain.config.dump import differences
-
     changed = differences(cfg)
     shown = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:12])
     more = f", ... ({len(changed) - 12} more)" if len(changed) > 12 else ""
@@ -273,8 +265,6 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
     """Turn the failures a user causes while the run is built or resumed into one-line UserErrors: missing
     inputs (the data layer's MissingPathError) and, while resuming, a checkpoint whose networks do not fit the
     configured model (a changed architecture under the same run name)."""
-    from hpctrain.remote.uris import MissingPathError
-
     try:
         yield
     except MissingPathError as exc:
@@ -293,7 +283,7 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
 
 
 def _teardown(clean: bool) -> None:
-    from hpctrain.runtime import dist
+    from hpctrain.runtime import dist  # torch: only after the stop handlers are in
 
     dist.teardown(clean)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ConfigBase
+from hpctrain.remote.mirror import FolderMirror
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.counters import Counters
@@ -101,8 +102,6 @@ def _mirror(store: CheckpointStore, dest: str | None, remote: RemoteCheckpoints)
     """The mirror copy after the final save may have been cut short too."""
     if not dest or remote.takes(dest):
         return
-    from hpctrain.remote.mirror import FolderMirror
-
     try:
         FolderMirror(dest).sync(store.folder, last=("latest",))
     except Exception as exc:  # a failed mirror loses nothing local: warn, as after any save

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from hpctrain.errors import UserError
 from hpctrain.train.counters import Counters
 from hpctrain.train.nonfinite import NonFinite
@@ -71,8 +73,6 @@ class DeviceTimeline:
     the GPU was busy with steps since the last log line. Costs two event records per update, no sync."""
 
     def __init__(self) -> None:
-        import torch
-
         self._event: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         self._spans: list[tuple[Any, Any]] = []
         self._open: Any = None

@@ -18,8 +18,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from hpctrain.config.schema import ConfigBase
 from hpctrain.fsutil import nearest_existing_folder, not_yours
+from hpctrain.remote.auth import resolve_token
+from hpctrain.remote.uris import PELICAN_SCHEMES, has_magic, is_remote, magic_prefix, split_federation
 from hpctrain.runtime.torch_build import cuda_problem
 from hpctrain.train.resume_forms import resume_form
 
@@ -27,8 +31,6 @@ from hpctrain.train.resume_forms import resume_form
 def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) -> list[str]:
     """Every mistake found, one line each (empty when none). `writable`: also probe the output folders;
     `device`: train.device=cuda needs a CUDA build of torch."""
-    from hpctrain.remote.uris import is_remote
-
     errors: list[str] = []
     cuda = cuda_problem(cfg.train.device) if device else None
     if cuda:
@@ -78,8 +80,6 @@ def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) ->
 
 
 def _local_problem(path: str) -> str | None:
-    from hpctrain.remote.uris import has_magic, magic_prefix
-
     local = os.path.expanduser(path.removeprefix("file://"))
     if has_magic(local):
         matches = glob.iglob(local, recursive=True)
@@ -108,16 +108,12 @@ def _nearest(path: str) -> str:
 
 
 def _remote_problem(uri: str) -> str | None:
-    from hpctrain.remote.uris import PELICAN_SCHEMES, split_federation
-
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
     if scheme in PELICAN_SCHEMES:
         path = split_federation(uri, None)[1]
         if not path.strip("/"):
             return f"{uri}: no namespace path (e.g. {scheme}:///<namespace>/<file or folder>)"
         return None
-    import fsspec
-
     if scheme not in fsspec.available_protocols():
         return f"{uri}: unknown URL scheme {scheme!r} (use a local path, pelican://, osdf:///, https://, ...)"
     return None
@@ -126,8 +122,6 @@ def _remote_problem(uri: str) -> str | None:
 def _token_problems(pelican: Any, remote: bool) -> list[str]:
     """An unreadable or empty token file (data.pelican.token_file, or BEARER_TOKEN_FILE for remote inputs),
     a missing CA bundle."""
-    from hpctrain.remote.auth import resolve_token
-
     problems = []
     if pelican.token_file or (remote and os.environ.get("BEARER_TOKEN_FILE")):
         try:

@@ -21,10 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import UserError
-from hpctrain.remote.pelican_write import PelicanWriter, RemoteWriteError, fetch_checkpoint, is_pelican
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.remote.oidc import ensure_login
+from hpctrain.remote.pelican_write import (
+    PelicanWriter,
+    RemoteWriteError,
+    fetch_checkpoint,
+    is_pelican,
+    sync_checkpoints,
+)
+from hpctrain.remote.upload import Uploader, stop_by
 
 if TYPE_CHECKING:
-    from hpctrain.remote.upload import Uploader
     from hpctrain.runtime.budget import TimeBudget
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.train.checkpoint import CheckpointStore
@@ -39,8 +47,6 @@ def prepare_tokens(cfg: Any) -> None:
     pelican = cfg.data.pelican
     if not pelican.auto_token:
         return
-    from hpctrain.remote.oidc import ensure_login
-
     ensure_login(pelican, *pelican_uris(cfg))
 
 
@@ -84,9 +90,6 @@ class RemoteCheckpoints:
         return is_pelican(dest)
 
     def submit(self, folder: Path) -> None:
-        from hpctrain.remote.pelican_write import sync_checkpoints
-        from hpctrain.remote.upload import Uploader
-
         for dest in self.dests:
             if dest not in self._uploaders:
                 self._uploaders[dest] = Uploader(f"checkpoints to {dest}")
@@ -97,8 +100,6 @@ class RemoteCheckpoints:
 
     def finish(self, budget: TimeBudget | None) -> None:
         """Wait for the last uploads, but never past the deadline (minus a margin for the exit)."""
-        from hpctrain.remote.upload import stop_by
-
         remaining = budget.remaining() if budget is not None else None
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
         stop_by(None if timeout is None else time.monotonic() + timeout)  # TensorBoard's close too
@@ -118,8 +119,6 @@ def pull_working_copy(cfg: Any, store: CheckpointStore) -> None:
     except RemoteWriteError as exc:
         raise UserError(f"checkpoint.dir={dest}: cannot read the remote checkpoints: {exc}") from None
     if got is not None:
-        from hpctrain.fsutil import atomic_write_text
-
         atomic_write_text(store.folder / "latest", got.name + "\n")  # the pointer last, as in a commit
 
 

@@ -26,6 +26,7 @@ from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_wait
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.track.base import Trackers
+from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
@@ -200,8 +201,6 @@ class Trainer:
         hardware monitor."""
         if not self.env.is_main:
             return
-        from hpctrain.track.build import build_trackers
-
         hop = {"hop": len(self.chain.hops), "world_size": self.env.world_size}
         self.trackers = build_trackers(
             self.cfg,
