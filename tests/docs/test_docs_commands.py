@@ -2,7 +2,8 @@
 
 Each document's shell lines run in order, in a fresh copy of the project, as a reader would paste them. The
 environment only shortens training (`TOTAL_UPDATES=4`, the documented alias; a line that sets
-`train.total_updates` itself keeps its value) and trains on the CPU (`HPCTRAIN_TRAIN__DEVICE=cpu`: no GPU here):
+`train.total_updates` itself keeps its value, and the quick start's `configs/muons_quick.yaml` runs at its full
+length, as its promise is tested: tests/docs/commands.py FULL_LENGTH) and trains on the CPU (`HPCTRAIN_TRAIN__DEVICE=cpu`: no GPU here):
 the commands are the documents' own. Lines for a cluster run on
 the local SLURM cluster (tests/integration/test_slurm_templates.py); the few that cannot run here are listed in
 tests/docs/commands.py with the reason.
@@ -46,13 +47,36 @@ def test_documented_commands_run_as_written(doc: Path, tmp_path: Path) -> None:
     env = clean_env(TOTAL_UPDATES="4", MPLBACKEND="Agg", HPCTRAIN_TRAIN__DEVICE="cpu")
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     for command in _runnable(doc):
+        full = {k: v for k, v in env.items() if k != "TOTAL_UPDATES"}
         done = subprocess.run(
-            ["bash", "-c", command.text], cwd=project, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "-c", command.text],
+            cwd=project,
+            env=full if command.full_length else env,
+            capture_output=True,
+            text=True,
+            timeout=900 if command.full_length else 300,
         )
         assert done.returncode == 0, (
             f"{command}\nexit {done.returncode}\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}"
         )
         assert "Traceback" not in done.stderr, f"{command}\n{done.stderr[-3000:]}"
+    if any(c.full_length for c in _runnable(doc)):
+        _quick_start_done(project)
+
+
+def _quick_start_done(project: Path) -> None:
+    """The quick start's run went its whole documented length and left its evaluation and its page."""
+    import json
+
+    import yaml
+
+    updates = yaml.safe_load((project / "configs/muons_quick.yaml").read_text())["train"]["total_updates"]
+    run = project / "logs/muons_quick"
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("finished", updates), summary
+    judged = json.loads((run / "evaluate.json").read_text())
+    assert judged, "evaluate.json is empty"
+    assert (run / "report/index.html").is_file()
 
 
 def test_every_line_is_sorted_and_every_exception_still_exists() -> None:
