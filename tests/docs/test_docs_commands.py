@@ -77,6 +77,27 @@ def _quick_start_done(project: Path) -> None:
     judged = json.loads((run / "evaluate.json").read_text())
     assert judged, "evaluate.json is empty"
     assert (run / "report/index.html").is_file()
+    # docs/img's pictures are made from such a run: the script does it on this one, into a folder of its own
+    pictures = project / "pictures"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "docs/img/make_images.py",
+            "--muons-run",
+            str(run),
+            "--no-fields",
+            "--out",
+            str(pictures),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    made = json.loads((pictures / "images.json").read_text())["images"]
+    assert {entry["model_type"] for entry in made.values()} == {"muon_flow"}, made
+    assert all((pictures / name).stat().st_size > 10_000 for name in made), made
 
 
 def test_every_line_is_sorted_and_every_exception_still_exists() -> None:
