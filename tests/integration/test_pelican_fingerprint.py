@@ -17,6 +17,7 @@ import pytest
 from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons.events.stream import EventStream
+from tests.data.test_fingerprint import rewrite_same_size
 from tests.integration.pelican_fixtures import FederationSetup, pelican_federation
 from tests.workloads.muons.conftest import event_stream, write_set
 
@@ -45,17 +46,6 @@ def resume(fed: FederationSetup, run_dir: Path, state: dict[str, Any], allow: bo
         return s.position
     finally:
         s.close()
-
-
-def rewrite_same_size(target: Path, other: Path) -> None:
-    """Other bytes in the middle half of `target` (another file's data pages), footer and size kept, and a
-    later modification time (as any rewrite has)."""
-    data, donor = bytearray(target.read_bytes()), other.read_bytes()
-    start, end = len(data) // 4, 3 * len(data) // 4
-    data[start:end] = donor[len(donor) // 4 :][: end - start]
-    mtime = target.stat().st_mtime_ns
-    target.write_bytes(bytes(data))
-    os.utime(target, ns=(mtime + 2 * 10**9, mtime + 2 * 10**9))
 
 
 def data_reads(fed: FederationSetup, since: int) -> list[str]:
