@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from hpctrain.config.remote import PelicanConfig, StagingConfig
 from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons.events.stream import EventStream
 from tests.data.test_fingerprint import rewrite_same_size
 from tests.integration.pelican_fixtures import FederationSetup, pelican_federation
+from tests.integration.pelican_server import StaticServer
 from tests.workloads.muons.conftest import event_stream, write_set
 
 pytestmark = pytest.mark.integration
@@ -116,3 +118,37 @@ def test_the_train_command_refuses_a_changed_remote_file_with_exit_2(
     assert len(errors) == 1 and "f2.parquet rewritten (same size, other bytes)" in errors[0], again.stderr
     assert "Traceback" not in again.stderr
     shutil.rmtree(fed.scratch, ignore_errors=True)
+
+
+def test_https_files_without_a_listing_are_sampled_at_every_start(tmp_path: Path) -> None:
+    """A plain https:// server gives no listing with times: each start reads every file's footer and samples
+    again (the fallback), and a rewrite at the same size is refused the same way."""
+    root = tmp_path / "www"
+    write_set(root / "d", files=2, events=300, seed=5)
+    with StaticServer(root, certs=tmp_path / "certs") as srv:
+        spec = StagingSpec(
+            StagingConfig(dir=str(tmp_path / "scratch")), PelicanConfig(ca_file=str(srv.ca_file))
+        )
+        uris = [f"{srv.url}/d/f0.parquet", f"{srv.url}/d/f1.parquet"]
+
+        def resume(state: dict[str, Any]) -> int:
+            s = event_stream(uris, 50, 0, run_dir=tmp_path / "run", staging=spec, num_workers=0)
+            try:
+                s.load_state_dict(state)
+                return s.position
+            finally:
+                s.close()
+
+        first = event_stream(uris, 50, 0, run_dir=tmp_path / "run", staging=spec, num_workers=0)
+        state = first.state_dict() | {"position": 100}
+        first.close()
+        assert state["files"]["mtimes"] == [-1, -1] and all(state["files"]["samples"])
+        before = len(srv.requests)
+        assert resume(state) == 100
+        assert {r.path for r in srv.requests[before:] if r.method == "GET"} == {
+            "/d/f0.parquet",
+            "/d/f1.parquet",
+        }
+        rewrite_same_size(root / "d" / "f0.parquet", Path(write_set(tmp_path / "o", files=1, seed=9)[0]))
+        with pytest.raises(UserError, match=r"f0\.parquet rewritten \(same size, other bytes\)"):
+            resume(state)
