@@ -8,8 +8,8 @@ never used (pelicanfs' string mtime breaks it). The result is cached in `<run fo
 resumed or requeued run reads no footer again.
 
 A file rewritten between two hops must not pass for the indexed one (data/fingerprint.py): each entry also
-holds the file's content evidence, its listing's last-modified time (the stamp) and the sampled hash of data
-.fingerprint read with five ranged GETs of 4 KiB when the file is indexed. Every start lists the files' folders
+holds the file's content evidence: its listing's last-modified time (the stamp) and data/fingerprint.py's
+sampled hash, read with five ranged GETs of 4 KiB when the file is indexed. Every start lists the files' folders
 (one WebDAV PROPFIND per folder on a Pelican federation, whatever the number of files): a cached entry is used
 only while its listing shows the saved size and stamp; any other (a rewritten file, a listing that gives no
 time, a URI of another scheme) is indexed and sampled again, and the fingerprint then judges it by its hash.
