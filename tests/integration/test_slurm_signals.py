@@ -1,10 +1,10 @@
 """A stop signal at a hop's very start, under the real templates and srun: while the training process is still
 starting (before its handlers exist), a preemption's USR1 to the job's steps, or a TERM to every process of the
-job, is a stop (the hop saves and the chain goes on), never a death that fails the job and ends the chain.
+job, is a stop and the chain goes on, never a failed hop that ends the chain.
 
 The start is held open with the fault hook (tests/faulthook: each `hpctrain train` sleeps before any hpctrain
-line runs), and the test checks that the signal really arrived inside it: pending in the process, not yet
-handled."""
+line runs); the task is seen there with the stop signals blocked, and the USR1 seen pending in it (not yet
+handled)."""
 
 from __future__ import annotations
 
