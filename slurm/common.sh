@@ -133,6 +133,22 @@ hpctrain_export_list() {
     done
 }
 
+# ----------------------------------------------------------------------------------------- shielding
+# A stop signal (USR1 at the walltime warning or a preemption, TERM at the limit or a cancel) may come at any
+# moment, also while a process of this job starts: Python runs no handler before its interpreter is up and
+# `hpctrain train` has installed them, so a signal then would kill it (exit 138/143, a failed hop that ends the
+# chain), and a helper killed by it (the check, the chain, sbatch) would fail the hop the same way. So they all
+# start with the stop signals BLOCKED (perl sets the mask and execs: ~2 ms of its own start are the only window
+# left): a blocked signal is not lost but pending; `hpctrain train` unblocks it once its handlers are in place
+# (runtime/signals.py), so it arrives as a stop, and a helper ends with it still pending (discarded at exit). This
+# shell has its traps (hpctrain_job) and decides itself what a signal means for the hop.
+if command -v perl >/dev/null 2>&1; then
+    hpctrain_shield=(perl -MPOSIX -e 'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGUSR1, SIGUSR2, SIGTERM, SIGINT))
+        or die "sigprocmask: $!\n"; exec {$ARGV[0]} @ARGV or die "exec $ARGV[0]: $!\n"' --)
+else
+    hpctrain_shield=()
+fi
+
 # --------------------------------------------------------------------------------------------- checks
 # Validate the config and this allocation against it before anything runs; sets hpctrain_run_dir,
 # hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout and
@@ -143,7 +159,7 @@ hpctrain_check() {
     local lead settings
     lead=$(grep -m1 -oE '^#SBATCH[[:space:]]+--signal=([A-Z]+:)?[A-Z0-9]+@[0-9]+' "$0" | sed 's/.*@//')
     hpctrain_signal_lead=$lead
-    settings=$(hpctrain submit --check ${lead:+--signal-lead "$lead"} "${HPCTRAIN_ARGS[@]}") || {
+    settings=$("${hpctrain_shield[@]}" hpctrain submit --check ${lead:+--signal-lead "$lead"} "${HPCTRAIN_ARGS[@]}") || {
         hpctrain_log "error: the configuration or the job settings are wrong (above); nothing was run"
         exit 2
     }
@@ -165,7 +181,7 @@ hpctrain_master() {
 
 # ---------------------------------------------------------------------------------------------- chain
 hpctrain_chain() {  # hpctrain_chain start|next [exit code]
-    python -m hpctrain.launch.chain "$1" "$hpctrain_run_dir" --exit-code "${2:-75}" \
+    "${hpctrain_shield[@]}" python -m hpctrain.launch.chain "$1" "$hpctrain_run_dir" --exit-code "${2:-75}" \
         --max-resubmits "$hpctrain_max_resubmits" --max-idle "$hpctrain_max_idle"
 }
 
@@ -195,7 +211,7 @@ hpctrain_submit_successor() {
     gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
     # The successor inherits this shell's environment (sbatch --export=ALL): no array task's variables, which SLURM
     # would leave in place for a job that is no array task (it would take itself for this task).
-    hpctrain_successor=$(env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
+    hpctrain_successor=$("${hpctrain_shield[@]}" env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
         -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP \
         sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
@@ -231,7 +247,9 @@ hpctrain_launch() {
                 -m hpctrain train "$@"' "$per_node" "${HPCTRAIN_ARGS[@]}" &
     else
         # One task per GPU (or per requested task): RANK/WORLD_SIZE/LOCAL_RANK from the step's SLURM variables.
-        srun --kill-on-bad-exit=0 hpctrain train "${HPCTRAIN_ARGS[@]}" &
+        # Each task starts shielded (above): a stop signal srun relays, or SLURM sends the step, during its
+        # start-up reaches its handlers instead of killing it.
+        srun --kill-on-bad-exit=0 "${hpctrain_shield[@]}" hpctrain train "${HPCTRAIN_ARGS[@]}" &
     fi
     hpctrain_step_pid=$!
 }
@@ -239,13 +257,17 @@ hpctrain_launch() {
 # The signal before the time limit (#SBATCH --signal=B:USR1@lead) reaches only this shell: pass it on to the
 # step (srun relays it to every task). bash runs traps only between commands, hence `&` and the wait loop.
 # Installed before anything else: an untrapped USR1 would kill this shell (signals may come early).
+# srun answers a TERM by SIGKILLing its tasks ("forcing job termination"): a TERM is passed on as USR1, which srun
+# relays as it is and the training takes as the same stop. (A TERM that SLURM sends to every process of the job
+# reaches srun too, and kills the tasks anyway: hpctrain_job then counts the hop as stopped, see below.)
 hpctrain_forward() {
+    hpctrain_stop_signal=$1
     if [ -n "${hpctrain_step_pid:-}" ] && [ -z "${hpctrain_step_done:-}" ]; then
         if [ "$1" = USR1 ] && hpctrain_defer_early_warning; then
             return
         fi
         hpctrain_log "got SIG$1: asking the training to save and stop"
-        kill -s "$1" "$hpctrain_step_pid" 2>/dev/null
+        kill -s USR1 "$hpctrain_step_pid" 2>/dev/null
     elif [ -z "${hpctrain_step_pid:-}" ]; then
         # Before the launch the tasks could not honour it yet (no handler during start-up): do not start.
         hpctrain_log "got SIG$1 before the training started: not starting this hop"
@@ -312,6 +334,7 @@ hpctrain_job() {
     HPCTRAIN_ORIGINAL_ARGS=("$@")
     hpctrain_step_pid=""
     hpctrain_stop_before_start=""
+    hpctrain_stop_signal=""
     trap 'hpctrain_forward USR1' USR1
     trap 'hpctrain_forward USR1' USR2
     trap 'hpctrain_forward TERM' TERM
@@ -341,7 +364,26 @@ hpctrain_job() {
     hpctrain_step_done=1
     rc=$(hpctrain_resolve_torchrun_rc "$rc")
     rm -f "$hpctrain_hop_marker"
-    hpctrain_after "$rc"
+    hpctrain_after "$(hpctrain_stopped_rc "$rc")"
+}
+
+# A step that ended otherwise than finished (0), stopped (75) or refused (2) after this shell got a stop signal
+# was ended by it: srun killed its tasks on a TERM, or a task died of the signal before its handlers (no perl).
+# Every checkpoint is complete or absent at any kill (docs/reliability.md), so this is a stop like any other: the
+# chain goes on from the last checkpoint (and its no-progress cap ends a chain of such hops).
+hpctrain_stopped_rc() {
+    local rc=$1
+    case "$rc" in
+        0 | 2 | 75) ;;
+        *)
+            if [ -n "${hpctrain_stop_signal:-}" ]; then
+                hpctrain_log "the training ended with exit code $rc after SIG$hpctrain_stop_signal: counted as a" \
+                    "stop (its last complete checkpoint is kept)"
+                rc=75
+            fi
+            ;;
+    esac
+    echo "$rc"
 }
 
 hpctrain_after() {

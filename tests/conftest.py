@@ -57,6 +57,13 @@ def save_pause(seconds: float) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
 
 
+def start_pause(seconds: float) -> dict[str, str]:
+    """Environment for subprocesses in which each `hpctrain train` sleeps `seconds` before any hpctrain line runs
+    (a slow start, the window before its signal handlers): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_START_PAUSE": str(seconds), "PYTHONPATH": path}
+
+
 def kill_once(marker: Path) -> dict[str, str]:
     """Environment for subprocesses of which the first to move `latest` a second time dies by SIGKILL there
     (one committed checkpoint behind it), once for all of them (`marker`): see tests/faulthook/sitecustomize.py."""

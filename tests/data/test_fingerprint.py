@@ -15,6 +15,7 @@ from hpctrain.data.loader import IndexedStream
 from hpctrain.errors import UserError
 from hpctrain.workloads.fields.dataset import ShardFields
 from hpctrain.workloads.fields.generate import write_split
+from tests.workloads.muons.conftest import event_stream, write_set
 
 
 def shards(out: Path, seed: int, fmt: str) -> Path:
@@ -86,3 +87,29 @@ def test_sampled_ranges_are_few_small_and_cover_head_and_tail() -> None:
     assert len(ranges) == 5 and all(n == SAMPLE_BYTES for _, n in ranges)
     assert ranges[0][0] == 0 and ranges[-1] == (10**9 - SAMPLE_BYTES, SAMPLE_BYTES)
     assert FileList(["pelican://host/a.h5"], [5], [1]).state()["samples"] == [""]  # nothing read remotely
+
+
+def rewrite_same_size(target: Path, other: Path) -> None:
+    """Other bytes in the middle half of `target` (another file's data pages), its head, footer and size kept,
+    and a later modification time (as any rewrite has)."""
+    data, donor = bytearray(target.read_bytes()), other.read_bytes()
+    start, end = len(data) // 4, 3 * len(data) // 4
+    data[start:end] = donor[len(donor) // 4 :][: end - start]
+    mtime = target.stat().st_mtime_ns
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(mtime + 2 * 10**9, mtime + 2 * 10**9))
+
+
+def test_a_muon_file_rewritten_at_the_same_size_is_refused(tmp_path: Path) -> None:
+    """The muon stream's local Parquet files carry the same evidence as the fields' shards."""
+    files = write_set(tmp_path / "m", files=2, events=200, seed=5)
+    first = event_stream(files, 50, 0, num_workers=0)
+    state = first.state_dict() | {"position": 100}
+    first.close()
+    size = os.path.getsize(files[1])
+    rewrite_same_size(Path(files[1]), Path(write_set(tmp_path / "o", files=2, events=200, seed=9)[1]))
+    assert os.path.getsize(files[1]) == size
+    again = event_stream(files, 50, 0, num_workers=0)
+    with pytest.raises(UserError, match=r"f1\.parquet rewritten \(same size, other bytes\)"):
+        again.load_state_dict(state)
+    again.close()

@@ -62,3 +62,15 @@ if _kill_marker:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     fsutil.before_commit = _kill_before_second_latest
+
+# `_HPCTRAIN_TEST_START_PAUSE=S`: a `hpctrain train` process sleeps S seconds here, before any line of hpctrain
+# runs (a slow start: imports from a loaded network file system), the window in which a stop signal would kill
+# a process that has no handlers yet. Other processes (the batch script's helpers) start at once.
+_start_pause = os.environ.get("_HPCTRAIN_TEST_START_PAUSE")
+if _start_pause:
+    import sys
+
+    if "train" in sys.orig_argv and any(a.endswith("hpctrain") for a in sys.orig_argv):
+        import time
+
+        time.sleep(float(_start_pause))

@@ -156,3 +156,19 @@ def test_an_unfinished_run_under_a_cosine_keeps_its_length_and_says_its_lr(
         f"effective lr main 0.001 (optim.lr_scaling=none); update 13 trains at lr main {now:.3g} "
         f"(schedule factor {now / 1e-3:.3g} at update 12)\n"
     ) in out
+
+
+def test_train_epochs_on_resume_says_the_length_that_runs(tmp_path: Path) -> None:
+    """A run by train.total_updates resumed with train.epochs (issue 29: it said `train.total_updates 256 -> 200`
+    and ran to 256): every line names the length the epochs make, and the run goes exactly there."""
+    data = ["data.n_train=320", "data.n_val=64"]  # 10 updates per epoch at batch 32
+    first = hpctrain("train", *QUIET, *data, "run.name=ep", "train.total_updates=4", cwd=tmp_path)
+    assert first.code == EXIT_OK, first.err
+    again = hpctrain("train", *QUIET, *data, "run.name=ep", "train.epochs=2", cwd=tmp_path)
+    assert again.code == EXIT_OK, again.err
+    text = again.out + again.err
+    assert "train.epochs 4 updates -> 20 updates" in text and "train.total_updates" not in text, text
+    assert "extending the finished run from 4 to 20 updates" in text
+    assert "finished at update 20/20" in text
+    steps = [row["step"] for row in read_jsonl(tmp_path / "logs" / "ep" / "metrics.jsonl") if "loss" in row]
+    assert steps[-1] == 20

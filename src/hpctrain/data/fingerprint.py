@@ -19,9 +19,10 @@ come out at a fixed size). So each local file also carries cheap content evidenc
 mtime_ns and a hash of a few small byte ranges (head, tail and three fixed fractions of the size: at most
 5 x 4 KiB read per file). On resume a file whose size and mtime_ns are the saved ones is taken as the same without
 reading it (a stat); one whose mtime differs is sampled again, and only a different hash is a change (a copy to
-another volume keeps its bytes and changes its mtime). Remote files are compared by what their listing and index
-give (name, size, events), nothing is read for them here. A checkpoint written before the evidence existed
-resumes with the old comparison.
+another volume keeps its bytes and changes its mtime). Remote files bring the same pair from their index (the
+muons' remote_index.py): the listing's last-modified time as the stamp, and the same sampled hash read with
+ranged GETs, so identical bytes hash alike whether local or remote. A checkpoint written before the evidence
+existed resumes with the old comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,15 @@ def sample_ranges(size: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def sampled_hash(read: Callable[[int, int], bytes], size: int) -> str:
+    """The hash of the `sample_ranges` of a file of `size` bytes, each read as `read(offset, length)`: the same
+    for the same bytes wherever they are read from (a local file, ranged GETs of a remote one)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for offset, length in sample_ranges(size):
+        digest.update(read(offset, length))
+    return digest.hexdigest()
+
+
 def content_evidence(path: str) -> tuple[int, str]:
     """(mtime_ns, sampled hash) of a local file; (-1, "") if it cannot be read (the reader says why later)."""
     try:
@@ -67,15 +77,11 @@ def content_evidence(path: str) -> tuple[int, str]:
         return -1, _UNKNOWN
     key = (path, st.st_size, st.st_mtime_ns)
     if key not in _sampled:
-        digest = hashlib.blake2b(digest_size=8)
         try:
             with open(path, "rb") as fh:
-                for offset, length in sample_ranges(st.st_size):
-                    fh.seek(offset)
-                    digest.update(fh.read(length))
+                _sampled[key] = sampled_hash(lambda offset, n: os.pread(fh.fileno(), n, offset), st.st_size)
         except OSError:
             return st.st_mtime_ns, _UNKNOWN
-        _sampled[key] = digest.hexdigest()
     return st.st_mtime_ns, _sampled[key]
 
 
@@ -94,17 +100,22 @@ def _root(names: Sequence[str]) -> str:
 
 @dataclass
 class FileList:
-    """Files of a stream in their order: `sizes` in bytes and `events` per file (-1: unknown)."""
+    """Files of a stream in their order: `sizes` in bytes and `events` per file (-1: unknown). `remote`: the
+    (stamp, sampled hash) of remote files as their index found them (a remote file not in it: unknown)."""
 
     names: list[str]
     sizes: list[int]
     events: list[int]
-    # per file (mtime_ns, sampled hash): computed when first asked (local files; remote ones: (-1, ""))
+    remote: Mapping[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
+    # per file (mtime_ns or stamp, sampled hash): computed when first asked
     _evidence: list[tuple[int, str]] | None = field(default=None, repr=False, compare=False)
 
     def evidence(self) -> list[tuple[int, str]]:
         if self._evidence is None:
-            self._evidence = [(-1, _UNKNOWN) if _is_remote(n) else content_evidence(n) for n in self.names]
+            self._evidence = [
+                self.remote.get(n, (-1, _UNKNOWN)) if _is_remote(n) else content_evidence(n)
+                for n in self.names
+            ]
         return self._evidence
 
     def state(self) -> dict[str, Any]:
@@ -135,8 +146,9 @@ class FileList:
         return saved
 
     def _content_changed(self, saved: FileList) -> set[str]:
-        """Names (relative to the list's root) of local files whose bytes differ from the saved evidence. A file
-        with its saved size and mtime_ns is not read (the saved hash is taken for it)."""
+        """Names (relative to the list's root) of files whose bytes differ from the saved evidence. A local file
+        with its saved size and mtime_ns is not read (the saved hash is taken for it); a remote file is judged
+        by its index's evidence (a new stamp: its hash, sampled again there)."""
         old_root, new_root = _root(saved.names), _root(self.names)
         old = {
             n[len(old_root) :]: (size, ev) for n, size, ev in zip(saved.names, saved.sizes, saved.evidence())
@@ -144,8 +156,12 @@ class FileList:
         changed = set()
         for name, size in zip(self.names, self.sizes):
             rel = name[len(new_root) :]
-            if rel not in old or _is_remote(name) or not old[rel][1][1] or old[rel][0] != size:
-                continue  # new, remote, saved without evidence, or a size change (said as such)
+            if rel not in old or not old[rel][1][1] or old[rel][0] != size:
+                continue  # new, saved without evidence, or a size change (said as such)
+            if _is_remote(name):
+                if _remote_changed(old[rel][1], self.remote.get(name, (-1, _UNKNOWN))):
+                    changed.add(rel)
+                continue
             mtime, digest = old[rel][1]
             try:
                 st = os.stat(name)
@@ -190,6 +206,14 @@ class FileList:
                 )
             return None
         return ", ".join(parts)
+
+
+def _remote_changed(saved: tuple[int, str], now: tuple[int, str]) -> bool:
+    """Whether a remote file's evidence says other bytes: the same known stamp is the same file (nothing read);
+    otherwise the sampled hashes decide (the index samples again whenever the stamp is not the saved one)."""
+    if saved[0] >= 0 and saved[0] == now[0]:
+        return False
+    return bool(now[1]) and now[1] != saved[1]
 
 
 def _few(items: list[str]) -> str:

@@ -36,13 +36,15 @@ class EventIndex:
     sizes: list[int] = field(default_factory=list)
     events: list[int] = field(default_factory=list)
     remote: list[bool] = field(default_factory=list)
+    # remote files' content evidence (listing stamp, sampled hash): what the fingerprint compares for them
+    evidence: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
         return sum(sum(rows) for rows in self.unit_rows)
 
     def file_list(self) -> FileList:
-        return FileList(list(self.files), list(self.sizes), list(self.events))
+        return FileList(list(self.files), list(self.sizes), list(self.events), dict(self.evidence))
 
     def add(self, path: str, layout: str, unit_rows: list[int], size: int, remote: bool) -> None:
         self.files.append(path)
@@ -138,6 +140,7 @@ def build_index(
             empty.append(path)
         else:
             index.add(path, meta.layout, meta.unit_rows, meta.size, remote=True)
+            index.evidence[path] = (meta.stamp, meta.sample)
     if empty and report:
         shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
         log.warning("skipping %d file(s) without events: %s", len(empty), shown)
