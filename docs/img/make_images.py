@@ -5,7 +5,7 @@
 Without a run folder it runs the commands itself in a temporary folder: README.md's quick start (the default
 muon model, `configs/muons_quick.yaml`: data, training, evaluation, report; about 5 minutes on 2 cores) and
 docs/tracking.md's fields report (`configs/fields.yaml`, shortened to 200 updates). From each run's report it
-takes the page as headless Chromium draws it (900 x 1500, offline) and the muon quality figures. `images.json`
+takes the page as headless Chromium draws it (1100 x 1500, offline) and the muon quality figures. `images.json`
 beside the pictures says where each came from (the run's model.type and config, the commit, the date):
 tests/docs/test_docs_images.py checks that the muon pictures show the model configs/muons.yaml trains, and the
 README's docs test runs this script on its own quick-start run.
@@ -75,7 +75,7 @@ def _page(run: Path, picture: Path) -> None:
             f"--user-data-dir={profile}",
             "--proxy-server=127.0.0.1:9",
             "--host-resolver-rules=MAP * ~NOTFOUND",
-            "--window-size=900,1500",
+            "--window-size=1100,1500",
             f"--screenshot={picture}",
             page.absolute().as_uri(),
         ]

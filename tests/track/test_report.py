@@ -222,3 +222,15 @@ def test_an_evaluate_json_of_another_format_is_a_one_line_error(tmp_path: Path) 
     done = hpctrain("report", str(run), cwd=tmp_path)
     assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
     assert "evaluate.json is not what this version reads" in done.err and "hpctrain evaluate" in done.err
+
+
+def test_the_summary_says_the_status_once_and_the_reason_when_it_adds_one(tmp_path: Path) -> None:
+    from hpctrain.track.report.page import summary_table
+
+    def status(summary: dict) -> str:
+        data = RunData(tmp_path, [], [], summary, {}, {})
+        return next(row[1] for row in summary_table(data).rows if row[0] == "status")
+
+    assert status({"status": "finished", "reason": "finished"}) == "finished"
+    assert status({"status": "stopped", "reason": "time_limit"}) == "stopped (time_limit)"
+    assert status({}) == "no summary.json (running or killed)"

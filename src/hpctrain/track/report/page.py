@@ -22,7 +22,7 @@ def summary_table(data: RunData) -> Table:
         ["run", data.run_dir.name],
         ["model", data.model_type],
         ["status", f"{s.get('status', 'no summary.json (running or killed)')}"
-                   + (f" ({s['reason']})" if s.get("reason") else "")],
+                   + (f" ({s['reason']})" if s.get("reason") not in (None, "", s.get("status")) else "")],
         ["updates", f"{done} of {total if total is not None else '?'}"],
         ["job hops", len(data.hops)],
         ["run goodput (training-step time / allocated time)", s.get("run_goodput")],
