@@ -116,13 +116,33 @@ def test_hop_labels_never_overprint(tmp_path: Path, firsts: list[int]) -> None:
     for i, a in enumerate(boxes):
         for b in boxes[i + 1 :]:
             assert not a.overlaps(b), [t.get_text() for t in labels]
-    frame = ax.get_window_extent()
+    frame, title = ax.get_window_extent(), ax.title.get_window_extent()
     assert all(frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1 for box in boxes)  # not into the legend
+    assert all(
+        frame.y1 <= box.y0 and box.y1 <= title.y0 for box in boxes
+    )  # above the curves, under the title
     assert labels[0].get_text() == "hop 2, job 9000001"  # the first change of hop is always labelled
     left_out = len(firsts) - 1 - len(labels)
     assert (f"{left_out} hop labels left out" in image.caption) == (left_out > 0)
     if len(firsts) == 2:
         assert left_out == 0
+
+
+def test_per_hop_bars_label_a_few_hops_counted_from_1(tmp_path: Path) -> None:
+    from hpctrain.track.report.generic import plot_time_shares
+
+    data = run_data(tmp_path, flow_records(), hops([0, *range(20, 200, 6)]))  # 31 hops
+    for image, panels in ((plot_throughput(data), 1), (plot_time_shares(data), 2)):
+        fig = image.figure
+        fig.canvas.draw()
+        per_hop = [ax for ax in visible_axes(fig) if ax.get_xlabel() == "job hop [from 1]"]
+        assert len(per_hop) == panels
+        for ax in per_hop:
+            low, high = ax.get_xlim()
+            shown = [t for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
+            assert 2 <= len(shown) <= 13 and min(float(t.get_text()) for t in shown) >= 1
+            boxes = extents(fig, shown)
+            assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def hist(edges: np.ndarray, centre: float, events: int, rng: np.random.Generator) -> np.ndarray:

@@ -136,8 +136,9 @@ def plot_throughput(data: RunData) -> Image:
     rates.set(title="data throughput", xlabel=X_UPDATE, ylabel="items per second [1/s]")
     legend_outside(rates)
     means = data.per_hop_mean("updates_per_s")
-    per_hop.bar([str(h) for h in range(len(means))], np.nan_to_num(means), color="tab:blue")
-    per_hop.set(title="mean updates/s per job hop", xlabel="job hop [index]", ylabel="updates/s [1/s]")
+    per_hop.bar(np.arange(1, len(means) + 1), np.nan_to_num(means), color="tab:blue")
+    per_hop.set(title="mean updates/s per job hop", ylabel="updates/s [1/s]")
+    hop_axis(per_hop, len(means))
     left_out = label_hops(upd, data)  # last: it lays the figure out
     caption = "Throughput over updates (own axes per unit) and per job hop."
     if left_out:
@@ -148,7 +149,7 @@ def plot_throughput(data: RunData) -> Image:
 def plot_time_shares(data: RunData) -> Image:
     fig, axes = figure(1100, 330, 1, 2)
     shares, walls = axes[0]
-    names = [str(h) for h in range(max(len(data.hops), 1))]
+    names = np.arange(1, max(len(data.hops), 1) + 1)  # hops as `train` and `status` count them
     bottom = np.zeros(len(names))
     for kind in SHARES:
         per_hop = np.nan_to_num(data.per_hop_mean(f"{kind}_share")) * 100
@@ -162,7 +163,8 @@ def plot_time_shares(data: RunData) -> Image:
             "kD",
             label="goodput\n(train time / wall)",
         )
-    shares.set(title="where the time went, per hop", xlabel="job hop [index]", ylabel="share of time [%]")
+    shares.set(title="where the time went, per hop", ylabel="share of time [%]")
+    hop_axis(shares, len(names))
     shares.set_ylim(0, 105)
     legend_outside(shares)
     wall = [max((h.get("end") or h.get("last_seen") or h["start"]) - h["start"], 0.0) for h in data.hops]
@@ -172,9 +174,20 @@ def plot_time_shares(data: RunData) -> Image:
     walls.bar(
         hop_names, np.subtract(wall, train), bottom=train, color="0.7", label="other (start, eval, save)"
     )
-    walls.set(title="wall time per hop", xlabel="job hop [index]", ylabel="seconds [s]")
+    walls.set(title="wall time per hop", ylabel="seconds [s]")
+    hop_axis(walls, len(names))
     legend_outside(walls)
     return Image("time_shares", "Time shares and goodput per job hop; wall time split per hop.", fig)
+
+
+def hop_axis(ax: Any, hops: int) -> None:
+    """An x axis of `hops` job hops numbered from 1, at most 12 of them labelled (30 hops' labels ran
+    together)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
+    ax.set_xlim(0.4, hops + 0.6)
+    ax.set_xlabel("job hop [from 1]")
 
 
 RATIO_TOP = 2.0  # the ratio panels' upper limit; a bin above it is drawn as a triangle at the top

@@ -87,7 +87,7 @@ def figure(
     return fig, axes
 
 
-LABEL_ROWS = 4  # hop labels that would overprint go a row lower; past the last row they are left out
+LABEL_ROWS = 3  # hop labels that would overprint go a row higher; past the last row they are left out
 ROW_POINTS = 11  # a label's height at fontsize 7 with its box
 
 
@@ -113,17 +113,18 @@ def mark_hops(ax: Any, data: RunData) -> None:
 
 
 def label_hops(ax: Any, data: RunData) -> int:
-    """Beside each hop's line: the hop (numbered from 1, as `train` and `status` count), its job and how many keys
-    changed; a row lower where it would overprint the one before, left out where no row is free (the hops table
-    lists every hop). Call it last for a figure: it lays the figure out first, to know the axes' width in pixels.
-    Returns how many labels were left out."""
+    """Above the axes, at each hop's line: the hop (numbered from 1, as `train` and `status` count), its job and
+    how many keys changed; a row higher where it would overprint the one before, left out where no row is free
+    (the hops table lists every hop); the title moves up over the rows used. Above, not inside: inside they
+    covered the curves' first points. Call it last for a figure: it lays the figure out first, to know the
+    axes' width in pixels. Returns how many labels were left out."""
     fig = ax.figure
     fig.draw_without_rendering()  # constrained layout and the legends outside: the axes' final width
     renderer = fig.canvas.get_renderer()
     low, high = ax.get_xlim()
     per_px = (high - low) / max(ax.get_window_extent(renderer).width, 1.0)
     free_from = [-math.inf] * LABEL_ROWS  # per row: the x where it is free again
-    left_out = 0
+    left_out, rows = 0, 0
     for i, hop in enumerate(data.hops[1:], start=1):
         x = hop.get("first_update", 0)
         color, _, changed = _hop_changes(data, i)
@@ -135,12 +136,11 @@ def label_hops(ax: Any, data: RunData) -> int:
             label,
             (x, 1.0),
             xycoords=("data", "axes fraction"),
-            xytext=(2, -2),
+            xytext=(2, 2),
             textcoords="offset points",
-            va="top",
+            va="bottom",
             fontsize=7,
             color=color if changed else "0.4",
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1},
         )
         width = (text.get_window_extent(renderer).width + 6) * per_px
         right = x + width > high  # near the right end: the label to the line's left, inside the axes
@@ -151,8 +151,11 @@ def label_hops(ax: Any, data: RunData) -> int:
             left_out += 1
             continue
         free_from[row] = end
+        rows = max(rows, row + 1)
         text.set_horizontalalignment("right" if right else "left")
-        text.xyann = (-2 if right else 2, -2 - ROW_POINTS * row)
+        text.xyann = (-2 if right else 2, 2 + ROW_POINTS * row)
+    if rows:
+        ax.set_title(ax.get_title(), pad=6 + ROW_POINTS * rows)
     return left_out
 
 
