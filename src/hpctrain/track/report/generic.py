@@ -17,6 +17,7 @@ from hpctrain.track.report.panels import (
     ScalarGroup,
     figure,
     fmt,
+    hop_axis,
     label_hops,
     legend_outside,
     log_if_wide,
@@ -178,16 +179,6 @@ def plot_time_shares(data: RunData) -> Image:
     hop_axis(walls, len(names))
     legend_outside(walls)
     return Image("time_shares", "Time shares and goodput per job hop; wall time split per hop.", fig)
-
-
-def hop_axis(ax: Any, hops: int) -> None:
-    """An x axis of `hops` job hops numbered from 1, at most 12 of them labelled (30 hops' labels ran
-    together)."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
-    ax.set_xlim(0.4, hops + 0.6)
-    ax.set_xlabel("job hop [from 1]")
 
 
 RATIO_TOP = 2.0  # the ratio panels' upper limit; a bin above it is drawn as a triangle at the top

@@ -159,6 +159,16 @@ def label_hops(ax: Any, data: RunData) -> int:
     return left_out
 
 
+def hop_axis(ax: Any, hops: int) -> None:
+    """An x axis of `hops` job hops numbered from 1, at most 12 of them labelled (30 hops' labels ran
+    together)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
+    ax.set_xlim(0.4, hops + 0.6)
+    ax.set_xlabel("job hop [from 1]")
+
+
 def log_if_wide(ax: Any, values: list[np.ndarray], ratio: float = 20.0) -> None:
     """A log y axis when every value is positive and they span more than `ratio` (a loss falling from 30 to
     0.5 is a flat line after its first points on a linear axis)."""
