@@ -261,6 +261,12 @@ def test_removed_events_once_per_split_and_hop_and_the_totals_at_its_end(
         f"muon data, val split, this hop in all: {2 * in_val} {removed}",
     ]
     assert len(said) == 4
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):  # a pass of its own (`hpctrain evaluate`)
+        assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None)) > 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"muon data, val split, this pass in all: {in_val} {removed}"
+    ]
 
 
 def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:

@@ -35,10 +35,11 @@ def what_and_advice(key: str, data: MuonData) -> tuple[str, str]:
 
 
 class EventCounts:
-    """This hop's counts per split and kind; `add` says a kind the first time a split meets it."""
+    """This hop's counts per split and kind; `add` says a kind the first time a split meets it (`say_first`;
+    off for a single pass, whose total follows at once)."""
 
-    def __init__(self, data: MuonData) -> None:
-        self.data = data
+    def __init__(self, data: MuonData, say_first: bool = True) -> None:
+        self.data, self.say_first = data, say_first
         self.hop: dict[str, dict[str, int]] = {}  # split -> kind -> events this hop
 
     def add(self, split: str, stats: dict[str, int]) -> None:
@@ -48,7 +49,7 @@ class EventCounts:
                 continue
             first = key not in counts
             counts[key] = counts.get(key, 0) + value
-            if first:
+            if first and self.say_first:
                 what, advice = what_and_advice(key, self.data)
                 log.warning(
                     "muon data, %s split: %d %s (%s); said once, the hop's total at its end",
@@ -58,16 +59,20 @@ class EventCounts:
                     advice,
                 )
 
-    def say_totals(self, run_totals: dict[str, dict[str, int]] | None = None) -> None:
+    def say_totals(
+        self, run_totals: dict[str, dict[str, int]] | None = None, scope: str = "this hop"
+    ) -> None:
         """One line per split and kind counted this hop (`run_totals`: split -> kind -> events since the run
-        began, from the checkpointed stream state, said beside it where it differs); the hop's counts restart."""
+        began, from the checkpointed stream state, said beside it where it differs; `scope`: what the counts
+        cover); the counts restart."""
         for split, counts in self.hop.items():
             for key, value in counts.items():
                 since = (run_totals or {}).get(split, {}).get(key, value)
                 more = f" ({since} since the run began)" if since != value else ""
                 log.warning(
-                    "muon data, %s split, this hop in all: %d %s%s",
+                    "muon data, %s split, %s in all: %d %s%s",
                     split,
+                    scope,
                     value,
                     what_and_advice(key, self.data)[0],
                     more,

@@ -380,7 +380,7 @@ class EventStream:
 
 class ValBatches:
     """One pass over this rank's share of the validation files (built lazily: cheap to create). `counts`: the
-    training stream's (removed events said once per hop over every pass); without, the pass says its own."""
+    training stream's (removed events said once per hop over every pass); without, the pass says its totals."""
 
     def __init__(
         self, data: Any, seed: int, env: Any, run_dir: str | Path | None, counts: EventCounts | None = None
@@ -388,10 +388,14 @@ class ValBatches:
         self.data, self.seed, self.env, self.run_dir, self.counts = data, seed, env, run_dir, counts
 
     def __iter__(self) -> Iterator[MuonBatch]:
-        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val", self.counts)
+        # a pass of its own (`hpctrain evaluate`): one line per kind of removed events, its total at the end
+        counts = self.counts or EventCounts(self.data, say_first=False)
+        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val", counts)
         try:
             for batch, _ in stream.epoch_batches(0, 0):
                 if len(batch):
                     yield batch
         finally:
             stream.close()
+            if self.counts is None:
+                counts.say_totals(scope="this pass")
