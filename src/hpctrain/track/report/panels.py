@@ -88,7 +88,7 @@ def figure(
 
 
 LABEL_ROWS = 3  # hop labels that would overprint go a row higher; past the last row they are left out
-ROW_POINTS = 11  # a label's height at fontsize 7 with its box
+ROW_POINTS = 11  # a label row: fontsize 7 and a little space
 
 
 def _hop_changes(data: RunData, i: int) -> tuple[str, bool, list[str]]:
