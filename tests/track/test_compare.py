@@ -67,7 +67,7 @@ def test_tables_name_what_differs_and_each_runs_final_and_best(tmp_path: Path) -
 
     groups = metric_groups(data)
     assert groups[0] == ("loss", ["loss_mean", "val_loss"]) and groups[-1] == ("learning rate", ["lr"])
-    assert ("r2_omega_m", ["val_r2_omega_m"]) in groups and all("share" not in t for t, _ in groups)
+    assert ("r2 omega m", ["val_r2_omega_m"]) in groups and all("share" not in t for t, _ in groups)
     figures = figures_table(data, ["lr1", "lr2"], groups)
     row = dict(zip(figures.header, figures.rows[0]))
     # best_metric val_r2_omega_m (mode min, the default): summary.json's best (0.5) wins over the logged ones

@@ -158,13 +158,13 @@ def test_an_evaluate_json_from_before_the_judged_table_still_renders(tmp_path: P
     assert set(panels) == GENERIC | {f"{k}_{f}" for k in ("dist", "energy_bins", "zenith_bins") for f in old}
     assert not any(rows and rows[0][:2] == ["feature", "ours W1"] for rows in page.tables.values())
     w1 = json.loads((run / "evaluate.json").read_text())["metrics"]["w1_energy"]
-    assert any(f"W1 {w1:.3g}" in text.get_text() for text in _texts(run, "dist_energy"))  # from "metrics"
+    assert any(f"W1 {w1:.3g}" in title for title in _titles(run, "dist_energy"))  # from "metrics"
 
 
-def _texts(run: Path, name: str) -> list:
-    """The text artists of one of the generic distribution figures of `run`."""
+def _titles(run: Path, name: str) -> list[str]:
+    """The axes titles of one of the generic distribution figures of `run`."""
     image = next(i for i in plot_distributions(RunData.load(run)) if i.name == name)
-    return [t for ax in image.figure.axes for t in ax.texts]
+    return [ax.get_title() for ax in image.figure.axes]
 
 
 def test_fields_report_has_predicted_vs_true(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 A daemon thread samples every `logging.gpu_every_seconds` and keeps the latest values; the trainer adds them to
 its scalars at log steps, so metrics.jsonl, TensorBoard and W&B get them without a per-update cost and without
 the training loop waiting on NVML. Sampling never raises into training: a sample that fails is skipped, and a
-machine without NVML (no NVIDIA driver, a CPU node, a Mac) says once that GPU monitoring is off.
+machine without NVML (no NVIDIA driver, a CPU node, a Mac) has a `note` saying that GPU monitoring is off, which
+the trainer prints once as a console line.
 
 Per GPU i (the NVML index of the local devices this process may see):
   gpu{i}_util_pct, gpu{i}_mem_used_gb, gpu{i}_power_w, gpu{i}_temp_c
@@ -109,7 +110,8 @@ class ProcessSampler:
 
 
 class Monitor:
-    """The background sampler. `latest()` is what the trainer logs; `close()` stops the thread."""
+    """The background sampler. `latest()` is what the trainer logs; `note` what it says once (empty: nothing);
+    `close()` stops the thread."""
 
     def __init__(self, every_seconds: float, gpu: bool = True) -> None:
         self.every = every_seconds
@@ -117,8 +119,8 @@ class Monitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._gpu = GpuSampler() if gpu else None
-        if self._gpu is not None and not self._gpu.available:
-            log.info("GPU monitoring is off: %s", self._gpu.why)
+        # Said by the trainer as one of its console lines (a `logging` record came out timestamped among them).
+        self.note = f"GPU monitoring is off: {self._gpu.why}" if self._gpu and not self._gpu.available else ""
         self._proc = ProcessSampler()
         self._sample()
         self._thread = threading.Thread(target=self._run, name="hpctrain-monitor", daemon=True)
@@ -150,7 +152,9 @@ class Monitor:
 
 
 class NoMonitor:
-    """The stand-in when monitoring is off: nothing sampled, nothing logged."""
+    """The stand-in when monitoring is off: nothing sampled, nothing logged, nothing to say."""
+
+    note = ""
 
     def latest(self) -> dict[str, float]:
         return {}

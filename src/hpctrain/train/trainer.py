@@ -218,6 +218,8 @@ class Trainer:
             log_file=log_file,
         )
         self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds)
+        if self.monitor.note:
+            self.console.message(self.monitor.note)
         self._closers.append(self.monitor.close)
 
     # ---- the loop ------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -209,15 +210,63 @@ def test_outliers_and_empty_events(tmp_path: Path, caplog: pytest.LogCaptureFixt
     said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
     assert said and said[0].startswith(f"muon data, train split: {big} events with more than ")
     assert f"data.max_muons_per_event={cap} muons removed (raise the limit" in said[0]
-    assert (
-        len(said) == 2 and "so far" not in said[0]
-    )  # once per split and stream (hop), not at every doubling
+    # once per split and stream (hop), not at every doubling; each stream's total at its close
+    firsts = [line for line in said if "this hop in all" not in line]
+    assert len(firsts) == 2 and "so far" not in said[0]
+    assert [line for line in said if "this hop in all" in line] == [
+        f"muon data, train split, this hop in all: {big} events with more than "
+        f"data.max_muons_per_event={cap} muons removed"
+    ] * 2
     table = pq.read_table(out).to_pydict()
     assert len(table["source_row"]) == 2 * big
     rows = table["source_row"][:big]
     assert set(table["source_file"]) == {files[0]}
     assert sorted(table["primary_minor_id"][:big]) == sorted(rows)  # ids are the row numbers here
     assert all(len(m) > cap for m in table["muons"])
+
+
+def test_removed_events_once_per_split_and_hop_and_the_totals_at_its_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The training stream and the validation passes of a hop share their counts: each split says the first
+    removed events once however many results (and evaluation passes) hold some, and the training stream's close
+    (the end of the hop) gives each split's total, beside the run's since its first hop."""
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.workloads.muons.events.stream import ValBatches
+    from hpctrain.workloads.muons.spec import MuonData
+
+    files = write_set(tmp_path / "d", files=2, events=300, row_group=50)
+    counts = np.concatenate([layouts.read_all(f)[1].counts for f in files])
+    cap = int(np.quantile(counts, 0.9))
+    in_val = int((layouts.read_all(files[1])[1].counts > cap).sum())
+    stream = event_stream(files, 50, seed=0, max_muons_per_event=cap, prefetch_batches=0)
+    state = stream.state_dict()
+    stream.load_state_dict({**state, "stats": {"outliers": 7}})  # an earlier hop removed 7
+    section = MuonData.model_validate(
+        {"batch_size": 50, "pin_memory": False, "val_paths": [files[1]], "max_muons_per_event": cap}
+    )
+    with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):
+        take(stream, 6)
+        for _ in range(2):  # two evaluations in the hop
+            assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None, stream.counts)) > 0
+        this_hop = stream.stats["outliers"] - 7
+        stream.close()
+    said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
+    removed = f"events with more than data.max_muons_per_event={cap} muons removed"
+    assert len([line for line in said if line.startswith("muon data, train split: ")]) == 1
+    assert len([line for line in said if line.startswith("muon data, val split: ")]) == 1
+    assert this_hop > 0 and in_val > 0
+    assert [line for line in said if "this hop in all" in line] == [
+        f"muon data, train split, this hop in all: {this_hop} {removed} ({this_hop + 7} since the run began)",
+        f"muon data, val split, this hop in all: {2 * in_val} {removed}",
+    ]
+    assert len(said) == 4
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):  # a pass of its own (`hpctrain evaluate`)
+        assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None)) > 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"muon data, val split, this pass in all: {in_val} {removed}"
+    ]
 
 
 def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:

@@ -21,6 +21,7 @@ from hpctrain.fsutil import atomic_path
 from hpctrain.track.metrics_file import record_hop
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import is_curve
+from hpctrain.track.report.labels import readable
 from hpctrain.track.report.page import TEMPLATES
 from hpctrain.track.report.panels import DPI, X_UPDATE, Image, Table, figure, fmt, legend_outside, log_if_wide
 
@@ -96,7 +97,7 @@ def metric_groups(runs: list[RunData]) -> list[tuple[str, list[str]]]:
     groups: dict[str, list[str]] = {"loss": []}
     for key in keys:
         base = key.removeprefix("val_")
-        title = "loss" if base in ("loss", "loss_mean") else base
+        title = "loss" if base in ("loss", "loss_mean") else readable(base)[0]
         groups.setdefault(title, []).append(key)
     groups["learning rate"] = ["lr"] if any(data.series("lr")[0].size for data in runs) else []
     return [

@@ -3,16 +3,22 @@ and generated-vs-true plots of the distributions in evaluate.json."""
 
 from __future__ import annotations
 
+import re
+import textwrap
 from typing import Any
 
 import numpy as np
 
 from hpctrain.track.report.data import RunData
+from hpctrain.track.report.labels import GPU_KEY, line_label, readable
 from hpctrain.track.report.panels import (
     X_UPDATE,
     Image,
     ScalarGroup,
     figure,
+    fmt,
+    hop_axis,
+    label_hops,
     legend_outside,
     log_if_wide,
     mark_hops,
@@ -46,45 +52,71 @@ def group_scalars(data: RunData, named: list[ScalarGroup]) -> list[ScalarGroup]:
     add("loss", ["loss_mean", "loss", "val_loss"], "loss [task units]")
     add("gradient norm (before clipping)", [k for k in keys if k.startswith("grad_norm")], "L2 norm")
     for key in keys:
-        base = key[4:] if key.startswith("val_") else key
-        add(base.replace("_", " "), [base, f"val_{base}"], base)
+        base = key.removeprefix("val_")
+        title, ylabel = readable(base)
+        add(title, _same_measure(base, keys) or [base, f"val_{base}"], ylabel)
     return groups
 
 
-def _label(key: str) -> str:
-    if key.startswith("val_"):
-        return f"{key} (validation)"
-    if key == "loss_mean":
-        return "loss (mean over log window)"
-    return f"{key} (train)" if key == "loss" else key
+def _same_measure(key: str, keys: list[str]) -> list[str]:
+    """For a GPU key, every GPU's key of the same measure: one axis for all GPUs (4 GPUs were 16 panels)."""
+    gpu = GPU_KEY.fullmatch(key)
+    if gpu is None:
+        return []
+    return [k for k in keys if (other := GPU_KEY.fullmatch(k)) and other["measure"] == gpu["measure"]]
+
+
+def constant_value(data: RunData, group: ScalarGroup) -> float | None:
+    """The one value every key of `group` had over the whole run (None if anything changed)."""
+    values = np.concatenate([data.series(key)[1] for key in group.keys])
+    return float(values[0]) if values.size and np.all(values == values[0]) else None
 
 
 def plot_scalars(data: RunData, named: list[ScalarGroup]) -> Image:
-    groups = group_scalars(data, named)
+    """The logged scalars in a grid of panels, two a row; a group that never changed (DataLoader workers at 0
+    the whole run) gets no panel but a mention in one line under the title."""
+    groups, constant = [], []
+    for group in group_scalars(data, named):
+        value = constant_value(data, group)
+        if value is None:
+            groups.append(group)
+        else:
+            unit = re.search(r"\[(.*)\]", group.ylabel)
+            shown = f"{fmt(value)} {unit[1]}" if unit and unit[1] not in ("count", "1") else fmt(value)
+            constant.append(f"{group.title} {shown}")
     cells = len(groups) + 1  # + the learning rate
     rows = (cells + 1) // 2
     fig, axes = figure(1100, 60 + 250 * rows, rows, 2, sharex=True)
     flat = list(axes.flat)
-    for i, (ax, group) in enumerate(zip(flat, groups)):
+    for ax, group in zip(flat, groups):
         for key in group.keys:
             steps, values = data.series(key)
             val = key.startswith("val_")
-            ax.plot(steps, values, "o-" if val else "-", markersize=3, linewidth=1.0, label=_label(key))
+            ax.plot(steps, values, "o-" if val else "-", markersize=3, linewidth=1.0, label=line_label(key))
         log_if_wide(ax, [line.get_ydata() for line in ax.get_lines()])
-        mark_hops(ax, data, labels=i == 0)
+        mark_hops(ax, data)
         ax.set(title=group.title, ylabel=group.ylabel)
         legend_outside(ax)
     lr_ax = flat[len(groups)]
     steps, values = data.series("lr")
     lr_ax.plot(steps, values, "-", color="tab:green", label="lr")
-    mark_hops(lr_ax, data, labels=False)
+    mark_hops(lr_ax, data)
     lr_ax.set(title="learning rate", ylabel="learning rate [per update]")
     for ax in flat[cells:]:
         ax.set_visible(False)
     for ax in flat[-2:]:
         ax.set_xlabel(X_UPDATE)
-    fig.suptitle(f"{data.run_dir.name}: logged scalars by meaning (lines: where each job hop began)")
-    return Image("scalars", "Logged scalars grouped by meaning; the learning rate on its own axis.", fig)
+    title = f"{data.run_dir.name}: logged scalars by meaning (lines: where each job hop began)"
+    caption = "Logged scalars grouped by meaning; the learning rate on its own axis."
+    if constant:
+        note = "the same over the whole run (no panel): " + "; ".join(constant)
+        title += "\n" + textwrap.fill(note, 110)
+        caption += f" Not drawn, {note}."
+    fig.suptitle(title)
+    left_out = label_hops(flat[0], data)  # last: it lays the figure out
+    if left_out:
+        caption += f" {left_out} hop labels left out where they would overprint (every hop: the hops table)."
+    return Image("scalars", caption, fig)
 
 
 def plot_throughput(data: RunData) -> Image:
@@ -101,19 +133,24 @@ def plot_throughput(data: RunData) -> Image:
             rates.plot(steps, values, "-", label=label)  # samples are events in the muon task: drawn once
             drawn.append(values)
     log_if_wide(rates, drawn, ratio=10)
-    mark_hops(rates, data, labels=False)
+    mark_hops(rates, data)
     rates.set(title="data throughput", xlabel=X_UPDATE, ylabel="items per second [1/s]")
     legend_outside(rates)
     means = data.per_hop_mean("updates_per_s")
-    per_hop.bar([str(h) for h in range(len(means))], np.nan_to_num(means), color="tab:blue")
-    per_hop.set(title="mean updates/s per job hop", xlabel="job hop [index]", ylabel="updates/s [1/s]")
-    return Image("throughput", "Throughput over updates (own axes per unit) and per job hop.", fig)
+    per_hop.bar(np.arange(1, len(means) + 1), np.nan_to_num(means), color="tab:blue")
+    per_hop.set(title="mean updates/s per job hop", ylabel="updates/s [1/s]")
+    hop_axis(per_hop, len(means))
+    left_out = label_hops(upd, data)  # last: it lays the figure out
+    caption = "Throughput over updates (own axes per unit) and per job hop."
+    if left_out:
+        caption += f" {left_out} hop labels left out where they would overprint (every hop: the hops table)."
+    return Image("throughput", caption, fig)
 
 
 def plot_time_shares(data: RunData) -> Image:
     fig, axes = figure(1100, 330, 1, 2)
     shares, walls = axes[0]
-    names = [str(h) for h in range(max(len(data.hops), 1))]
+    names = np.arange(1, max(len(data.hops), 1) + 1)  # hops as `train` and `status` count them
     bottom = np.zeros(len(names))
     for kind in SHARES:
         per_hop = np.nan_to_num(data.per_hop_mean(f"{kind}_share")) * 100
@@ -127,7 +164,8 @@ def plot_time_shares(data: RunData) -> Image:
             "kD",
             label="goodput\n(train time / wall)",
         )
-    shares.set(title="where the time went, per hop", xlabel="job hop [index]", ylabel="share of time [%]")
+    shares.set(title="where the time went, per hop", ylabel="share of time [%]")
+    hop_axis(shares, len(names))
     shares.set_ylim(0, 105)
     legend_outside(shares)
     wall = [max((h.get("end") or h.get("last_seen") or h["start"]) - h["start"], 0.0) for h in data.hops]
@@ -137,9 +175,13 @@ def plot_time_shares(data: RunData) -> Image:
     walls.bar(
         hop_names, np.subtract(wall, train), bottom=train, color="0.7", label="other (start, eval, save)"
     )
-    walls.set(title="wall time per hop", xlabel="job hop [index]", ylabel="seconds [s]")
+    walls.set(title="wall time per hop", ylabel="seconds [s]")
+    hop_axis(walls, len(names))
     legend_outside(walls)
     return Image("time_shares", "Time shares and goodput per job hop; wall time split per hop.", fig)
+
+
+RATIO_TOP = 2.0  # the ratio panels' upper limit; a bin above it is drawn as a triangle at the top
 
 
 def ratio_panel(
@@ -149,9 +191,11 @@ def ratio_panel(
     true: np.ndarray,
     generated: np.ndarray,
     per_width: bool = False,
-) -> None:
+) -> int:
     """Counts of true (line, grey band: +-1 sigma) and generated (points) with Poisson errors, and generated /
-    true below. `per_width` divides by the bin width (for bins of unequal width on a linear scale)."""
+    true below, on 0..2: a bin above 2 is a triangle at the top (label: how many). The x range ends at the
+    outermost bins holding anything. `per_width` divides by the bin width (for bins of unequal width on a
+    linear scale). Returns how many bins were above 2."""
     centres = 0.5 * (edges[1:] + edges[:-1])
     scale = 1.0 / np.diff(edges) if per_width else np.ones(len(true))
     t, t_err, g, g_err = true * scale, np.sqrt(true) * scale, generated * scale, np.sqrt(generated) * scale
@@ -167,14 +211,40 @@ def ratio_panel(
         ratio = generated / true
         err = ratio * np.sqrt(1 / generated + 1 / true)
     ok = (true > 0) & (generated > 0)
-    ratio_ax.errorbar(centres[ok], ratio[ok], yerr=err[ok], fmt="o", markersize=2.5, color="tab:red",
-                      elinewidth=0.8)  # fmt: skip
+    above = ok & (ratio > RATIO_TOP)
+    inside = ok & ~above
+    ratio_ax.errorbar(centres[inside], ratio[inside], yerr=err[inside], fmt="o", markersize=2.5,
+                      color="tab:red", elinewidth=0.8)  # fmt: skip
+    clipped = int(above.sum())
+    if clipped:
+        ratio_ax.plot(
+            centres[above], np.full(clipped, 0.96 * RATIO_TOP), "^", markersize=4, color="tab:red",
+            label=f"gen / true above {RATIO_TOP:g}: {clipped} bin{'s' if clipped > 1 else ''}",
+        )  # fmt: skip
     ratio_ax.axhline(1.0, color="k", linewidth=0.8)
-    ratio_ax.set_ylim(0.0, 2.0)
+    ratio_ax.set_ylim(0.0, RATIO_TOP)
     ratio_ax.set_ylabel("gen / true")
     if np.any(t > 0):
         ax.set_yscale("log")
         ax.set_ylim(bottom=floor)
+    fit_x(ax, edges, true + generated)
+    return clipped
+
+
+def fit_x(ax: Any, edges: np.ndarray, counts: np.ndarray) -> None:
+    """The x range from the first to the last bin holding anything (the histogram's fixed edges often run a
+    decade or two past the data)."""
+    held = np.flatnonzero(counts > 0)
+    if held.size:
+        left = edges[held[0]]
+        if ax.get_xscale() == "log" and left <= 0:  # a first bin from 0: from its upper edge
+            left = edges[held[0] + 1]
+        ax.set_xlim(left, edges[held[-1] + 1])
+
+
+def clip_note(clipped: int) -> str:
+    """A title's mention of ratio bins drawn at the top (empty if none)."""
+    return f"▲ {clipped} bin{'s' if clipped > 1 else ''} gen/true > {RATIO_TOP:g}" if clipped else ""
 
 
 def plot_distributions(data: RunData) -> list[Image]:
@@ -189,15 +259,17 @@ def plot_distributions(data: RunData) -> list[Image]:
             raise ValueError(f"evaluate.json: distribution {name!r} needs len(bins) == len(generated) + 1")
         fig, axes = figure(800, 480, 2, 1, sharex=True, height_ratios=[3, 1])
         ax, ratio_ax = axes[:, 0]
+        if spec.get("log_x"):
+            ax.set_xscale("log")
         ratio_panel(ax, ratio_ax, edges, true, generated)
         label, unit = spec.get("label", name.replace("_", " ")), spec.get("unit", "1")
         w1, ks = spec.get("w1", metrics.get(f"w1_{name}")), spec.get("ks", metrics.get(f"ks_{name}"))
-        if w1 is not None and ks is not None:
-            ax.text(0.02, 0.04, f"W1 {w1:.3g}   KS {ks:.3g}", transform=ax.transAxes, fontsize=8)
-        ax.set(title=f"{label}: generated vs true, all events", ylabel=spec.get("y_label", "count per bin"))
+        title = f"{label}: generated vs true, all events"
+        if w1 is not None and ks is not None:  # in the title: a box in the axes covered the tail's points
+            title += f"\nW1 {w1:.3g}   KS {ks:.3g}"
+        ax.set(title=title, ylabel=spec.get("y_label", "count per bin"))
         ratio_ax.set_xlabel(f"{label} [{unit}]")
-        if spec.get("log_x"):
-            ax.set_xscale("log")
         legend_outside(ax)
+        legend_outside(ratio_ax)  # the triangles' count, if any bin is above the ratio panel
         images.append(Image(f"dist_{name}", f"{label}: generated vs true over all events.", fig))
     return images

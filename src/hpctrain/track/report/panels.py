@@ -87,49 +87,91 @@ def figure(
     return fig, axes
 
 
-LABEL_SPACING = 0.2  # hop labels closer than this share of the x range go a row lower (they would overprint)
-LABEL_ROWS = 4
+LABEL_ROWS = 3  # hop labels that would overprint go a row higher; past the last row they are left out
+ROW_POINTS = 11  # a label row: fontsize 7 and a little space
 
 
-def mark_hops(ax: Any, data: RunData, labels: bool = True) -> None:
-    """A line where each hop began: red (solid) where the hop accepted identity changes with
-    checkpoint.accept_changes (another configuration), purple where only keys that may change did, grey else;
-    with `labels`, the hop (numbered from 1, as `train` and `status` count), its job and how many keys changed
-    are written beside the line, a row lower than the previous label where they would overprint."""
-    low, high = ax.dataLim.intervalx if ax.dataLim.width > 0 else (0.0, 1.0)
-    near = LABEL_SPACING * max(high - low, 1e-9)
-    row, last_x = 0, -math.inf
+def _hop_changes(data: RunData, i: int) -> tuple[str, bool, list[str]]:
+    """(colour, accepted identity changes?, the changed keys) of hop i: red where the hop accepted identity
+    changes with checkpoint.accept_changes (another configuration), purple where only keys that may change did,
+    grey else."""
+    hop = data.hops[i]
+    accepted = list(hop.get("accepted_changes") or {})
+    if not accepted and changes_text(hop, data.hops[i - 1]).startswith("config hash"):
+        accepted = ["config"]
+    changed = accepted + list(hop.get("allowed_changes") or {})
+    return ("tab:red" if accepted else ("tab:purple" if changed else "0.5")), bool(accepted), changed
+
+
+def mark_hops(ax: Any, data: RunData) -> None:
+    """A line where each hop began (colours: _hop_changes; solid where the configuration changed)."""
+    for i, hop in enumerate(data.hops[1:], start=1):
+        color, accepted, _ = _hop_changes(data, i)
+        ax.axvline(
+            hop.get("first_update", 0), color=color, linestyle="-" if accepted else "--", linewidth=0.8
+        )
+
+
+def label_hops(ax: Any, data: RunData) -> int:
+    """Above the axes, at each hop's line: the hop (numbered from 1, as `train` and `status` count), its job and
+    how many keys changed; a row higher where it would overprint the one before, left out where no row is free
+    (the hops table lists every hop); the title moves up over the rows used. Above, not inside: inside they
+    covered the curves' first points. Call it last for a figure: it lays the figure out first, to know the
+    axes' width in pixels. Returns how many labels were left out."""
+    fig = ax.figure
+    fig.draw_without_rendering()  # constrained layout and the legends outside: the axes' final width
+    renderer = fig.canvas.get_renderer()
+    low, high = ax.get_xlim()
+    per_px = (high - low) / max(ax.get_window_extent(renderer).width, 1.0)
+    free_from = [-math.inf] * LABEL_ROWS  # per row: the x where it is free again
+    left_out, rows = 0, 0
     for i, hop in enumerate(data.hops[1:], start=1):
         x = hop.get("first_update", 0)
-        accepted = list(hop.get("accepted_changes") or {})
-        if not accepted and changes_text(hop, data.hops[i - 1]).startswith("config hash"):
-            accepted = ["config"]
-        changed = accepted + list(hop.get("allowed_changes") or {})
-        color = "tab:red" if accepted else ("tab:purple" if changed else "0.5")
-        ax.axvline(x, color=color, linestyle="-" if accepted else "--", linewidth=0.8)
-        if not labels:
-            continue
-        row, last_x = ((row + 1) % LABEL_ROWS if x - last_x < near else 0), x
+        color, _, changed = _hop_changes(data, i)
         # Short: the changed keys are listed in the hops table.
         label = f"hop {hop_number(hop, i)}" + (f", job {hop['job_id']}" if hop.get("job_id") else "")
         if changed:
             label += f" ({len(changed)} key{'s' if len(changed) > 1 else ''} changed)"
-        ax.annotate(
+        text = ax.annotate(
             label,
             (x, 1.0),
             xycoords=("data", "axes fraction"),
-            xytext=(2, -2 - 9 * row),
+            xytext=(2, 2),
             textcoords="offset points",
-            va="top",
-            ha="left",
+            va="bottom",
             fontsize=7,
             color=color if changed else "0.4",
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1},
         )
+        width = (text.get_window_extent(renderer).width + 6) * per_px
+        right = x + width > high  # near the right end: the label to the line's left, inside the axes
+        start, end = (x - width, x) if right else (x, x + width)
+        row = next((r for r in range(LABEL_ROWS) if start >= free_from[r]), None)
+        if row is None:
+            text.remove()
+            left_out += 1
+            continue
+        free_from[row] = end
+        rows = max(rows, row + 1)
+        text.set_horizontalalignment("right" if right else "left")
+        text.xyann = (-2 if right else 2, 2 + ROW_POINTS * row)
+    if rows:
+        ax.set_title(ax.get_title(), pad=6 + ROW_POINTS * rows)
+    return left_out
 
 
-def log_if_wide(ax: Any, values: list[np.ndarray], ratio: float = 50.0) -> None:
-    """A log y axis when every value is positive and they span more than `ratio`."""
+def hop_axis(ax: Any, hops: int) -> None:
+    """An x axis of `hops` job hops numbered from 1, at most 12 of them labelled (30 hops' labels ran
+    together)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12, integer=True, min_n_ticks=1))
+    ax.set_xlim(0.4, hops + 0.6)
+    ax.set_xlabel("job hop [from 1]")
+
+
+def log_if_wide(ax: Any, values: list[np.ndarray], ratio: float = 20.0) -> None:
+    """A log y axis when every value is positive and they span more than `ratio` (a loss falling from 30 to
+    0.5 is a flat line after its first points on a linear axis)."""
     both = np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.zeros(0)
     if both.size and np.all(both > 0) and both.max() / both.min() > ratio:
         ax.set_yscale("log")

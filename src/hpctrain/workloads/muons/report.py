@@ -1,7 +1,8 @@
-"""What `hpctrain report` adds for muon runs: the judged quality per feature and bin (quality_report.py), the
-WGAN's scalars by meaning, generated vs true per primary-energy bin and per zenith band for every judged
-feature (from evaluate.json's "binned", written by `hpctrain evaluate`) with ratio panels and W1/KS on each,
-and the per-bin figures as pivot tables. No torch: runs on a login node."""
+"""What `hpctrain report` adds for muon runs: the judged quality per feature and bin (quality_report.py), each
+model type's scalars by meaning (its loss titled by what it is: a flow has no critic), generated vs true per
+primary-energy bin and per zenith band for every judged feature (from evaluate.json's "binned", written by
+`hpctrain evaluate`) with ratio panels and W1/KS over each, and the per-bin figures as pivot tables. No torch:
+runs on a login node."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
-from hpctrain.track.report.generic import ratio_panel
+from hpctrain.track.report.generic import RATIO_TOP, clip_note, ratio_panel
 from hpctrain.track.report.panels import figure, fmt, legend_outside
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
 
@@ -27,8 +28,22 @@ BY = {"energy": ("log10(E_primary / GeV)", "primary-energy bin"), "zenith": ("ze
 
 
 def groups(data: RunData) -> list[ScalarGroup]:
+    """The model's own scalars by what they are: each model type's loss titled by what it measures."""
+    nll = ScalarGroup(
+        "multiplicity NLL", ("multiplicity_nll", "val_multiplicity_nll"), "NLL per event [nats]"
+    )
     if data.model_type == "muon_multiplicity":
         return [ScalarGroup("multiplicity NLL", ("loss_mean", "loss", "val_loss"), "NLL per event [nats]")]
+    if data.model_type == "muon_flow":  # trained by likelihood: no critic
+        return [
+            ScalarGroup(
+                "loss: negative log-likelihood (multiplicity + muons)",
+                ("loss_mean", "loss", "val_loss"),
+                "NLL [nats]",
+            ),
+            ScalarGroup("muon NLL (the flow)", ("muon_nll", "val_muon_nll"), "NLL per muon [nats]"),
+            nll,
+        ]
     return [
         ScalarGroup("generator loss", ("generator_loss",), "-E[D(fake)] [critic units]"),
         ScalarGroup(
@@ -36,7 +51,7 @@ def groups(data: RunData) -> list[ScalarGroup]:
         ),
         ScalarGroup("Wasserstein estimate", ("wasserstein", "val_wasserstein"), "E[D(real)] - E[D(fake)]"),
         ScalarGroup("gradient penalty", ("gradient_penalty",), "penalty [critic units]"),
-        ScalarGroup("multiplicity NLL", ("multiplicity_nll", "val_multiplicity_nll"), "NLL per event [nats]"),
+        nll,
     ]
 
 
@@ -48,29 +63,30 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
     cols = len(panels)
     width = 230 * cols + 130
-    fig, axes = figure(width, 460, 2, cols, layout=None, sharex=True, height_ratios=[3, 1])
+    # each column its own x range (sharex="col"): the low-energy bins' data end decades before the high ones'
+    fig, axes = figure(width, 480, 2, cols, layout=None, sharex="col", height_ratios=[3, 1])
     fig.subplots_adjust(
-        left=70 / width, right=1 - 110 / width, bottom=0.11, top=0.82, wspace=0.32, hspace=0.06
+        left=70 / width, right=1 - 110 / width, bottom=0.11, top=0.78, wspace=0.32, hspace=0.06
     )
+    clipped_any = 0
     for col, panel in enumerate(panels):
         ax, ratio_ax = axes[0, col], axes[1, col]
         spec = panel["features"][name]
         edges = np.asarray(spec["edges"], dtype=float)
         true, generated = np.asarray(spec["true"], float), np.asarray(spec["generated"], float)
-        ratio_panel(ax, ratio_ax, edges, true, generated, per_width=name == "multiplicity")
         if name == "multiplicity":
             ax.set_xscale("symlog", linthresh=20, linscale=1.5)  # integers to 20 linear, log-spaced above
         else:
             ax.set_xscale("log")
-        ax.set_title(f"{_range_text(by, *panel['range'])}\n{panel['events_true']} true events", fontsize=9)
-        ax.text(
-            0.03,
-            0.03,
-            f"W1 {fmt(spec.get('w1'))}\nKS {fmt(spec.get('ks'))}",
-            transform=ax.transAxes,
+        clipped = ratio_panel(ax, ratio_ax, edges, true, generated, per_width=name == "multiplicity")
+        clipped_any += clipped
+        # W1/KS and the clipped ratios in the title: a box in the axes covered the low counts' points
+        figures = f"W1 {fmt(spec.get('w1'))}  KS {fmt(spec.get('ks'))}"
+        note = clip_note(clipped)
+        ax.set_title(
+            f"{_range_text(by, *panel['range'])}, {panel['events_true']} true events\n{figures}"
+            + (f"\n{note}" if note else ""),
             fontsize=8,
-            va="bottom",
-            bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.8},
         )
         ratio_ax.set_xlabel(f"{label} [{unit}]")
         if col == 0:
@@ -82,9 +98,10 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
             ratio_ax.set_ylabel("")
     legend_outside(axes[0, -1])
     fig.suptitle(f"{label}: generated vs true per {BY[by][1]} (error bars: Poisson; W1 in log10 units)")
-    return Image(
-        f"{by}_bins_{name}", f"{label}: generated (points) vs true (line, grey band) per {BY[by][1]}.", fig
-    )
+    caption = f"{label}: generated (points) vs true (line, grey band) per {BY[by][1]}."
+    if clipped_any:
+        caption += f" Triangles: bins whose generated / true is above {RATIO_TOP:g} (drawn at the top)."
+    return Image(f"{by}_bins_{name}", caption, fig)
 
 
 def binned_panels(data: RunData) -> list[Image]:

@@ -83,9 +83,9 @@ def _per_bin_axes(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.plot(x[s["failed"]], s["ours"][s["failed"]], "x", color="darkred", markersize=11, mew=2,
             label="bin fails the goal")  # fmt: skip
     finite = np.concatenate([s[k][np.isfinite(s[k]) & (s[k] > 0)] for k in ("ours", "floor", "baseline")])
-    if finite.size:  # room above the curves for the legend
+    if finite.size:
         ax.set_yscale("log")
-        ax.set_ylim(finite.min() / 1.5, finite.max() * 6)
+        ax.set_ylim(finite.min() / 1.5, finite.max() * 1.5)
     ax.set_xticks(x, [zeniths[z] for _, z in cells], fontsize=7)
     for e, text in enumerate(energies):
         members = [i for i, (ei, _) in enumerate(cells) if ei == e]
@@ -151,7 +151,9 @@ def quality_panels(data: RunData) -> list[Image]:
         rows = feature["bins"]
         fig, axes = figure(1100, 420, 1, 2, width_ratios=[3, 1])
         _per_bin_axes(axes[0, 0], rows)
-        axes[0, 0].legend(fontsize=7, loc="upper center", ncols=6, framealpha=0.9, handlelength=1.6)
+        # under the axes: inside, it covered the highest W1 points
+        axes[0, 0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=6, frameon=False,
+                          handlelength=1.6)  # fmt: skip
         _ratio_map(axes[0, 1], rows, fig)
         axes[0, 1].set_title("ours / floor per bin", fontsize=9)
         fig.suptitle(f"{_verdict(name, feature)}  [{LABELS.get(name, name)}]", fontsize=10)

@@ -40,6 +40,7 @@ from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.events.batch import MuonBatch
 from hpctrain.workloads.muons.events.decode import ChunkDataset, ReadOptions
+from hpctrain.workloads.muons.events.event_counts import EventCounts
 from hpctrain.workloads.muons.events.event_index import EventIndex, build_index, note_bad_file
 from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult
 from hpctrain.workloads.muons.events.outliers import EventRules
@@ -138,6 +139,7 @@ class EventStream:
         world_size: int = 1,
         run_dir: str | Path | None = None,
         staging: StagingSpec | None = None,
+        counts: EventCounts | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -163,9 +165,12 @@ class EventStream:
         self._files_state: tuple[tuple[int, int], dict[str, Any]] | None = None
         self.epoch, self.position = 0, 0
         self._start_epoch, self._start_position = 0, 0
-        self.stats: dict[str, int] = {}
-        self._warned: dict[str, int] = {}
-        self.split, self._rules = split, data
+        self.stats: dict[str, int] = {}  # since the run began (checkpointed with the position)
+        # removed/skipped events said once per split and hop; a stream with its own counts says the totals at
+        # its close (a validation pass given the task's counts leaves that to the training stream)
+        self._own_counts = counts is None
+        self.counts = counts if counts is not None else EventCounts(data)
+        self.split = split
         self._continuous = False  # the sampler goes on into the next epochs (_endless, local inputs)
         self._prefetcher: Prefetcher[tuple[MuonBatch, int, int]] | None = None
         options = LoaderOptions.from_config(data, persistent=train)
@@ -190,9 +195,16 @@ class EventStream:
 
     @classmethod
     def from_config(
-        cls, data: MuonData, seed: int, env: ClusterEnv, run_dir: str | Path | None, split: str = "train"
+        cls,
+        data: MuonData,
+        seed: int,
+        env: ClusterEnv,
+        run_dir: str | Path | None,
+        split: str = "train",
+        counts: EventCounts | None = None,
     ) -> EventStream:
-        """This rank's stream of `data`'s files (data.paths for 'train', val_paths for 'val')."""
+        """This rank's stream of `data`'s files (data.paths for 'train', val_paths for 'val'); `counts`: shared
+        with other streams of the hop (see EventCounts), else its own."""
         files = resolve_files(data.paths if split == "train" else data.val_paths, data)
         return cls(
             files,
@@ -203,6 +215,7 @@ class EventStream:
             world_size=env.world_size,
             run_dir=run_dir,
             staging=StagingSpec.from_config(data, env),
+            counts=counts,
         )
 
     @property
@@ -288,31 +301,10 @@ class EventStream:
             self._dataset.remember(result.proven)  # (0 workers: the same object proved them)
         for key, value in result.stats.items():
             self.stats[key] = self.stats.get(key, 0) + value
-            # said once per split and hop (a line per doubling read as a growing problem); the count goes on
-            if value and key not in self._warned:
-                self._warned[key] = self.stats[key]
-                log.warning(
-                    "muon data, %s split: %d %s (said once; the count goes on in the stream's stats)",
-                    self.split,
-                    self.stats[key],
-                    self._why(key),
-                )
+        self.counts.add(self.split, result.stats)
         if self._staged is not None:
             self._staged.done(result.epoch, result.chunk)
         return result
-
-    def _why(self, key: str) -> str:
-        """What an event count means, the limit that made it, and what to do about it."""
-        data = self._rules
-        return {
-            "outliers": f"events with more than data.max_muons_per_event={data.max_muons_per_event} muons "
-            "removed (raise the limit to keep them; data.outliers_dir=DIR writes them out for a look)",
-            "bad_events": "events with a zero, negative or non-finite value skipped (data.on_bad_event=skip; "
-            "set it to fail to stop at the first one)",
-            "empty_dropped": "events without muons dropped (data.drop_empty_events=true)",
-            "bad_file_events": "events of unreadable files skipped (data.on_bad_file=skip; see the files "
-            "named above)",
-        }.get(key, f"events counted as {key}")
 
     # ---- the endless stream (BatchStream) ------------------------------------------------------------------
 
@@ -375,6 +367,8 @@ class EventStream:
             self._prefetcher = None
 
     def close(self) -> None:
+        if self._own_counts:  # the end of this stream's hop (or pass): its totals
+            self.counts.say_totals({self.split: self.stats})
         self._stop_prefetcher()
         self._loader.close()
         self._dataset.close()
@@ -385,16 +379,23 @@ class EventStream:
 
 
 class ValBatches:
-    """One pass over this rank's share of the validation files (built lazily: cheap to create)."""
+    """One pass over this rank's share of the validation files (built lazily: cheap to create). `counts`: the
+    training stream's (removed events said once per hop over every pass); without, the pass says its totals."""
 
-    def __init__(self, data: Any, seed: int, env: Any, run_dir: str | Path | None) -> None:
-        self.data, self.seed, self.env, self.run_dir = data, seed, env, run_dir
+    def __init__(
+        self, data: Any, seed: int, env: Any, run_dir: str | Path | None, counts: EventCounts | None = None
+    ) -> None:
+        self.data, self.seed, self.env, self.run_dir, self.counts = data, seed, env, run_dir, counts
 
     def __iter__(self) -> Iterator[MuonBatch]:
-        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val")
+        # a pass of its own (`hpctrain evaluate`): one line per kind of removed events, its total at the end
+        counts = self.counts or EventCounts(self.data, say_first=False)
+        stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val", counts)
         try:
             for batch, _ in stream.epoch_batches(0, 0):
                 if len(batch):
                     yield batch
         finally:
             stream.close()
+            if self.counts is None:
+                counts.say_totals(scope="this pass")

@@ -26,6 +26,7 @@ class MuonTaskBase(Task[M]):
     """Data plumbing of the muon tasks; subclasses write networks, train_step and eval_step."""
 
     dynamic_shapes = True  # the number of muons changes with every batch
+    _train_stream: EventStream | None = None  # built by build_data("train")
 
     @property
     def run_dir(self) -> Path:
@@ -41,7 +42,9 @@ class MuonTaskBase(Task[M]):
             return None
         # named files exist now: a mistake in val_paths is a line at the start, not an error at the first evaluation
         resolve_files(self.cfg.data.val_paths, self.cfg.data)
-        return ValBatches(self.cfg.data, seed, self.env, self.run_dir)
+        # the training stream's counts: removed events said once per hop, not at every evaluation pass
+        counts = self._train_stream.counts if self._train_stream is not None else None
+        return ValBatches(self.cfg.data, seed, self.env, self.run_dir, counts)
 
     def batch_samples(self, batch: MuonBatch) -> int:
         return len(batch)
