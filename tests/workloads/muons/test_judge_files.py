@@ -49,7 +49,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         layouts.write_events(str(out["data"] / f"t{i}.parquet"), true, "parquet", 500)
         fresh = _with_bundles(true, *truth.sample_bundles(true.primaries.astype(np.float64), rng))
         layouts.write_events(str(out["fresh"] / f"f{i}.h5"), fresh, "hdf5", 500)
-        layouts.write_events(str(out["shuffled"] / f"s{i}.parquet"), _shuffled(true, rng), "parquet-legacy", 500)
+        layouts.write_events(
+            str(out["shuffled"] / f"s{i}.parquet"), _shuffled(true, rng), "parquet-legacy", 500
+        )
     layouts.write_events(str(out["other"] / "o.parquet"), synthetic_events(100, 5, 0), "parquet", 100)
     return out
 
@@ -78,7 +80,18 @@ def test_a_copy_with_positions_shuffled_within_events_is_rejected(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "shuffled.json"
-    code = main(["evaluate", "--sample", str(files["shuffled"]), "--data", str(files["data"]), "--out", str(out), *FAST])
+    code = main(
+        [
+            "evaluate",
+            "--sample",
+            str(files["shuffled"]),
+            "--data",
+            str(files["data"]),
+            "--out",
+            str(out),
+            *FAST,
+        ]
+    )
     assert code == 0
     assert "DIFFERS" in capsys.readouterr().out
     judged = json.loads(out.read_text())["two_sample"]

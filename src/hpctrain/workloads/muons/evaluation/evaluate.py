@@ -175,6 +175,23 @@ def _classifier_test(
     return two_sample.judge_events(pairs_true, pairs_generated, [], options.folds, seed, options.replicates)
 
 
+def classifier_on_truth(
+    model: Any,
+    n_events: int,
+    seed: int,
+    batch_size: int = 1024,
+    options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
+) -> two_sample.Judgement:
+    """The classifier test alone on `n_events` fresh truth events (the per-feature table's stream of `seed`)
+    and the model's bundles for their primaries, the band from truth-vs-truth replicates (the bench's 50 k
+    pairs, more than the table needs)."""
+    true, _ = truth_events(n_events, seed, muon_cap(model.cfg))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generated = _generate(model, true, batch_size, FEATURES)
+    return _classifier_test(model, true, generated, true, False, batch_size, seed, options)
+
+
 def paired_truth(primaries: np.ndarray, seed: int, key: int, cap: int) -> layouts.Events:
     """One fresh truth bundle for each of `primaries` (stream (seed, TRUTH_EVENTS, key)), none above `cap`:
     a bundle above it is drawn again (at most REDRAWS times, then cut at the cap), so that it follows the

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.workloads.muons.evaluation import quality
-from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
+from hpctrain.workloads.muons.evaluation.quality import w1_and_ks
 from hpctrain.workloads.muons.events import layouts
 
 ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
@@ -46,16 +46,14 @@ def compare(
     conditional: list[float] = []
     for name in only:
         (gv, ge), (tv, te) = gen_f[name], true_f[name]
-        metrics[f"w1_{name}"] = wasserstein_1d(gv, tv)
-        metrics[f"ks_{name}"] = ks_statistic(gv, tv)
+        metrics[f"w1_{name}"], metrics[f"ks_{name}"] = w1_and_ks(gv, tv)
     for i in range(len(ENERGY_BINS_LOG10_GEV) - 1):
         lo, hi = ENERGY_BINS_LOG10_GEV[i], ENERGY_BINS_LOG10_GEV[i + 1]
         row: dict[str, Any] = {"log10_E_GeV": [lo, hi], "events_true": int((true_bin == i).sum())}
         for name in only:
             (gv, ge), (tv, te) = gen_f[name], true_f[name]
             a, b = gv[gen_bin[ge] == i], tv[true_bin[te] == i]
-            row[f"w1_{name}"] = wasserstein_1d(a, b)
-            row[f"ks_{name}"] = ks_statistic(a, b)
+            row[f"w1_{name}"], row[f"ks_{name}"] = w1_and_ks(a, b)
             if math.isfinite(row[f"w1_{name}"]) and len(b) >= 20:
                 conditional.append(row[f"w1_{name}"])
         per_bin.append(row)
@@ -107,9 +105,8 @@ def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[s
             "y_label": ylabel,
             "log_x": True,
             "log_y": True,
-            "w1": wasserstein_1d(g, t),
-            "ks": ks_statistic(g, t),
         }
+        out[name]["w1"], out[name]["ks"] = w1_and_ks(g, t)
     return out
 
 
@@ -171,12 +168,13 @@ def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...
             for name in only:
                 (gv, ge), (tv, te) = gen_f[name], true_f[name]
                 a, b = gv[gen_bin[ge] == i], tv[true_bin[te] == i]
+                w1, ks = w1_and_ks(a, b)
                 panel["features"][name] = {
                     "edges": edges[name].tolist(),
                     "generated": np.histogram(_physical(name, a), edges[name])[0].tolist(),
                     "true": np.histogram(_physical(name, b), edges[name])[0].tolist(),
-                    "w1": wasserstein_1d(a, b),
-                    "ks": ks_statistic(a, b),
+                    "w1": w1,
+                    "ks": ks,
                 }
             panels.append(panel)
         out[kind] = panels
