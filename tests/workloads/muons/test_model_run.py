@@ -166,11 +166,11 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     result = json.loads((reference / "evaluate.json").read_text())
     metrics = result["metrics"]
     # the classifier test beside the per-feature table: AUC overall and per energy bin with its null band
-    judged = result["two_sample"]
-    assert judged["null_source"] == "truth" and judged["null_replicates"] == 1
-    assert [r["bin"] for r in judged["table"]] == ["all", "E3-5", "E5-6", "E6-7", "E7-8", "E8-9"]
-    assert 0.5 < judged["auc_null_upper"] < 1 and 0 <= judged["auc"] <= 1
-    assert metrics["auc"] == judged["auc"] and "auc_null_upper_E8-9" in metrics and "fpd" in metrics
+    classifier = result["two_sample"]
+    assert classifier["null_source"] == "truth" and classifier["null_replicates"] == 1
+    assert [r["bin"] for r in classifier["table"]] == ["all", "E3-5", "E5-6", "E6-7", "E7-8", "E8-9"]
+    assert 0.5 < classifier["auc_null_upper"] < 1 and 0 <= classifier["auc"] <= 1
+    assert metrics["auc"] == classifier["auc"] and "auc_null_upper_E8-9" in metrics and "fpd" in metrics
     for name in ("multiplicity", "energy", "lateral_distance"):
         assert 0 <= metrics[f"w1_{name}"] < 20 and 0 <= metrics[f"ks_{name}"] <= 1
         spec = result["distributions"][name]
@@ -190,7 +190,7 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     assert len([t for t in panels["quality_overview"] if t]) == 6
     assert "classifier_auc" in panels
     auc_table = next(rows for rows in page.tables.values() if rows and rows[0][:3] == ["bin", "pairs", "AUC"])
-    assert [r[0] for r in auc_table[1:]] == [r["bin"] for r in judged["table"]]
+    assert [r[0] for r in auc_table[1:]] == [r["bin"] for r in classifier["table"]]
     table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
     assert [(r[0], r[-1]) for r in table[1:]] == [(name, goal_word(f)) for name, f in judged.items()]
 
