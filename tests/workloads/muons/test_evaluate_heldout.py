@@ -81,6 +81,7 @@ def test_end_of_training_writes_the_validation_table(reference: Path) -> None:  
     assert set(result["quality"]["features"]) == set(quality.FEATURES)
     text = (reference / "evaluate_val.txt").read_text()
     assert text.startswith("quality at update 10") and all(name in text for name in quality.FEATURES)
+    assert "classifier two-sample test" in text and result["two_sample"]["null_source"] == "swap"
 
 
 @pytest.mark.integration

@@ -278,7 +278,8 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     path = run_dir / "evaluate_val.json"
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
     head = f"quality at update {step} on {len(data) // 2} validation events (floor: the other half)"
-    text = "\n".join([head, *quality.table(result["quality"])]) + "\n"
+    classifier = two_sample.table_lines(result["two_sample"]) if result.get("two_sample") else []
+    text = "\n".join([head, *quality.table(result["quality"]), *classifier]) + "\n"
     atomic_write_text(run_dir / "evaluate_val.txt", text)
     log.info(text)
     return path
