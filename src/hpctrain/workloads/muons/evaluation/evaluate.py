@@ -24,7 +24,7 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.workloads.muons import truth
 from hpctrain.workloads.muons.evaluation import quality, two_sample
-from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions
+from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.stream import ValBatches
@@ -144,11 +144,7 @@ def evaluate_model(
         "generated_draws": len(floor) if data is None else quality.FLOOR_DRAWS,
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
-        "seed": seed,
-        "muons_generated": int(generated.counts.sum()),
-        "muons_true": int(true.counts.sum()),
-        "seconds": time.perf_counter() - start,
-        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
+        **sizes(generated, true, seed, start),
     }
     return result
 

@@ -8,6 +8,7 @@ three features and the energy bins that have data on both sides), and the histog
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -179,6 +180,18 @@ def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...
             panels.append(panel)
         out[kind] = panels
     return out
+
+
+def sizes(generated: layouts.Events, true: layouts.Events, seed: int, start: float) -> dict[str, Any]:
+    """What evaluate.json's "info" says of any judgement: seed, muons on each side, seconds since `start`
+    (time.perf_counter), the units of the figures."""
+    return {
+        "seed": seed,
+        "muons_generated": int(generated.counts.sum()),
+        "muons_true": int(true.counts.sum()),
+        "seconds": time.perf_counter() - start,
+        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
+    }
 
 
 def clean(result: Any) -> Any:

@@ -27,7 +27,7 @@ from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons.evaluation import quality, two_sample
-from hpctrain.workloads.muons.evaluation.figures import binned, compare, distributions
+from hpctrain.workloads.muons.evaluation.figures import binned, compare, distributions, sizes
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
 
@@ -145,10 +145,6 @@ def judge_files(
         "events": len(true),
         "data_events_unpaired": len(data) - len(rows_d),
         "floor_draws": quality.FLOOR_DRAWS,
-        "seed": seed,
-        "muons_generated": int(generated.counts.sum()),
-        "muons_true": int(true.counts.sum()),
-        "seconds": time.perf_counter() - start,
-        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
+        **sizes(generated, true, seed, start),
     }
     return result
