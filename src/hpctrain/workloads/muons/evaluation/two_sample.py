@@ -74,6 +74,9 @@ def out_of_fold_scores(x_true: np.ndarray, x_gen: np.ndarray, folds: int, seed: 
     """(2 n,) scores for [true rows, generated rows], each from the model of the fold that did not see it;
     row i of both (one primary) is in the same fold."""
     n = len(x_true)
+    if n < 2:  # nothing to learn from: an uninformative score (AUC 0.5)
+        return np.full(2 * n, 0.5)
+    folds = min(folds, n)  # a fold without pairs would leave a model nothing to score
     fold = np.random.default_rng(seed).permutation(n) % folds
     x = np.concatenate([x_true, x_gen])
     y = np.r_[np.ones(n), np.zeros(n)]
@@ -120,6 +123,8 @@ def classifier_aucs(
 
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     """|mu_a - mu_b|^2 + tr(S_a + S_b - 2 (S_a S_b)^1/2) of two (n, d) samples' Gaussian moments."""
+    if len(a) < 2 or len(b) < 2:  # no covariance from one event
+        return math.nan
     mu_a, mu_b = a.mean(axis=0), b.mean(axis=0)
     s_a, s_b = np.atleast_2d(np.cov(a, rowvar=False)), np.atleast_2d(np.cov(b, rowvar=False))
     # tr (S_a S_b)^1/2 = sum of sqrt of the eigenvalues of S_a S_b (real, >= 0: similar to a PSD matrix)
@@ -139,6 +144,8 @@ def kernel_distance(a: np.ndarray, b: np.ndarray, block: int = KPD_BLOCK, seed: 
     rng = np.random.default_rng(seed)
     a, b = a[rng.permutation(len(a))], b[rng.permutation(len(b))]
     m = min(block, len(a), len(b))
+    if m < 2:  # the unbiased estimate needs two events a side
+        return math.nan
     values = []
     for start in range(0, min(len(a), len(b)) - m + 1, m):
         x, y = a[start : start + m], b[start : start + m]
