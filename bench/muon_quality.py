@@ -1,7 +1,8 @@
 """Quality of the default muon generator after a bounded CPU training, per feature, against the floor and a baseline.
 
     python bench/muon_quality.py [--seeds 3] [--parallel 2] [--minutes 7] [--config configs/muons.yaml]
-                                 [--events 20000] [--eval-events 10000] [--keep DIR] [overrides...]
+                                 [--events 20000] [--eval-events 10000] [--judge-events 50000]
+                                 [--keep DIR] [overrides...]
 
 Budget: each seed trains the config's updates (configs/muons.yaml: 4000) on one core, `--parallel` seeds at a
 time, each capped at `--minutes` by the time budget (a capped run stops cleanly and is judged as it is); with
@@ -17,6 +18,13 @@ the spread min..max), the baseline and the floor; the goal per feature and bin (
 floor, 0.5 x baseline) and not worse than the baseline, judged on the per-bin MEDIAN over seeds. Last line:
 one JSON object with `min_feature_ratio` (the worst feature's baseline/ours over the bins where the baseline
 is above 2 x floor), `features_within_floor`, `features_goal_met`, `goal_met` and per-feature figures.
+
+Then the classifier two-sample test (evaluation/two_sample.py) per seed on `--judge-events` (default 50,000)
+other fresh truth events paired with the model's bundles for their primaries: the cross-validated AUC overall
+and per primary-energy bin beside the null band of truth-vs-truth replicates, FPD and KPD. In the JSON:
+`auc` (median over seeds) with `auc_min_max`, `auc_null_upper`, `auc_per_bin` {bin: median AUC},
+`auc_null_upper_per_bin`, `auc_within_null` (the median AUC within the band, overall and in every bin),
+`fpd`, `kpd` (medians), `judge_seconds` (median time of one test), and per seed its figures under `runs`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_SEED = 777
+JUDGE_SEED = 778  # the classifier test's truth events: others than the table's
 
 
 def train_all(
@@ -97,6 +106,30 @@ def median_judgement(results: list[dict[str, Any]]) -> dict[str, Any]:
     return quality.judge(figures("ours", med), figures("baseline", med), figures("floor", med))
 
 
+def classifier_summary(judged: list[dict[str, Any]], seconds: list[float]) -> dict[str, Any]:
+    """The medians over seeds of the classifier test's figures (`Judgement.as_dict()` each)."""
+    bins = [row["bin"] for row in judged[0]["table"]]
+
+    def per_bin(key: str) -> dict[str, float]:
+        return {b: float(np.median([j["table"][i][key] for j in judged])) for i, b in enumerate(bins)}
+
+    auc, upper = per_bin("auc"), per_bin("null_upper")
+    aucs = [j["auc"] for j in judged]
+    return {
+        "auc": auc["all"],
+        "auc_min_max": [min(aucs), max(aucs)],
+        "auc_null_upper": upper["all"],
+        "auc_per_bin": {b: v for b, v in auc.items() if b != "all"},
+        "auc_null_upper_per_bin": {b: v for b, v in upper.items() if b != "all"},
+        "auc_within_null": all(auc[b] <= upper[b] for b in bins if np.isfinite(auc[b])),
+        "fpd": float(np.median([j["fpd"] for j in judged])),
+        "kpd": float(np.median([j["kpd"] for j in judged])),
+        "fpd_null": float(np.median([j["fpd_null"] for j in judged])),
+        "judge_pairs": judged[0]["table"][0]["events"],
+        "judge_seconds": float(np.median(seconds)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -110,6 +143,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=7.0, help="time cap per training (default 7)")
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
     parser.add_argument("--eval-events", type=int, default=10000, help="fresh truth events compared")
+    parser.add_argument(
+        "--judge-events", type=int, default=50000, help="paired primaries of the classifier test (0: none)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per training")
     parser.add_argument("--parallel", type=int, default=2, help="trainings at a time (default 2: one a core)")
     parser.add_argument("--keep", help="work in this folder (kept) instead of a temporary one")
@@ -127,11 +163,13 @@ def main() -> None:
 
     import torch
 
-    from hpctrain.workloads.muons.evaluation import evaluate, quality
+    from hpctrain.workloads.muons.evaluation import evaluate, quality, two_sample
     from hpctrain.workloads.muons.models import sampling
 
     torch.set_num_threads(args.threads)
     results, runs = [], []
+    classifier: list[dict[str, Any]] = []
+    judge_seconds: list[float] = []
     trained = train_all(
         work, Path(args.config), args.seeds, args.parallel, args.minutes, args.threads, args.overrides
     )
@@ -144,6 +182,16 @@ def main() -> None:
         print(f"seed {seed}: {model.step} updates in {seconds:.0f} s; goal met {q['features_goal_met']}/6")
         for line in quality.table(q):
             print("    " + line)
+        if args.judge_events:
+            start = time.perf_counter()
+            test = evaluate.classifier_on_truth(model, args.judge_events, JUDGE_SEED)
+            judge_seconds.append(time.perf_counter() - start)
+            classifier.append(test.as_dict())
+            runs[-1].update(
+                {"auc": test.auc["all"], "auc_per_bin": test.auc, "judge_seconds": judge_seconds[-1]}
+            )
+            for line in two_sample.format_table(test).splitlines():
+                print("    " + line)
     judged = median_judgement(results)
     print(
         f"\nmedian over {args.seeds} seed(s) (CPU, {args.threads} threads, {args.minutes:g} min each); work {work}"
@@ -180,9 +228,17 @@ def main() -> None:
         f"min_feature_ratio {judged['min_feature_ratio']} | within 2 x floor {judged['features_within_floor']}/6"
         f" | goal met {judged['features_goal_met']}/6"
     )
+    summary = classifier_summary(classifier, judge_seconds) if classifier else {}
+    if summary:
+        print(
+            f"classifier AUC (median over seeds, {summary['judge_pairs']} pairs) {summary['auc']:.4f} "
+            f"(null upper {summary['auc_null_upper']:.4f}); per bin "
+            + ", ".join(f"{b} {v:.4f}" for b, v in summary["auc_per_bin"].items())
+        )
     print(
         json.dumps(
             {
+                **summary,
                 "seeds": args.seeds,
                 "minutes_per_seed": args.minutes,
                 "runs": runs,

@@ -16,14 +16,16 @@ from hpctrain.workloads.registry import ModelVerb
 MODEL_HELP = "run folder (its latest checkpoint) or a checkpoint file"
 
 
-def run_model_verb(verb: str, description: str, argv: list[str]) -> int:
+def run_model_verb(verb: str, description: str, argv: list[str], more_help: str = "") -> int:
+    """Parse, find the checkpoint, run its workload's verb; `more_help`: what `--help` without a model adds
+    (another form of the verb)."""
     top = ArgParser(prog=f"hpctrain {verb}", add_help=False)
     top.add_argument("model", nargs="?")
     top.add_argument("-h", "--help", action="store_true")
     known, _ = top.parse_known_args(argv)
     if known.model is None:
         if known.help:
-            print(_overview(verb, description))
+            print(_overview(verb, description) + (f"\n\n{more_help}" if more_help else ""))
             return 0
         raise UserError(f"hpctrain {verb}: name a run folder or a checkpoint file (`hpctrain {verb} --help`)")
 

@@ -85,11 +85,21 @@ class ModelVerb:
 
 
 @dataclass(frozen=True)
+class FilesVerb:
+    """`hpctrain evaluate --sample FILES --data FILES`: a sample from anywhere judged against true files, with
+    no model (so no checkpoint names the workload: `--kind`, or the only workload that offers it)."""
+
+    add_args: Callable[[argparse.ArgumentParser], None]
+    judge: Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
 class Verbs:
     tasks: dict[str, TaskFactory]  # model.type -> (cfg, env) -> its Task; required for every model type
     data: DataVerbs | None = None
     sample: ModelVerb | None = None
     evaluate: ModelVerb | None = None
+    evaluate_files: FilesVerb | None = None  # `hpctrain evaluate --sample FILES --data FILES`
     report: Callable[[], WorkloadReport] | None = None  # what `hpctrain report` draws beyond the generic part
     sampler: Callable[[Any], Any] | None = (
         None  # hpctrain.load(...).sampler, given the workloads.trained.Trained
@@ -108,6 +118,7 @@ VERB_SIGNATURES: dict[str, tuple[tuple[str, ...], str | None]] = {
     "inspect": (("args",), "int"),
     "add_args": (("parser",), "None"),
     "run": (("args", "found"), "int"),
+    "judge": (("args",), "int"),
     "report": ((), "WorkloadReport"),
     "sampler": (("trained",), None),
 }
@@ -172,7 +183,7 @@ def check(spec: WorkloadSpec, verbs: Verbs) -> Workload:
         value = getattr(verbs, part.name)
         if part.name == "tasks" or value is None:
             continue
-        if isinstance(value, (DataVerbs, ModelVerb)):
+        if isinstance(value, (DataVerbs, ModelVerb, FilesVerb)):
             for sub in fields(value):
                 _check_callable(spec.name, f"{part.name}.{sub.name}", getattr(value, sub.name))
         else:
@@ -235,6 +246,12 @@ def workload_of(model_type: str) -> Workload | None:
 def offering(verb: str) -> list[str]:
     """The workloads that offer `hpctrain <verb>` (sample, evaluate) for their models, sorted."""
     return sorted(w.name for w in workloads().values() if w.verbs.model_verb(verb) is not None)
+
+
+def judging_files() -> dict[str, FilesVerb]:
+    """Workload name -> its `hpctrain evaluate --sample --data`, for the workloads that offer it."""
+    found = {name: w.verbs.evaluate_files for name, w in sorted(workloads().items())}
+    return {name: verb for name, verb in found.items() if verb is not None}
 
 
 def with_data_verbs() -> dict[str, DataVerbs]:

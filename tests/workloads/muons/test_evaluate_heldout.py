@@ -49,6 +49,11 @@ def test_evaluate_held_out_files_prints_and_writes_the_table(
     assert result["info"]["source"] == "held-out files" and result["info"]["events"] <= EVENTS // 2 + 1
     assert result["info"]["events"] + result["info"]["floor_events"] <= kept
     assert set(result["quality"]["features"]) == set(quality.FEATURES)
+    # the classifier test pairs every held-out event (both halves) with a generated bundle; no second true
+    # bundle of a file's primary exists, so its null band comes from label swaps
+    judged = result["two_sample"]
+    assert judged["null_source"] == "swap" and "classifier two-sample test" in done.out
+    assert judged["table"][0]["events"] == result["info"]["events"] + result["info"]["floor_events"]
     missing = hpctrain("evaluate", str(reference), "--data", str(tmp_path / "nowhere"), cwd=tmp_path)
     assert missing.code == 2 and "nowhere" in missing.err and "Traceback" not in missing.err
 
@@ -76,6 +81,7 @@ def test_end_of_training_writes_the_validation_table(reference: Path) -> None:  
     assert set(result["quality"]["features"]) == set(quality.FEATURES)
     text = (reference / "evaluate_val.txt").read_text()
     assert text.startswith("quality at update 10") and all(name in text for name in quality.FEATURES)
+    assert "classifier two-sample test" in text and result["two_sample"]["null_source"] == "swap"
 
 
 @pytest.mark.integration

@@ -162,8 +162,15 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     assert bad.code == 2 and bad.err.strip() == "error: --batch-size must be at least 1, not 0", bad.err
     done = hpctrain("evaluate", str(reference), "--n-events", "400", cwd=tmp_path)
     assert done.code == 0, done.err
+    assert "classifier two-sample test" in done.out and "truth vs truth" in done.out, done.out
     result = json.loads((reference / "evaluate.json").read_text())
     metrics = result["metrics"]
+    # the classifier test beside the per-feature table: AUC overall and per energy bin with its null band
+    classifier = result["two_sample"]
+    assert classifier["null_source"] == "truth" and classifier["null_replicates"] == 1
+    assert [r["bin"] for r in classifier["table"]] == ["all", "E3-5", "E5-6", "E6-7", "E7-8", "E8-9"]
+    assert 0.5 < classifier["auc_null_upper"] < 1 and 0 <= classifier["auc"] <= 1
+    assert metrics["auc"] == classifier["auc"] and "auc_null_upper_E8-9" in metrics and "fpd" in metrics
     for name in ("multiplicity", "energy", "lateral_distance"):
         assert 0 <= metrics[f"w1_{name}"] < 20 and 0 <= metrics[f"ks_{name}"] <= 1
         spec = result["distributions"][name]
@@ -181,6 +188,9 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     for kind in ("dist", "energy_bins", "zenith_bins", "quality_bins"):
         assert {f"{kind}_{name}" for name in FEATURES} <= set(panels), kind
     assert len([t for t in panels["quality_overview"] if t]) == 6
+    assert "classifier_auc" in panels
+    auc_table = next(rows for rows in page.tables.values() if rows and rows[0][:3] == ["bin", "pairs", "AUC"])
+    assert [r[0] for r in auc_table[1:]] == [r["bin"] for r in classifier["table"]]
     table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
     assert [(r[0], r[-1]) for r in table[1:]] == [(name, goal_word(f)) for name, f in judged.items()]
 

@@ -107,3 +107,15 @@ def test_judge_rejects_both_stand_ins_on_both_truths() -> None:
         assert two_sample.judge(prim, true, fresh, [null], folds=3).accepted("all"), version
         for stand_in in (_shuffled(true, rng), sampler.sample_bundles(blind, rng)):
             assert not two_sample.judge(prim, true, stand_in, [null], folds=3).accepted("all"), version
+
+
+def test_a_few_pairs_give_an_uninformative_judgement_not_an_error() -> None:
+    """Held-out evaluation takes from 2 events on: one or two pairs cannot fill the folds or the covariances."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 3):
+        prim = truth.sample_primaries(n, rng)
+        judged = two_sample.judge(
+            prim, truth.sample_bundles(prim, rng), truth.sample_bundles(prim, rng), swaps=1
+        )
+        assert judged.auc["all"] == 0.5 and judged.accepted("all") and len(judged.null) == 1
+    assert np.isnan(two_sample.frechet_distance(np.zeros((1, 2)), np.zeros((5, 2))))

@@ -1,8 +1,8 @@
-"""What `hpctrain report` adds for muon runs: the judged quality per feature and bin (quality_report.py), each
-model type's scalars by meaning (its loss titled by what it is: a flow has no critic), generated vs true per
-primary-energy bin and per zenith band for every judged feature (from evaluate.json's "binned", written by
-`hpctrain evaluate`) with ratio panels and W1/KS over each, and the per-bin figures as pivot tables. No torch:
-runs on a login node."""
+"""What `hpctrain report` adds for muon runs: the judged quality per feature and bin (quality_report.py), the
+classifier test's AUC per energy bin beside its null band (classifier_report.py), each model type's scalars by
+meaning (its loss titled by what it is: a flow has no critic), generated vs true per primary-energy bin and per
+zenith band for every judged feature (from evaluate.json's "binned", written by `hpctrain evaluate`) with ratio
+panels and W1/KS over each, and the per-bin figures as pivot tables. No torch: runs on a login node."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
 from hpctrain.track.report.generic import RATIO_TOP, clip_note, ratio_panel
 from hpctrain.track.report.panels import figure, fmt, legend_outside
+from hpctrain.workloads.muons.evaluation.classifier_report import classifier_panels, classifier_table
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
 
 FEATURES = {  # name -> (axis label, unit)
@@ -140,7 +141,9 @@ def pivot_tables(data: RunData) -> list[Table]:
     return tables
 
 
-# What the judgement says first (evaluate.json's "quality"), then the histograms behind it.
+# What the judgements say first (evaluate.json's "quality" and "two_sample"), then the histograms behind them.
 REPORT = WorkloadReport(
-    groups=groups, panels=(quality_panels, binned_panels), tables=(quality_table, pivot_tables)
+    groups=groups,
+    panels=(quality_panels, classifier_panels, binned_panels),
+    tables=(quality_table, classifier_table, pivot_tables),
 )

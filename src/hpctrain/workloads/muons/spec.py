@@ -21,6 +21,11 @@ DEFAULT_MUON_CAP = 100_000  # sampled muons per event when neither the model nor
 # events generated at once by default: the fastest on CPU measured (bench/muon_sample.py: 1,024 events per
 # batch ~1.5x 4,096 and ~2.4x 65,536, in a third of the memory); a GPU wants more (--batch-size)
 SAMPLE_BATCH = 1024
+# the classifier two-sample test's defaults (evaluation/two_sample.py; here so that verbs.py's options need no
+# NumPy): 2 folds of 50 k pairs are 2 fits of 50 k rows each, well under a minute of 2 cores (5 folds: 2.5x
+# the rows fitted); one null replicate, as the band's edge is at least 0.5 + 3 sigma anyway
+JUDGE_FOLDS = 2
+JUDGE_NULL_REPLICATES = 1
 
 UNIT_EVENTS = (
     65536  # events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says

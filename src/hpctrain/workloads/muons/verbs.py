@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.workloads.muons.spec import JUDGE_FOLDS as FOLDS
+from hpctrain.workloads.muons.spec import JUDGE_NULL_REPLICATES as NULL_REPLICATES
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
-from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
+from hpctrain.workloads.registry import DataVerbs, FilesVerb, Found, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
     from hpctrain.track.report.panels import WorkloadReport
@@ -129,6 +131,30 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
+    classifier_args(g)
+
+
+def classifier_args(g: argparse._ArgumentGroup) -> None:
+    """The classifier two-sample test's options (both forms of `hpctrain evaluate`)."""
+    g.add_argument(
+        "--folds",
+        type=int,
+        default=FOLDS,
+        help=f"cross-validation folds of the classifier test (default {FOLDS})",
+    )
+    g.add_argument(
+        "--null-replicates",
+        type=int,
+        default=NULL_REPLICATES,
+        help=f"replicates of its null band (truth vs truth, or label swaps on files; default {NULL_REPLICATES})",
+    )
+
+
+def _check_classifier(args: argparse.Namespace) -> None:
+    if args.folds < 2:
+        raise UserError(f"--folds must be at least 2, not {args.folds}")
+    if args.null_replicates < 0:
+        raise UserError(f"--null-replicates must be non-negative, not {args.null_replicates}")
 
 
 def evaluate(args: argparse.Namespace, found: Found) -> int:
@@ -141,8 +167,9 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
+    _check_classifier(args)
 
-    from hpctrain.workloads.muons.evaluation import evaluate, quality
+    from hpctrain.workloads.muons.evaluation import evaluate, two_sample
     from hpctrain.workloads.muons.models import sampling
 
     model = sampling.load_model(args.model, usable_device(args.device), found)
@@ -152,7 +179,8 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         if len(data) < 2:
             raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
     n_events = args.n_events or 10_000
-    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data)
+    options = two_sample.Options(args.folds, args.null_replicates)
+    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,19 +189,68 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         out = evaluate.write_outputs(model.run_dir, result)
     else:
         raise UserError(f"{args.model}: not inside a run folder; pass --out FILE for the JSON")
-    info, q = result["info"], result["quality"]
+    info = result["info"]
     print(
         f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "
         f"{info['source']} (floor from {info['floor_events']} independent events)"
     )
-    for line in quality.table(q):
-        print("  " + line)
-    ratio = q["min_feature_ratio"]
-    print(
-        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within 2 x floor "
-        f"{q['features_within_floor']}/{len(q['features'])} | goal met {q['features_goal_met']}/{len(q['features'])}"
-    )
+    evaluate.print_tables(result)
     print(f"wrote {out}")
+    return 0
+
+
+def evaluate_files_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `hpctrain evaluate --sample FILES --data FILES` (muon bundles, no model)."""
+    g = parser.add_argument_group("muon bundles")
+    g.add_argument(
+        "--sample",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="the bundles to judge (local files, folders, globs; any layout), generated for primaries of --data",
+    )
+    g.add_argument(
+        "--data",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="the true bundles (local files, folders, globs; any layout); each sample event is paired with "
+        "the true event of the same primary",
+    )
+    g.add_argument("--events", type=int, default=0, help="judge at most this many pairs (default all)")
+    g.add_argument("--seed", type=int, default=12345, help="seed of the splits, folds and null replicates")
+    g.add_argument("--out", help="also write the figures as JSON (evaluate.json's form) to this file")
+    classifier_args(g)
+
+
+def evaluate_files(args: argparse.Namespace) -> int:
+    """A sample from anywhere against true files (evaluation/judge_files.py): prints the tables, --out the
+    JSON."""
+    if args.events < 0:
+        raise UserError(f"--events must be non-negative, not {args.events}")
+    if args.seed < 0:
+        raise UserError(f"--seed must be non-negative, not {args.seed}")
+    _check_classifier(args)
+    out = Path(args.out).expanduser().absolute() if args.out else None
+    if out is not None and not out.parent.is_dir():  # checked before the judge's minute
+        folder = nearest_existing_folder(out.parent)
+        raise UserError(f"--out {args.out}: no such folder {out.parent} (nearest existing folder: {folder})")
+
+    from hpctrain.workloads.muons.evaluation import evaluate, judge_files, two_sample
+
+    options = two_sample.Options(args.folds, args.null_replicates)
+    result = judge_files.judge_files(args.sample, args.data, args.events, args.seed, options)
+    info = result["info"]
+    print(
+        f"judged {info['events']} sample events ({len(info['sample'])} file(s), {', '.join(info['sample_layouts'])}) "
+        f"against the true events of the same primaries ({len(info['data'])} file(s), "
+        f"{', '.join(info['data_layouts'])}; {info['data_events_unpaired']} without a sample partner left out) "
+        f"in {info['seconds']:.1f} s"
+    )
+    evaluate.print_tables(result)
+    if out is not None:
+        atomic_write_text(out, json.dumps(evaluate.clean(result), indent=1, allow_nan=False) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
@@ -218,6 +295,7 @@ VERBS = Verbs(
     data=lazy_data_verbs(_data_verbs),
     sample=ModelVerb(sample_args, sample),
     evaluate=ModelVerb(evaluate_args, evaluate),
+    evaluate_files=FilesVerb(evaluate_files_args, evaluate_files),
     report=report,
     sampler=sampler,
 )

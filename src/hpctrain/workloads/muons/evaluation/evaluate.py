@@ -1,11 +1,10 @@
 """Quality of generated bundles against fresh samples of the synthetic truth or held-out files.
 
-The judged table (per feature and bin of primary energy x zenith, ours vs the floor vs the baseline) is
-quality.py's; this module draws or reads the samples, generates, and writes evaluate.json. Also kept, as the
-first figures of the project: overall and per bin of primary energy, the multiplicity as log10(N + 1), the muon energy as
-log10(E / GeV) and the lateral distance as log10(r / m) (r floored at 1 cm). Figures: the 1-D Wasserstein
-distance (in those log10 units) and the Kolmogorov-Smirnov statistic. `conditional_w1` is the mean W1 over
-the three features and the energy bins that have data on both sides: the headline figure.
+Two judges, both in evaluate.json: the per-feature table (per feature and bin of primary energy x zenith, ours
+vs the floor vs the baseline: quality.py) and the classifier two-sample test (AUC overall and per energy bin
+beside its null band, FPD and KPD: two_sample.py) on paired primaries, one true and one generated bundle each.
+This module draws or reads the samples, generates, and writes evaluate.json; the plain W1/KS figures and the
+report's histograms are figures.py's.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.workloads.muons import truth
-from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.evaluation import quality, two_sample
+from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.stream import ValBatches
@@ -34,174 +34,11 @@ from hpctrain.workloads.muons.spec import muon_cap
 
 log = logging.getLogger("hpctrain.muons")
 
-__all__ = ["ks_statistic", "wasserstein_1d"]
+# figures.py's, still reachable here (tests, the bench)
+__all__ = ["binned", "clean", "compare", "distributions", "ks_statistic", "wasserstein_1d"]
 FLOOR_STREAM, BASELINE_STREAM = 1, 2  # numpy_rng keys after TRUTH_EVENTS: the floor's and baseline's samples
-
-ENERGY_BINS_LOG10_GEV = (3.0, 5.0, 6.0, 7.0, 8.0, 9.0)
-FEATURES = ("multiplicity", "energy", "lateral_distance")
-R_FLOOR_M = 0.01
-
-
-def features(events: layouts.Events) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """feature -> (values, event of each value): per event for the multiplicity, per muon otherwise."""
-    n = len(events)
-    per_muon_event = np.repeat(np.arange(n), events.counts)
-    muons = events.muons.astype(np.float64)
-    r = np.hypot(muons[:, 1], muons[:, 2])
-    return {
-        "multiplicity": (np.log10(events.counts + 1.0), np.arange(n)),
-        "energy": (np.log10(np.maximum(muons[:, 0], 1e-30)), per_muon_event),
-        "lateral_distance": (np.log10(np.maximum(r, R_FLOOR_M)), per_muon_event),
-    }
-
-
-def compare(
-    generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES
-) -> dict[str, Any]:
-    """W1 and KS overall and per primary-energy bin; {"metrics": flat, "per_bin": [...]}."""
-    gen_f, true_f = features(generated), features(true)
-    gen_bin = np.digitize(np.log10(generated.primaries[:, 0]), ENERGY_BINS_LOG10_GEV[1:-1])
-    true_bin = np.digitize(np.log10(true.primaries[:, 0]), ENERGY_BINS_LOG10_GEV[1:-1])
-    metrics: dict[str, float] = {}
-    per_bin: list[dict[str, Any]] = []
-    conditional: list[float] = []
-    for name in only:
-        (gv, ge), (tv, te) = gen_f[name], true_f[name]
-        metrics[f"w1_{name}"] = wasserstein_1d(gv, tv)
-        metrics[f"ks_{name}"] = ks_statistic(gv, tv)
-    for i in range(len(ENERGY_BINS_LOG10_GEV) - 1):
-        lo, hi = ENERGY_BINS_LOG10_GEV[i], ENERGY_BINS_LOG10_GEV[i + 1]
-        row: dict[str, Any] = {"log10_E_GeV": [lo, hi], "events_true": int((true_bin == i).sum())}
-        for name in only:
-            (gv, ge), (tv, te) = gen_f[name], true_f[name]
-            a, b = gv[gen_bin[ge] == i], tv[true_bin[te] == i]
-            row[f"w1_{name}"] = wasserstein_1d(a, b)
-            row[f"ks_{name}"] = ks_statistic(a, b)
-            if math.isfinite(row[f"w1_{name}"]) and len(b) >= 20:
-                conditional.append(row[f"w1_{name}"])
-        per_bin.append(row)
-        for key, value in row.items():
-            if key.startswith(("w1_", "ks_")):
-                metrics[f"{key}_E{lo:g}-{hi:g}"] = value
-    metrics["conditional_w1"] = float(np.mean(conditional)) if conditional else math.nan
-    return {"metrics": metrics, "per_bin": per_bin}
-
-
-DRAWN = {  # feature -> (label, unit, y label) of its histograms; values from quality.features()
-    "multiplicity": ("muons per event", "count", "events per bin"),
-    "energy": ("muon energy", "GeV", "muons per bin"),
-    "lateral_distance": ("lateral distance", "m", "muons per bin"),
-    "energy_sum": ("energy sum per event", "GeV", "events per bin"),
-    "centre_radius": ("radius of the bundle's centre", "m", "events per bin"),
-    "spread": ("bundle spread (rms from its centre)", "m", "events per bin"),
-}
-
-
-def drawn_features(only: tuple[str, ...]) -> tuple[str, ...]:
-    """The features the histograms show for a model that generates `only`: every judged feature
-    (quality.FEATURES, the pair quantities included) when it generates muons, else just `only`."""
-    return quality.FEATURES if set(FEATURES) <= set(only) else only
-
-
-def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES) -> dict:
-    """Binned generated vs true histograms in physical units, in the format of track/report (data.py), with
-    the overall W1 and KS (in the log10 units of quality.features) of each; every judged feature."""
-    names = drawn_features(only)
-    gen_f, true_f = quality.features(generated, names), quality.features(true, names)
-    out = {}
-    for name in names:
-        g, t = gen_f[name][0], true_f[name][0]
-        both = np.concatenate([g, t])
-        if both.size == 0:
-            continue
-        lo, hi = float(both.min()), float(both.max())
-        edges_log = np.linspace(lo, hi if hi > lo else lo + 1.0, 41)
-        label, unit, ylabel = DRAWN[name]
-        # multiplicity values are log10(N + 1): its bin edges in N + 1 (positive, so a log axis works)
-        edges = 10.0**edges_log
-        out[name] = {
-            "label": label if name != "multiplicity" else "muons per event + 1",
-            "unit": unit,
-            "bins": edges.tolist(),
-            "generated": np.histogram(g, edges_log)[0].astype(float).tolist(),
-            "true": np.histogram(t, edges_log)[0].astype(float).tolist(),
-            "y_label": ylabel,
-            "log_x": True,
-            "log_y": True,
-            "w1": wasserstein_1d(g, t),
-            "ks": ks_statistic(g, t),
-        }
-    return out
-
-
-ZENITH_BANDS_DEG = (0.0, 30.0, 45.0, 60.0, 75.0)  # cos(zenith) >= truth.COS_ZENITH_MIN = 0.3: up to 72.5 deg
-SMALL_MULTIPLICITY = 20  # integer bins up to here, log-spaced above
-
-
-def _physical(name: str, values: np.ndarray) -> np.ndarray:
-    """features() values (log10 units) back in physical units: N, E/GeV, r/m."""
-    return np.rint(10.0**values - 1.0) if name == "multiplicity" else 10.0**values
-
-
-def _edges(name: str, values: np.ndarray) -> np.ndarray:
-    """Integer bins (centred on 0, 1, 2, ...) for small multiplicities, log-spaced above and for E and r."""
-    top = float(values.max()) if values.size else 1.0
-    if name == "multiplicity":
-        small = np.arange(-0.5, min(top, SMALL_MULTIPLICITY) + 1.0)
-        if top <= SMALL_MULTIPLICITY:
-            return small
-        return np.concatenate([small, np.geomspace(small[-1], top + 0.5, 16)[1:]])
-    low = float(values[values > 0].min()) if np.any(values > 0) else 1e-2
-    return np.geomspace(low, max(top, low * 10), 31)
-
-
-def binned(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES) -> dict:
-    """Histograms of generated and true in physical units per primary-energy bin and per zenith band, with W1
-    and KS (in the log10 units of `compare`) per panel: {"energy": [panel, ...], "zenith": [...]}, a panel
-    being {"by", "range", "events_true", "events_generated", "features": {name: {"edges", "true",
-    "generated", "w1", "ks"}}} for every judged feature (drawn_features). Counts are raw (the same primaries
-    on both sides): Poisson errors apply."""
-    only = drawn_features(only)
-    gen_f, true_f = quality.features(generated, only), quality.features(true, only)
-    by = {
-        "energy": (
-            np.log10(generated.primaries[:, 0]),
-            np.log10(true.primaries[:, 0]),
-            ENERGY_BINS_LOG10_GEV,
-        ),
-        "zenith": (
-            np.degrees(generated.primaries[:, 1]),
-            np.degrees(true.primaries[:, 1]),
-            ZENITH_BANDS_DEG,
-        ),
-    }
-    edges = {n: _edges(n, _physical(n, np.concatenate([gen_f[n][0], true_f[n][0]]))) for n in only}
-    out: dict[str, list[dict[str, Any]]] = {}
-    for kind, (gen_key, true_key, bounds) in by.items():
-        gen_bin = np.digitize(gen_key, bounds[1:-1])
-        true_bin = np.digitize(true_key, bounds[1:-1])
-        panels = []
-        for i in range(len(bounds) - 1):
-            panel: dict[str, Any] = {
-                "by": kind,
-                "range": [bounds[i], bounds[i + 1]],
-                "events_true": int((true_bin == i).sum()),
-                "events_generated": int((gen_bin == i).sum()),
-                "features": {},
-            }
-            for name in only:
-                (gv, ge), (tv, te) = gen_f[name], true_f[name]
-                a, b = gv[gen_bin[ge] == i], tv[true_bin[te] == i]
-                panel["features"][name] = {
-                    "edges": edges[name].tolist(),
-                    "generated": np.histogram(_physical(name, a), edges[name])[0].tolist(),
-                    "true": np.histogram(_physical(name, b), edges[name])[0].tolist(),
-                    "w1": wasserstein_1d(a, b),
-                    "ks": ks_statistic(a, b),
-                }
-            panels.append(panel)
-        out[kind] = panels
-    return out
+NULL_STREAM = 100  # numpy_rng keys from here: the classifier's truth-vs-truth replicates
+REDRAWS = 20  # a replicate's bundle above the muon cap is drawn again, at most this often
 
 
 def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
@@ -253,10 +90,16 @@ def reference_samples(
 
 
 def evaluate_model(
-    model: Any, n_events: int, seed: int, batch_size: int = 1024, data: layouts.Events | None = None
+    model: Any,
+    n_events: int,
+    seed: int,
+    batch_size: int = 1024,
+    data: layouts.Events | None = None,
+    options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
 ) -> dict[str, Any]:
     """Generate for the primaries of fresh truth events (or of held-out `data`, split in two halves) and
-    compare; the result is evaluate.json's content."""
+    compare; the result is evaluate.json's content (the classifier test under "two_sample", for models that
+    generate muons)."""
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
     true, floor, reference, dropped = reference_samples(n_events, seed, cap, data)
@@ -282,6 +125,12 @@ def evaluate_model(
             "features_goal_met": float(q["features_goal_met"]),
         }
     )
+    if only == FEATURES:  # a multiplicity model's bundles have no muons for the classifier to look at
+        judged = _classifier_test(
+            model, true, generated, floor[0], data is not None, batch_size, seed, options
+        )
+        result["two_sample"] = judged.as_dict()
+        result["metrics"].update(judged.metrics())
     result["distributions"] = distributions(generated, true, only)
     result["binned"] = binned(generated, true, only)  # per energy bin and zenith band, for the report
     result["info"] = {
@@ -295,13 +144,82 @@ def evaluate_model(
         "generated_draws": len(floor) if data is None else quality.FLOOR_DRAWS,
         "truth_events_dropped_above_cap": dropped,
         "muon_cap": cap,
-        "seed": seed,
-        "muons_generated": int(generated.counts.sum()),
-        "muons_true": int(true.counts.sum()),
-        "seconds": time.perf_counter() - start,
-        "units": "W1 in log10(N+1), log10(E/GeV), log10(r/m) (see quality.py for every feature)",
+        **sizes(generated, true, seed, start),
     }
     return result
+
+
+def _classifier_test(
+    model: Any,
+    true: layouts.Events,
+    generated: layouts.Events,
+    other: layouts.Events,
+    held_out: bool,
+    batch_size: int,
+    seed: int,
+    options: two_sample.Options,
+) -> two_sample.Judgement:
+    """The classifier test on paired primaries. Synthetic truth: `true` and `generated` (for its primaries),
+    the band from fresh truth bundles for the same primaries. Held out: both halves (the other generated for
+    too), the band from label swaps (there is no second true bundle of a file's primary)."""
+    if not held_out:
+        cap = muon_cap(model.cfg)
+        nulls = [paired_truth(true.primaries, seed, NULL_STREAM + j, cap) for j in range(options.replicates)]
+        return two_sample.judge_events(true, generated, nulls, options.folds, seed)
+    pairs_true = layouts.concat_events([true, other])
+    pairs_generated = layouts.concat_events([generated, _generate(model, other, batch_size, FEATURES)])
+    return two_sample.judge_events(pairs_true, pairs_generated, [], options.folds, seed, options.replicates)
+
+
+def classifier_on_truth(
+    model: Any,
+    n_events: int,
+    seed: int,
+    batch_size: int = 1024,
+    options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
+) -> two_sample.Judgement:
+    """The classifier test alone on `n_events` fresh truth events (the per-feature table's stream of `seed`)
+    and the model's bundles for their primaries, the band from truth-vs-truth replicates (the bench's 50 k
+    pairs, more than the table needs)."""
+    true, _ = truth_events(n_events, seed, muon_cap(model.cfg))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generated = _generate(model, true, batch_size, FEATURES)
+    return _classifier_test(model, true, generated, true, False, batch_size, seed, options)
+
+
+def paired_truth(primaries: np.ndarray, seed: int, key: int, cap: int) -> layouts.Events:
+    """One fresh truth bundle for each of `primaries` (stream (seed, TRUTH_EVENTS, key)), none above `cap`:
+    a bundle above it is drawn again (at most REDRAWS times, then cut at the cap), so that it follows the
+    truth given the primary and N <= cap, as the true events (which drop those above the cap) do."""
+    rng = numpy_rng(seed, TRUTH_EVENTS, key)
+    prim = primaries.astype(np.float64)
+    n = len(prim)
+    drawn = np.arange(n)  # the events drawn in this round
+    rounds = []  # per round: (its events, their muons (M, 3), their counts)
+    for _ in range(REDRAWS + 1):
+        muons, counts = truth.sample_bundles(prim[drawn], rng)
+        rounds.append((drawn, muons, counts))
+        drawn = drawn[counts > cap] if cap > 0 else drawn[:0]
+        if not len(drawn):
+            break
+    last = np.zeros(n, np.int64)  # (n,) the round whose bundle each event keeps: the last it was drawn in
+    for r, (events, _, _) in enumerate(rounds):
+        last[events] = r
+    event_of, rows = [], []
+    for r, (events, muons, counts) in enumerate(rounds):
+        keep = last[events] == r
+        event_of.append(np.repeat(events[keep], counts[keep]))
+        rows.append(muons[np.repeat(keep, counts)])
+    event = np.concatenate(event_of)
+    order = np.argsort(event, kind="stable")  # muons back in event order
+    event, muons = event[order], np.concatenate(rows)[order]
+    if cap > 0:  # what is still above the cap after REDRAWS rounds is cut to it
+        rank = np.arange(len(event)) - np.searchsorted(event, event)
+        event, muons = event[rank < cap], muons[rank < cap]
+    counts = np.bincount(event, minlength=n).astype(np.int64)
+    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1)
+    return layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
 
 
 def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
@@ -356,10 +274,26 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     path = run_dir / "evaluate_val.json"
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
     head = f"quality at update {step} on {len(data) // 2} validation events (floor: the other half)"
-    text = "\n".join([head, *quality.table(result["quality"])]) + "\n"
+    classifier = two_sample.table_lines(result["two_sample"]) if result.get("two_sample") else []
+    text = "\n".join([head, *quality.table(result["quality"]), *classifier]) + "\n"
     atomic_write_text(run_dir / "evaluate_val.txt", text)
     log.info(text)
     return path
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    """The per-feature table, its summary line and the classifier test's table, indented, on stdout."""
+    q = result["quality"]
+    for line in quality.table(q):
+        print("  " + line)
+    ratio = q["min_feature_ratio"]
+    print(
+        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within 2 x floor "
+        f"{q['features_within_floor']}/{len(q['features'])} | goal met {q['features_goal_met']}/{len(q['features'])}"
+    )
+    if result.get("two_sample"):
+        for line in two_sample.table_lines(result["two_sample"]):
+            print("  " + line)
 
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
@@ -372,14 +306,3 @@ def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:
     with open(run_dir / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
     return path
-
-
-def clean(result: Any) -> Any:
-    """NaN -> None everywhere (JSON has no NaN)."""
-    if isinstance(result, dict):
-        return {k: clean(v) for k, v in result.items()}
-    if isinstance(result, list):
-        return [clean(v) for v in result]
-    if isinstance(result, float) and not math.isfinite(result):
-        return None
-    return result

@@ -41,10 +41,20 @@ def _segment_sum(values: np.ndarray, event: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(event, weights=values, minlength=n)
 
 
+def _sorted_within_events(values: np.ndarray, event: np.ndarray) -> np.ndarray:
+    """`values` sorted within each event, events in order: one float sort of event * span + value (the
+    offset keeps events apart; a lexsort of two keys took 3 s for 5 M muons, this ~0.5 s). `event` must be
+    non-decreasing (muons are stored event by event)."""
+    if len(values) == 0:
+        return values
+    lo = float(values.min())
+    span = float(values.max()) - lo + 1.0
+    return np.sort(event * span + (values - lo)) - event * span + lo
+
+
 def _quantiles(values: np.ndarray, event: np.ndarray, counts: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """(n, len(QUANTILES)) per-event lower quantiles of `values` (EMPTY for empty events)."""
-    order = np.lexsort((values, event))
-    ordered = values[order]
+    ordered = _sorted_within_events(values, event)
     out = np.full((len(counts), len(QUANTILES)), EMPTY)
     has = counts > 0
     for j, q in enumerate(QUANTILES):
@@ -58,7 +68,8 @@ def _pair_distances(
 ) -> np.ndarray:
     """(n, 2) mean and min log10 distance between pairs of up to PAIR_MUONS random muons of each event."""
     n = len(counts)
-    order = np.lexsort((rng.random(len(event)), event))  # the muons of each event in a random order
+    # the muons of each event in a random order: event + a uniform key in [0, 1), one float argsort
+    order = np.argsort(event + rng.random(len(event)))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.arange(len(event)) - np.repeat(starts, counts)
     keep = rank < PAIR_MUONS

@@ -55,27 +55,29 @@ FLOOR_FACTOR, BASELINE_FACTOR = 2.0, 0.5
 FLOOR_DRAWS = 4  # independent truth samples averaged into the floor (synthetic truth)
 
 
+def w1_and_ks(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(W1, KS) of the empirical distributions of a and b from one pair of sorts: W1 = the integral of
+    |CDF_a - CDF_b|, KS = its sup; (NaN, NaN) if one is empty. The grid is the merge of the two sorted samples
+    (a stable sort merges two sorted runs in one pass): a 50 k-event judgement spent 3 of its 4 minutes
+    sorting the same muons again for W1 and KS."""
+    if len(a) == 0 or len(b) == 0:
+        return math.nan, math.nan
+    a, b = np.sort(a), np.sort(b)
+    grid = np.sort(np.concatenate([a, b]), kind="stable")
+    gap = np.abs(
+        np.searchsorted(a, grid, side="right") / len(a) - np.searchsorted(b, grid, side="right") / len(b)
+    )
+    return float(np.sum(gap[:-1] * np.diff(grid))), float(gap.max())
+
+
 def wasserstein_1d(a: np.ndarray, b: np.ndarray) -> float:
     """W1 between the empirical distributions of a and b (integral of |CDF_a - CDF_b|); NaN if one is empty."""
-    if len(a) == 0 or len(b) == 0:
-        return math.nan
-    a, b = np.sort(a), np.sort(b)
-    grid = np.concatenate([a, b])
-    grid.sort()
-    cdf_a = np.searchsorted(a, grid[:-1], side="right") / len(a)
-    cdf_b = np.searchsorted(b, grid[:-1], side="right") / len(b)
-    return float(np.sum(np.abs(cdf_a - cdf_b) * np.diff(grid)))
+    return w1_and_ks(a, b)[0]
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
     """sup |CDF_a - CDF_b|; NaN if one is empty."""
-    if len(a) == 0 or len(b) == 0:
-        return math.nan
-    a, b = np.sort(a), np.sort(b)
-    grid = np.concatenate([a, b])
-    cdf_a = np.searchsorted(a, grid, side="right") / len(a)
-    cdf_b = np.searchsorted(b, grid, side="right") / len(b)
-    return float(np.max(np.abs(cdf_a - cdf_b)))
+    return w1_and_ks(a, b)[1]
 
 
 def _log_floor(values: np.ndarray) -> np.ndarray:
@@ -144,13 +146,10 @@ def distances(
         for i, label in enumerate(labels):
             a = gv[g_order[g_cuts[i] : g_cuts[i + 1]]]
             b = tv[t_order[t_cuts[i] : t_cuts[i + 1]]]
-            bins[label] = {
-                "w1": wasserstein_1d(a, b),
-                "ks": ks_statistic(a, b),
-                "n_true": len(b),
-                "n_generated": len(a),
-            }
-        out[name] = {"w1": wasserstein_1d(gv, tv), "ks": ks_statistic(gv, tv), "bins": bins}
+            w1, ks = w1_and_ks(a, b)
+            bins[label] = {"w1": w1, "ks": ks, "n_true": len(b), "n_generated": len(a)}
+        w1, ks = w1_and_ks(gv, tv)
+        out[name] = {"w1": w1, "ks": ks, "bins": bins}
     return out
 
 
@@ -271,7 +270,9 @@ def judge(
 def _fmt(v: Any, width: int = 9) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return f"{'n/a':>{width}}"
-    return f"{v:>{width}.4f}" if isinstance(v, float) else f"{v!s:>{width}}"
+    if isinstance(v, float):  # a ratio over an exact copy's 0 is huge: kept within its column
+        return f"{v:>{width}.4f}" if abs(v) < 1e4 else f"{v:>{width}.3g}"
+    return f"{v!s:>{width}}"
 
 
 def table(judged: dict[str, Any]) -> list[str]:
