@@ -27,17 +27,19 @@ pytestmark = pytest.mark.integration
 NAMES = ("f0.parquet", "f1.parquet", "f2.parquet")
 
 
+# A folder of their own, not test_pelican_training's /ns/muons/: after these tests, the same paths on that test's
+# new federation were staged over its budget (some process-wide state keyed by the path; not yet found).
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[FederationSetup]:
-    """Three muon files under /ns/muons/ of a loopback federation."""
+    """Three muon files under /ns/changing/ of a loopback federation."""
     with pelican_federation(tmp_path, n_files=0) as fed:
-        write_set(fed.root / "ns" / "muons", files=len(NAMES), events=300, seed=5)
+        write_set(fed.root / "ns" / "changing", files=len(NAMES), events=300, seed=5)
         yield fed
 
 
 def stream(fed: FederationSetup, run_dir: Path, allow: bool = False) -> EventStream:
     spec = StagingSpec(fed.staging(), fed.pelican)
-    uris = [fed.uri(f"/ns/muons/{n}") for n in NAMES]
+    uris = [fed.uri(f"/ns/changing/{n}") for n in NAMES]
     return event_stream(uris, 50, 0, run_dir=run_dir, staging=spec, num_workers=0, allow_changed_files=allow)
 
 
@@ -69,10 +71,10 @@ def test_a_remote_file_rewritten_at_the_same_size_is_refused_unless_allowed(
     before = len(fed.fed.requests)
     assert resume(fed, run_dir, state) == 100
     assert data_reads(fed, before) == []
-    assert [r.path for r in fed.fed.requests[before:] if r.method == "PROPFIND"].count("/ns/muons/") == 1
+    assert [r.path for r in fed.fed.requests[before:] if r.method == "PROPFIND"].count("/ns/changing/") == 1
 
     # a new time, the same bytes (uploaded again): sampled again, the same hash, resumed
-    victim = fed.root / "ns" / "muons" / "f1.parquet"
+    victim = fed.root / "ns" / "changing" / "f1.parquet"
     later = victim.stat().st_mtime_ns + 5 * 10**9
     os.utime(victim, ns=(later, later))
     before = len(fed.fed.requests)
@@ -98,7 +100,7 @@ def test_the_train_command_refuses_a_changed_remote_file_with_exit_2(
     fed = served
     args = [
         sys.executable, "-m", "hpctrain", "train", "model.type=muon_multiplicity",
-        f"data.paths=[{fed.uri('/ns/muons/*.parquet')}]", f"data.pelican.ca_file={fed.fed.ca_file}",
+        f"data.paths=[{fed.uri('/ns/changing/*.parquet')}]", f"data.pelican.ca_file={fed.fed.ca_file}",
         f"data.staging.dir={fed.scratch}", "data.batch_size=64", "train.eval_every=0", "checkpoint.every=2",
         f"run.out_dir={tmp_path / 'runs'}", "run.name=remote",
     ]  # fmt: skip
@@ -107,7 +109,7 @@ def test_the_train_command_refuses_a_changed_remote_file_with_exit_2(
         [*args, "train.total_updates=2"], capture_output=True, text=True, env=env, timeout=300
     )
     assert first.returncode == 0, first.stderr
-    victim = fed.root / "ns" / "muons" / "f2.parquet"
+    victim = fed.root / "ns" / "changing" / "f2.parquet"
     donor = write_set(tmp_path / "other", files=3, events=300, seed=9)[2]
     rewrite_same_size(victim, Path(donor))
     again = subprocess.run(
