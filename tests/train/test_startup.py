@@ -61,12 +61,19 @@ def test_every_hop_records_its_start_up(tmp_path: Path) -> None:
         assert 0 < hop["startup_seconds"] < hop["end"] - hop["start"] + 1e-6
 
 
-def _verb(argv: list[str], cwd: Path) -> tuple[int, list[str], str]:
-    """Run `hpctrain ARGV` in a fresh interpreter; (exit code, the watched modules it had loaded at the end, err)."""
+def _verb(argv: list[str], cwd: Path, first_update: bool = False) -> tuple[int, list[str], str]:
+    """Run `hpctrain ARGV` in a fresh interpreter; (exit code, the watched modules it had loaded at the end, or
+    with `first_update` at its first update: what the start and the loader needed, before the muon judge at the
+    end of a training, whose scikit-learn brings pandas), err)."""
     watched = ("torch", *UNUSED_BY_DEFAULT)
     code = (
-        "import json, sys; from hpctrain.cli import main; rc = main(sys.argv[1:]); "
-        f"print(json.dumps([rc, [m for m in {watched!r} if m in sys.modules]]))"
+        "import json, sys; first = []\n"
+        "if sys.argv[1] == 'train' and '--until-done' not in sys.argv:  # the hook imports torch, as such a verb does\n"
+        "    import hpctrain.train.first_update as f; hook = f.on_first_update\n"
+        "    f.on_first_update = lambda opts, done: hook(opts, lambda: (first.append(set(sys.modules)), done()))\n"
+        "from hpctrain.cli import main; rc = main(sys.argv[1:]); "
+        f"seen = first[0] if first else set(sys.modules); "
+        f"print(json.dumps([rc, [m for m in {watched!r} if m in sys.modules], [m for m in {watched!r} if m in seen]]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, *argv],
@@ -76,8 +83,8 @@ def _verb(argv: list[str], cwd: Path) -> tuple[int, list[str], str]:
         text=True,
         timeout=180,
     )
-    rc, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    return rc, loaded, done.stderr
+    rc, at_end, at_first_update = json.loads(done.stdout.strip().splitlines()[-1])
+    return rc, at_first_update if first_update else at_end, done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,9 @@ def test_a_muon_train_start_imports_neither_pandas_nor_the_features_that_are_off
         assert made.code == 0, made.err
     argv = ["train", "--config", str(Path(__file__).resolve().parents[2] / "configs" / "muons.yaml")]
     argv += ["run.out_dir=logs", "data.paths=[data/train]", "data.val_paths=[data/val]", "data.batch_size=64"]
-    rc, loaded, err = _verb([*argv, "train.total_updates=2", "train.eval_every=0"], tmp_path)
+    rc, loaded, err = _verb(
+        [*argv, "train.total_updates=2", "train.eval_every=0"], tmp_path, first_update=True
+    )
     assert rc == 0, err
     assert loaded == ["torch"]  # pyarrow's to_numpy would bring pandas: the loader reads Arrow buffers
     (run,) = (tmp_path / "logs").glob(
