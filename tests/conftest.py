@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,3 +137,15 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(("HPCTRAIN_", "SLURM_")) or key in _LEAKY:
             monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pelican_filesystems() -> Iterator[None]:
+    """Each test's loopback federation gets Pelican filesystems of its own: the process-wide ones (remote/files.py
+    `_SHARED`, keyed by the discovery URL) keep namespace and listing caches that must not reach a later test's
+    federation on a port that came round again."""
+    from hpctrain.remote import files
+
+    files._SHARED.clear()
+    yield
+    files._SHARED.clear()

@@ -107,7 +107,11 @@ def ids(batch: object) -> np.ndarray:
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_stream_stages_ahead_in_reading_order(
-    served: FederationSetup, muon_data: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+    served: FederationSetup,
+    muon_data: Path,
+    workers: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """What must hold however loaded the machine: the same batches as from local files; downloads start in
     reading order, at most `ahead` files past the one being read, within the byte budget; every file is
@@ -146,7 +150,11 @@ def test_stream_stages_ahead_in_reading_order(
         ref.close()
     log.check()
     if workers == 0:  # sampled: may miss a peak, never invents one
-        assert most <= 3 and watch.most_bytes <= 3 * size, f"{most} files, {watch.most_bytes} bytes at once"
+        # The budget bounds what is fetched ahead. A file the reader is waiting for is fetched even over it,
+        # and the stager says so once; that happened in the full suite, never alone. It is then one file over.
+        over = any("fetching a needed file over it" in r.getMessage() for r in caplog.records)
+        files, room = (4, 4 * size) if over else (3, 3 * size)
+        assert most <= files and watch.most_bytes <= room, f"{most} files, {watch.most_bytes} bytes at once"
     stats = stream.staging_stats
     # every file read was downloaded or found complete on scratch first
     reads = len({(st, i) for st, i, _ in log.gets})
