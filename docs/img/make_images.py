@@ -85,6 +85,9 @@ def _page(run: Path, picture: Path) -> None:
 
 
 def _take(run: Path, pictures: dict[str, str], out: Path) -> dict[str, dict[str, str]]:
+    missing = [name for name in ("config.yaml", "report/index.html") if not (run / name).is_file()]
+    if missing:
+        raise SystemExit(f"{run}: no {missing[0]} (a trained, evaluated and reported run folder is needed)")
     config = yaml.safe_load((run / "config.yaml").read_text())
     where: dict[str, dict[str, str]] = {}
     for name, source in pictures.items():
