@@ -47,6 +47,12 @@ FIELDS_RUN = [
 ]
 
 
+def _fail(message: str) -> None:
+    """One line on stderr and exit 2, as every hpctrain command does for a mistake."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _run(lines: list[str], where: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "SLURM_"))}
     env.pop("TOTAL_UPDATES", None)
@@ -55,14 +61,14 @@ def _run(lines: list[str], where: Path) -> None:
         print(f"$ {line}", flush=True)
         done = subprocess.run(["bash", "-c", line], cwd=where, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"{line}: exit {done.returncode}\n{done.stderr[-2000:]}")
+            _fail(f"{line}: exit {done.returncode}\n{done.stderr[-2000:]}")
 
 
 def _page(run: Path, picture: Path) -> None:
     """The run's report page as headless Chromium draws it, with the network cut off."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        raise SystemExit("chromium is missing: `hpc/install-browser` (as root) installs it")
+        _fail("chromium is missing: `hpc/install-browser` (as root) installs it")
     page = run / "report" / "index.html"
     with tempfile.TemporaryDirectory(prefix="hpctrain-chromium-") as profile:
         cmd = [
@@ -81,13 +87,13 @@ def _page(run: Path, picture: Path) -> None:
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if not picture.is_file():
-        raise SystemExit(f"chromium drew no {picture.name} from {page}: {done.stderr[-500:]}")
+        _fail(f"chromium drew no {picture.name} from {page}: {done.stderr[-500:]}")
 
 
 def _take(run: Path, pictures: dict[str, str], out: Path) -> dict[str, dict[str, str]]:
     missing = [name for name in ("config.yaml", "report/index.html") if not (run / name).is_file()]
     if missing:
-        raise SystemExit(f"{run}: no {missing[0]} (a trained, evaluated and reported run folder is needed)")
+        _fail(f"{run}: no {missing[0]} (a trained, evaluated and reported run folder is needed)")
     config = yaml.safe_load((run / "config.yaml").read_text())
     where: dict[str, dict[str, str]] = {}
     for name, source in pictures.items():
