@@ -1,7 +1,7 @@
 """Quality of the default muon generator after a bounded CPU training, per feature, against the floor and a baseline.
 
     python bench/muon_quality.py [--seeds 3] [--parallel 2] [--minutes 7] [--config configs/muons.yaml]
-                                 [--events 20000] [--eval-events 10000] [--judge-events 50000]
+                                 [--truth v1|v2] [--events 20000] [--eval-events 10000] [--judge-events 50000]
                                  [--keep DIR] [overrides...]
 
 Budget: each seed trains the config's updates (configs/muons.yaml: 4000) on one core, `--parallel` seeds at a
@@ -10,7 +10,8 @@ the defaults 3 seeds take two rounds of at most 7 minutes plus ~1 minute of eval
 cores. Generates synthetic-truth data once, trains each seed (run.seed), then evaluates every model on the SAME
 fresh truth events (fixed evaluation seed), so the floor (the mean over quality.FLOOR_DRAWS fresh truth bundle
 samples for the same primaries) and the baseline (bundles that ignore the primary, from an independent truth
-sample) are shared and only "ours" varies with the seed.
+sample) are shared and only "ours" varies with the seed. `--truth v2` trains and judges on the truth with
+event-wide structure (docs/muons.md); the JSON says which truth under `truth`.
 
 Table: per feature (multiplicity, muon energy, lateral distance, energy sum, bundle-centre radius, spread), mean
 W1 and KS over the bins of primary energy x zenith that have enough events, for ours (median over seeds, and
@@ -46,7 +47,15 @@ JUDGE_SEED = 778  # the classifier test's truth events: others than the table's
 
 
 def train_all(
-    work: Path, config: Path, seeds: int, parallel: int, minutes: float, threads: int, overrides: list[str]
+    work: Path,
+    data: Path,
+    config: Path,
+    seeds: int,
+    parallel: int,
+    minutes: float,
+    threads: int,
+    overrides: list[str],
+    tag: str = "",
 ) -> list[tuple[Path, float]]:
     """Train `config` once per run.seed in 0..seeds-1, `parallel` at a time, each stopped by the time budget
     after at most `minutes` if it has not finished its updates; (run folder, seconds) per seed."""
@@ -60,8 +69,8 @@ def train_all(
         while pending and len(running) < parallel:
             seed = pending.pop(0)
             cmd = [
-                *hp, "train", "-c", str(config), f"run.out_dir={work / 'logs'}", f"run.name=seed{seed}",
-                f"run.seed={seed}", f"data.paths=[{work / 'train'}]", "data.val_paths=[]",
+                *hp, "train", "-c", str(config), f"run.out_dir={work / 'logs'}", f"run.name={tag}seed{seed}",
+                f"run.seed={seed}", f"data.paths=[{data}]", "data.val_paths=[]",
                 f"train.threads={threads}", f"budget.time_limit={limit}", "budget.margin_seconds=5",
                 "train.eval_every=0", "checkpoint.every=0", "logging.log_every=100", *overrides,
             ]  # fmt: skip
@@ -77,7 +86,7 @@ def train_all(
             for other, _ in running.values():
                 other.kill()
             raise SystemExit(f"training (seed {seed}) failed with exit code {proc.returncode}")
-        out[seed] = (work / "logs" / f"seed{seed}", time.perf_counter() - start)
+        out[seed] = (work / "logs" / f"{tag}seed{seed}", time.perf_counter() - start)
     return [out[s] for s in range(seeds)]
 
 
@@ -140,6 +149,7 @@ def main() -> None:
         default=str(REPO / "configs" / "muons.yaml"),
         help="the muon config (default configs/muons.yaml)",
     )
+    parser.add_argument("--truth", default="v1", choices=("v1", "v2"), help="synthetic truth (default v1)")
     parser.add_argument("--minutes", type=float, default=7.0, help="time cap per training (default 7)")
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
     parser.add_argument("--eval-events", type=int, default=10000, help="fresh truth events compared")
@@ -154,10 +164,11 @@ def main() -> None:
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="muon_quality_"))
     work.mkdir(parents=True, exist_ok=True)
-    if not (work / "train").is_dir():
+    data = work / ("train" if args.truth == "v1" else f"train_{args.truth}")
+    if not data.is_dir():
         subprocess.run(
-            [sys.executable, "-m", "hpctrain", "data", "generate", "--kind", "muons", "--out", str(work / "train"),
-             "--files", "2", "--events-per-file", str(args.events), "--seed", "1"],
+            [sys.executable, "-m", "hpctrain", "data", "generate", "--kind", "muons", "--out", str(data),
+             "--files", "2", "--events-per-file", str(args.events), "--seed", "1", "--truth", args.truth],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
 
@@ -171,11 +182,12 @@ def main() -> None:
     classifier: list[dict[str, Any]] = []
     judge_seconds: list[float] = []
     trained = train_all(
-        work, Path(args.config), args.seeds, args.parallel, args.minutes, args.threads, args.overrides
-    )
+        work, data, Path(args.config), args.seeds, args.parallel, args.minutes, args.threads, args.overrides,
+        tag=f"{Path(args.config).stem}_{args.truth}_",
+    )  # fmt: skip
     for seed, (run_dir, seconds) in enumerate(trained):
         model = sampling.load_model(run_dir, "cpu")
-        result = evaluate.evaluate_model(model, args.eval_events, seed=EVAL_SEED)
+        result = evaluate.evaluate_model(model, args.eval_events, seed=EVAL_SEED, truth=args.truth)
         results.append(result)
         q = result["quality"]
         runs.append({"seed": seed, "updates": model.step, "train_seconds": round(seconds, 1)})
@@ -184,7 +196,7 @@ def main() -> None:
             print("    " + line)
         if args.judge_events:
             start = time.perf_counter()
-            test = evaluate.classifier_on_truth(model, args.judge_events, JUDGE_SEED)
+            test = evaluate.classifier_on_truth(model, args.judge_events, JUDGE_SEED, truth=args.truth)
             judge_seconds.append(time.perf_counter() - start)
             classifier.append(test.as_dict())
             runs[-1].update(
@@ -240,6 +252,8 @@ def main() -> None:
             {
                 **summary,
                 "seeds": args.seeds,
+                "truth": args.truth,
+                "config": Path(args.config).name,
                 "minutes_per_seed": args.minutes,
                 "runs": runs,
                 "min_feature_ratio": judged["min_feature_ratio"],

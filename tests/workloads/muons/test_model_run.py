@@ -160,10 +160,28 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
 def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):
     bad = hpctrain("evaluate", str(reference), "--batch-size", "0", cwd=tmp_path)
     assert bad.code == 2 and bad.err.strip() == "error: --batch-size must be at least 1, not 0", bad.err
+    for wrong, said in (
+        (["--truth", "v3"], "error: unknown truth version 'v3'; choose from v1, v2"),
+        (
+            ["--truth", "v2", "--data", "x"],
+            "error: --truth v2 with --data: held-out files are their own truth; drop one",
+        ),
+    ):
+        bad = hpctrain("evaluate", str(reference), *wrong, cwd=tmp_path)
+        assert bad.code == 2 and bad.err.strip() == said, bad.err
+    # judged against the other truth on request: its own events, said in the JSON
+    done = hpctrain(
+        "evaluate", str(reference), "--events", "300", "--truth", "v2", "--out", "v2.json", cwd=tmp_path
+    )
+    assert done.code == 0 and "synthetic truth v2 (chosen with --truth)" in done.out, done.err
+    other = json.loads((tmp_path / "v2.json").read_text())
+    assert other["info"]["truth_version"] == "v2" and other["info"]["source"] == "synthetic truth v2"
     done = hpctrain("evaluate", str(reference), "--n-events", "400", cwd=tmp_path)
     assert done.code == 0, done.err
+    assert "synthetic truth v1 (the training files' truth)" in done.out, done.out
     assert "classifier two-sample test" in done.out and "truth vs truth" in done.out, done.out
     result = json.loads((reference / "evaluate.json").read_text())
+    assert result["info"]["truth_version"] == "v1"
     metrics = result["metrics"]
     # the classifier test beside the per-feature table: AUC overall and per energy bin with its null band
     classifier = result["two_sample"]

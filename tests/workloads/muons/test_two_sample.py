@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from hpctrain.errors import UserError
 from hpctrain.workloads.muons import truth, truth_v2, truth_versions
 from hpctrain.workloads.muons.data_verbs import synthetic_events
 from hpctrain.workloads.muons.evaluation import event_features, two_sample
@@ -72,6 +74,29 @@ def test_files_record_the_truth_version(tmp_path) -> None:
         layouts.write_events(old, data, layout, 100)
         assert truth_versions.file_version(old) == "v1"
         assert len(layouts.read_all(path)[1]) == 50
+
+
+def test_a_model_is_judged_against_the_truth_its_training_files_record(tmp_path) -> None:
+    """`hpctrain evaluate RUN` picks the truth from the training files (data.paths): v2 files give v2, files
+    without a version v1; files of both versions are one line asking for --truth; none readable here (remote,
+    moved away) is v1, saying it was assumed."""
+    data = synthetic_events(20, 0, 0, "v2")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "old").mkdir()
+    for i in range(2):
+        layouts.write_events(
+            str(tmp_path / "v2" / f"f{i}.parquet"), data, "parquet", 100, {truth_versions.TRUTH_KEY: "v2"}
+        )
+    layouts.write_events(str(tmp_path / "old" / "f.h5"), data, "hdf5", 100)
+    assert truth_versions.training_version([str(tmp_path / "v2")]) == ("v2", "the training files' truth")
+    assert truth_versions.training_version([str(tmp_path / "v2" / "*.parquet")])[0] == "v2"
+    assert truth_versions.training_version([f"file://{tmp_path / 'old'}"])[0] == "v1"
+    with pytest.raises(UserError, match=r"different truth versions: v1 \(.*f\.h5\), v2 .*--truth$"):
+        truth_versions.training_version([str(tmp_path / "old"), str(tmp_path / "v2")])
+    version, why = truth_versions.training_version(["pelican://127.0.0.1:1/x", str(tmp_path / "gone")])
+    assert version == "v1" and why.startswith("assumed")
+    with pytest.raises(UserError, match="unknown truth version 'v3'; choose from v1, v2"):
+        truth_versions.get("v3")
 
 
 def _shuffled(

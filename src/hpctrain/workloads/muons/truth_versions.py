@@ -6,10 +6,13 @@ attribute, both under TRUTH_KEY); a file without it was written before there wer
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons import truth, truth_v2
+
+log = logging.getLogger("hpctrain.muons")
 
 TRUTH_KEY = "hpctrain.truth_version"
 DEFAULT = "v1"
@@ -37,3 +40,30 @@ def file_version(path: str) -> str:
     meta = pq.read_schema(path).metadata or {}
     raw = meta.get(TRUTH_KEY.encode())
     return raw.decode() if raw is not None else DEFAULT
+
+
+def training_version(paths: list[str]) -> tuple[str, str]:
+    """(version, where it came from) for a model trained on `paths`: the version its local training files
+    record (a model trained on v2 is judged against v2, not against the truth it never saw); DEFAULT, saying
+    why, when no training file can be read here (remote URIs, files moved away). Files that record different
+    versions are one line, exit 2: the caller must choose with --truth."""
+    from hpctrain.workloads.muons.events.files import local_files
+
+    found: dict[str, str] = {}  # version -> one file that records it
+    for path in paths:
+        if "://" in path and not path.startswith("file://"):
+            continue  # a remote file is not opened for one metadata key
+        try:
+            for name in local_files(path.removeprefix("file://")):
+                found.setdefault(file_version(name), name)
+        except (UserError, OSError, ValueError) as err:
+            log.debug("truth version of %s not read: %s", path, err)
+    if len(found) > 1:
+        mixed = ", ".join(f"{v} ({name})" for v, name in sorted(found.items()))
+        raise UserError(
+            f"the training files record different truth versions: {mixed}; choose one with --truth"
+        )
+    if found:
+        (version,) = found
+        return version, "the training files' truth"
+    return DEFAULT, "assumed: no training file readable here records one"

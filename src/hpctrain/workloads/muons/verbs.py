@@ -124,6 +124,13 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
     g.add_argument(
+        "--truth",
+        default=None,
+        metavar="VERSION",
+        help="the synthetic truth to judge against, v1 or v2 (default: the version the model's training files "
+        "record)",
+    )
+    g.add_argument(
         "--batch-size",
         type=int,
         default=SAMPLE_BATCH,
@@ -169,18 +176,25 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
     _check_classifier(args)
 
+    from hpctrain.workloads.muons import truth_versions
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
     from hpctrain.workloads.muons.models import sampling
 
+    if args.truth:
+        truth_versions.get(args.truth)  # an unknown version is one line before the model loads
+    if args.truth and args.data:
+        raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
     model = sampling.load_model(args.model, usable_device(args.device), found)
-    data = None
+    data, truth, why = None, args.truth or truth_versions.DEFAULT, "chosen with --truth"
+    if not args.data and not args.truth:
+        truth, why = truth_versions.training_version(list(model.cfg.data.paths))
     if args.data:
         data = evaluate.held_out_events(model.cfg, args.data, args.n_events or 0)
         if len(data) < 2:
             raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
     n_events = args.n_events or 10_000
     options = two_sample.Options(args.folds, args.null_replicates)
-    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options)
+    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options, truth)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +206,8 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     info = result["info"]
     print(
         f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "
-        f"{info['source']} (floor from {info['floor_events']} independent events)"
+        f"{info['source']}{'' if args.data else f' ({why})'} (floor from {info['floor_events']} independent "
+        "events)"
     )
     evaluate.print_tables(result)
     print(f"wrote {out}")

@@ -22,7 +22,7 @@ import torch
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
-from hpctrain.workloads.muons import truth
+from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.evaluation import quality, two_sample
 from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
@@ -41,11 +41,13 @@ NULL_STREAM = 100  # numpy_rng keys from here: the classifier's truth-vs-truth r
 REDRAWS = 20  # a replicate's bundle above the muon cap is drawn again, at most this often
 
 
-def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
-    """Fresh truth events (from their own seed stream) without those above `cap` muons (as the loader skips
-    them); also returns how many were dropped."""
+def truth_events(
+    n: int, seed: int, cap: int, version: str = truth_versions.DEFAULT
+) -> tuple[layouts.Events, int]:
+    """Fresh events of truth `version` (from their own seed stream) without those above `cap` muons (as the
+    loader skips them); also returns how many were dropped."""
     rng = numpy_rng(seed, TRUTH_EVENTS)
-    primaries, muons, counts = truth.sample(n, rng)
+    primaries, muons, counts = truth_versions.get(version).sample(n, rng)
     keep = counts <= cap if cap > 0 else np.ones(n, bool)
     mask = np.repeat(keep, counts)  # (sum counts,) muons of kept events
     events = layouts.Events(
@@ -57,10 +59,11 @@ def truth_events(n: int, seed: int, cap: int) -> tuple[layouts.Events, int]:
     return events, int((~keep).sum())
 
 
-def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int) -> layouts.Events:
-    """Fresh truth bundles for these primaries (stream (seed, TRUTH_EVENTS, key)); events above `cap` are
-    dropped, as the loader drops them."""
-    muons, counts = truth.sample_bundles(primaries.astype(np.float64), numpy_rng(seed, TRUTH_EVENTS, key))
+def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int, version: str) -> layouts.Events:
+    """Fresh bundles of truth `version` for these primaries (stream (seed, TRUTH_EVENTS, key)); events above
+    `cap` are dropped, as the loader drops them."""
+    sample_bundles = truth_versions.get(version).sample_bundles
+    muons, counts = sample_bundles(primaries.astype(np.float64), numpy_rng(seed, TRUTH_EVENTS, key))
     keep = counts <= cap if cap > 0 else np.ones(len(counts), bool)
     ids = np.stack([np.zeros(int(keep.sum()), np.int64), np.flatnonzero(keep)], 1)
     return layouts.Events(
@@ -72,7 +75,7 @@ def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int) -> layou
 
 
 def reference_samples(
-    n_events: int, seed: int, cap: int, data: layouts.Events | None
+    n_events: int, seed: int, cap: int, data: layouts.Events | None, version: str = truth_versions.DEFAULT
 ) -> tuple[layouts.Events, list[layouts.Events], layouts.Events, int]:
     """(true, floor samples, baseline reference, dropped): from the synthetic truth (quality.FLOOR_DRAWS fresh
     bundle samples for the same primaries as the floor) or from held-out events split in two halves by parity
@@ -80,12 +83,13 @@ def reference_samples(
     if data is not None:
         true, other = quality.split_halves(data)
         return true, [other], other, 0
-    true, dropped = truth_events(n_events, seed, cap)
+    true, dropped = truth_events(n_events, seed, cap, version)
     # FLOOR_STREAM, then keys past the baseline's: independent draws, the first as before
     keys = [FLOOR_STREAM, *range(BASELINE_STREAM + 3, BASELINE_STREAM + 2 + quality.FLOOR_DRAWS)]
-    floor = [_truth_sample(true.primaries, seed, key, cap) for key in keys]
-    reference_primaries = truth.sample_primaries(n_events, numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM))
-    reference = _truth_sample(reference_primaries, seed, BASELINE_STREAM + 1, cap)
+    floor = [_truth_sample(true.primaries, seed, key, cap, version) for key in keys]
+    primaries_rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM)
+    reference_primaries = truth_versions.get(version).sample_primaries(n_events, primaries_rng)
+    reference = _truth_sample(reference_primaries, seed, BASELINE_STREAM + 1, cap, version)
     return true, floor, reference, dropped
 
 
@@ -96,13 +100,14 @@ def evaluate_model(
     batch_size: int = 1024,
     data: layouts.Events | None = None,
     options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
+    truth: str = truth_versions.DEFAULT,
 ) -> dict[str, Any]:
-    """Generate for the primaries of fresh truth events (or of held-out `data`, split in two halves) and
-    compare; the result is evaluate.json's content (the classifier test under "two_sample", for models that
-    generate muons)."""
+    """Generate for the primaries of fresh events of synthetic truth `truth` (or of held-out `data`, split in
+    two halves) and compare; the result is evaluate.json's content (the classifier test under "two_sample",
+    for models that generate muons)."""
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
-    true, floor, reference, dropped = reference_samples(n_events, seed, cap, data)
+    true, floor, reference, dropped = reference_samples(n_events, seed, cap, data, truth)
     torch.manual_seed(seed)
     only: tuple[str, ...] = ("multiplicity",) if model.model_type == "muon_multiplicity" else FEATURES
     generated = _generate(model, true, batch_size, only)
@@ -127,7 +132,7 @@ def evaluate_model(
     )
     if only == FEATURES:  # a multiplicity model's bundles have no muons for the classifier to look at
         judged = _classifier_test(
-            model, true, generated, floor[0], data is not None, batch_size, seed, options
+            model, true, generated, floor[0], data is not None, batch_size, seed, options, truth
         )
         result["two_sample"] = judged.as_dict()
         result["metrics"].update(judged.metrics())
@@ -137,7 +142,8 @@ def evaluate_model(
         "checkpoint": str(model.checkpoint),
         "step": model.step,
         "model_type": model.model_type,
-        "source": "held-out files" if data is not None else "synthetic truth",
+        "source": "held-out files" if data is not None else f"synthetic truth {truth}",
+        "truth_version": None if data is not None else truth,
         "events": len(true),
         "floor_events": len(floor[0]),
         "floor_draws": len(floor) if data is None else quality.FLOOR_DRAWS,  # held out: splits
@@ -158,13 +164,16 @@ def _classifier_test(
     batch_size: int,
     seed: int,
     options: two_sample.Options,
+    truth: str = truth_versions.DEFAULT,
 ) -> two_sample.Judgement:
     """The classifier test on paired primaries. Synthetic truth: `true` and `generated` (for its primaries),
     the band from fresh truth bundles for the same primaries. Held out: both halves (the other generated for
     too), the band from label swaps (there is no second true bundle of a file's primary)."""
     if not held_out:
         cap = muon_cap(model.cfg)
-        nulls = [paired_truth(true.primaries, seed, NULL_STREAM + j, cap) for j in range(options.replicates)]
+        nulls = [
+            paired_truth(true.primaries, seed, NULL_STREAM + j, cap, truth) for j in range(options.replicates)
+        ]
         return two_sample.judge_events(true, generated, nulls, options.folds, seed)
     pairs_true = layouts.concat_events([true, other])
     pairs_generated = layouts.concat_events([generated, _generate(model, other, batch_size, FEATURES)])
@@ -177,28 +186,32 @@ def classifier_on_truth(
     seed: int,
     batch_size: int = 1024,
     options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
+    truth: str = truth_versions.DEFAULT,
 ) -> two_sample.Judgement:
-    """The classifier test alone on `n_events` fresh truth events (the per-feature table's stream of `seed`)
+    """The classifier test alone on `n_events` fresh events of truth `truth` (the per-feature table's stream of `seed`)
     and the model's bundles for their primaries, the band from truth-vs-truth replicates (the bench's 50 k
     pairs, more than the table needs)."""
-    true, _ = truth_events(n_events, seed, muon_cap(model.cfg))
+    true, _ = truth_events(n_events, seed, muon_cap(model.cfg), truth)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         generated = _generate(model, true, batch_size, FEATURES)
-    return _classifier_test(model, true, generated, true, False, batch_size, seed, options)
+    return _classifier_test(model, true, generated, true, False, batch_size, seed, options, truth)
 
 
-def paired_truth(primaries: np.ndarray, seed: int, key: int, cap: int) -> layouts.Events:
+def paired_truth(
+    primaries: np.ndarray, seed: int, key: int, cap: int, version: str = truth_versions.DEFAULT
+) -> layouts.Events:
     """One fresh truth bundle for each of `primaries` (stream (seed, TRUTH_EVENTS, key)), none above `cap`:
     a bundle above it is drawn again (at most REDRAWS times, then cut at the cap), so that it follows the
     truth given the primary and N <= cap, as the true events (which drop those above the cap) do."""
     rng = numpy_rng(seed, TRUTH_EVENTS, key)
+    sample_bundles = truth_versions.get(version).sample_bundles
     prim = primaries.astype(np.float64)
     n = len(prim)
     drawn = np.arange(n)  # the events drawn in this round
     rounds = []  # per round: (its events, their muons (M, 3), their counts)
     for _ in range(REDRAWS + 1):
-        muons, counts = truth.sample_bundles(prim[drawn], rng)
+        muons, counts = sample_bundles(prim[drawn], rng)
         rounds.append((drawn, muons, counts))
         drawn = drawn[counts > cap] if cap > 0 else drawn[:0]
         if not len(drawn):
