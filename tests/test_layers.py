@@ -116,6 +116,8 @@ LAZY = {
     "hpctrain.commands.sync": LOGIN + " (wandb: only when syncing)",
     "hpctrain.launch.submitit_launcher": LOGIN
     + " (submitit's job side and the engine run on the compute node)",
+    "hpctrain.runtime.seeding": "heavy import: torch only where its RNG state is seeded, read or set (the data "
+    "verbs use numpy_rng alone)",
     "hpctrain.remote.auth": "heavy import: aiohttp/pelicanfs only for pelican:// URIs",
     "hpctrain.remote.failures": "heavy import: aiohttp/aiowebdav2/pelicanfs only for remote URIs",
     "hpctrain.remote.files": "heavy import: pelicanfs only for pelican:// URIs",
@@ -264,10 +266,12 @@ def test_the_graph_sees_lazy_imports_and_circles() -> None:
 
 def test_registration_imports_no_torch_at_module_level() -> None:
     """What every command imports (each workload's spec.py and verbs.py, and the registry) reaches no torch
-    through top-level imports."""
+    through top-level imports; nor do the muon data verbs (`hpctrain data generate|inspect --kind muons`: NumPy
+    and Arrow only, and torch's import costs seconds of each call)."""
     heavy = []
     for top in [
-        m for m in MODULES if m.endswith((".spec", ".verbs")) and m.startswith("hpctrain.workloads.")
+        *(m for m in MODULES if m.endswith((".spec", ".verbs")) and m.startswith("hpctrain.workloads.")),
+        "hpctrain.workloads.muons.data_verbs",
     ]:
         seen, todo = set(), [top]
         while todo:

@@ -4,6 +4,7 @@ chunk), and an HTML page that parses, shows every image from a relative file and
 from __future__ import annotations
 
 import json
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -88,11 +89,9 @@ def check_report(out: Path) -> tuple[Page, dict[str, list[str]]]:
     return page, panels
 
 
-def test_muon_report_has_its_panels_and_tables(tmp_path: Path) -> None:
-    run = muon_run(tmp_path / "run")
-    done = hpctrain("report", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
-    assert done.code == 0, done.err
-    page, panels = check_report(tmp_path / "out")
+def test_muon_report_has_its_panels_and_tables(muon_run_folder: Path, muon_report: Path) -> None:
+    run = muon_run_folder  # and `hpctrain report RUN --out OUT` of it (tests/track/conftest.py)
+    page, panels = check_report(muon_report)
     kinds = ("dist", "energy_bins", "zenith_bins", "quality_bins")
     assert set(panels) == GENERIC | {"quality_overview"} | {f"{k}_{f}" for k in kinds for f in FEATURES}
     assert panels["scalars"] == [
@@ -121,10 +120,11 @@ def test_muon_report_has_its_panels_and_tables(tmp_path: Path) -> None:
     assert "data.prefetch_batches 0 -> 2" in page.tables["hops"][2][-1]
 
 
-def test_muon_report_shows_the_judged_table_per_feature_and_bin(tmp_path: Path) -> None:
-    run = muon_run(tmp_path / "run")
-    assert main(["report", str(run)]) == 0
-    page, panels = check_report(run / "report")
+def test_muon_report_shows_the_judged_table_per_feature_and_bin(
+    muon_run_folder: Path, muon_report: Path
+) -> None:
+    run = muon_run_folder
+    page, panels = check_report(muon_report)
     judged = json.loads((run / "evaluate.json").read_text())["quality"]
     table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
     assert [row[0] for row in table[1:]] == list(FEATURES)
@@ -215,8 +215,10 @@ def test_report_of_a_non_run_folder_is_a_one_line_error(tmp_path: Path, capsys) 
     assert "metrics.jsonl" in capsys.readouterr().err
 
 
-def test_an_evaluate_json_of_another_format_is_a_one_line_error(tmp_path: Path) -> None:
-    run = muon_run(tmp_path / "run")
+def test_an_evaluate_json_of_another_format_is_a_one_line_error(
+    muon_run_folder: Path, tmp_path: Path
+) -> None:
+    run = Path(shutil.copytree(muon_run_folder, tmp_path / "run"))
     old = {"distributions": {"energy": {"generated_values": [1.0], "true_values": [2.0]}}}
     (run / "evaluate.json").write_text(json.dumps(old))
     done = hpctrain("report", str(run), cwd=tmp_path)

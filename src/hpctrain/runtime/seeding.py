@@ -14,7 +14,6 @@ import random
 from typing import Any
 
 import numpy as np
-import torch
 
 # Tags of the streams seeded through `derive` (a torch seed; the tag comes right after the run's seed).
 RANK_STREAM = 1  # each rank's global RNGs after the shared initialisation (dropout, sampling): keys (rank,)
@@ -44,13 +43,21 @@ def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng([seed, *keys])
 
 
+# torch is imported where it is used: `numpy_rng` serves verbs that never touch torch (`hpctrain data generate`,
+# `data inspect`), and importing it costs seconds of start-up on a login node or a loaded machine.
+
+
 def seed_everything(seed: int) -> None:
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % NUMPY_SEED_SPAN)
     torch.manual_seed(seed)
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state(legacy=False)
     state: dict[str, Any] = {
@@ -70,6 +77,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]

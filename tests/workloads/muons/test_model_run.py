@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import pytest
 import torch
 
 from hpctrain.commands.train import run
-from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
@@ -21,65 +21,23 @@ from hpctrain.workloads.muons.evaluation.quality import goal_word
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.batch import MuonBatch
 from hpctrain.workloads.muons.tasks.task import MuonWGANTask
-from hpctrain.workloads.registry import config_model, fill_default_types
 from tests.conftest import hpctrain, read_jsonl
 from tests.track.test_report import FEATURES, check_report
-from tests.workloads.muons.conftest import write_set
 
-CAP = 150
-
-
-def wgan_overrides(data: Path, out: Path) -> list[str]:
-    return [
-        "run.name=t",
-        f"run.out_dir={out}",
-        "model.type=muon_wgan",
-        f"data.paths=[{data / 'train'}]",
-        f"data.val_paths=[{data / 'val'}]",
-        "data.batch_size=16",
-        f"data.max_muons_per_event={CAP}",
-        "data.max_muons_per_batch=400",  # several micro-batches per update
-        "data.shuffle_window=64",
-        "model.latent_global=4",
-        "model.latent_local=2",
-        "model.hidden=16",
-        "model.critic_hidden=16",
-        "model.multiplicity.hidden=[8]",
-        "model.critic_steps=1",
-        "model.gp_every=2",  # counted over critic updates: GP on every other update here
-        "model.gp_max_pairs=50",
-        "optim.name=adam",
-        "optim.betas=[0.0, 0.9]",
-        "optim.grad_clip_norm=5.0",
-        "model.critic_lr=2e-3",
-        "train.total_updates=10",
-        "train.eval_every=5",
-        "train.eval_batches=2",
-        "train.device=cpu",
-        "logging.log_every=1",
-        "logging.progress=lines",
-        "checkpoint.best_metric=val_multiplicity_nll",
-    ]
-
-
-def make_cfg(data: Path, out: Path, *extra: str):
-    request = ConfigRequest(None, None, [*wgan_overrides(data, out), *extra], None)
-    return load_config(request, config_model(), environ={}, prepare=fill_default_types)
+# make_cfg and wgan_overrides are imported from here by other modules too
+from tests.workloads.muons.conftest import CAP, make_cfg, wgan_overrides, write_set  # noqa: F401
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("muondata")
-    write_set(root / "train", files=2, events=160, row_group=40, seed=3)
-    write_set(root / "val", files=1, events=60, row_group=60, seed=4)
-    return root
+def data(wgan_data: Path) -> Path:
+    return wgan_data
 
 
 @pytest.fixture(scope="module")
-def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ref")
-    assert run(make_cfg(data, out), ClusterEnv()) == EXIT_OK
-    return out / "t"
+def reference(trained_wgan: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The WGAN run of make_cfg (trained once, tests/workloads/muons/conftest.py): this module's own copy, as its
+    tests add to the run folder (evaluate.json, evaluation records)."""
+    return Path(shutil.copytree(trained_wgan, tmp_path_factory.mktemp("ref") / "t", symlinks=True))
 
 
 def stop_at_update(patch: pytest.MonkeyPatch, task_class: type, update: int) -> None:
