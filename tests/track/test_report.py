@@ -15,7 +15,7 @@ from hpctrain.track.report import Image, WorkloadReport, write_report
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions
 from hpctrain.track.report.panels import figure, fmt
-from hpctrain.workloads.muons.evaluation.quality import goal_word
+from hpctrain.workloads.muons.evaluation.quality import bin_labels, goal_word
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels
 from tests.conftest import hpctrain
 from tests.track.report_runs import fields_run, muon_run
@@ -145,9 +145,9 @@ def test_muon_report_shows_the_judged_table_per_feature_and_bin(tmp_path: Path) 
         failing = [i for i, r in enumerate(feature["bins"]) if r["judged"] and not r["ok"]]
         assert list(lines["bin fails the goal"].get_xdata()) == failing
         ours = [np.nan if r["ours_w1"] is None else r["ours_w1"] for r in feature["bins"]]
-        assert np.allclose(lines["ours"].get_ydata(), ours, equal_nan=True) and len(ours) == 20
-        floor = np.array([np.nan if r["floor_w1"] is None else r["floor_w1"] for r in feature["bins"]])
-        assert np.allclose(lines["2 x floor"].get_ydata(), 2 * floor, equal_nan=True)
+        assert np.allclose(lines["ours"].get_ydata(), ours, equal_nan=True) and len(ours) == len(bin_labels())
+        tolerance = [np.nan if r["tolerance"] is None else r["tolerance"] for r in feature["bins"]]
+        assert np.allclose(lines["floor's tolerance"].get_ydata(), tolerance, equal_nan=True)
 
 
 def test_an_evaluate_json_from_before_the_judged_table_still_renders(tmp_path: Path) -> None:
