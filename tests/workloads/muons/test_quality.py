@@ -130,6 +130,21 @@ def test_wrong_tails_fail_the_tail_feature(version: str) -> None:
     assert failing_bins(judged, "energy_tail")
 
 
+def test_positions_shuffled_within_events_fail_the_leading_muons_distance() -> None:
+    """Shuffled positions keep every per-muon and per-event marginal but the one feature that joins a muon's
+    energy and its position."""
+    true, floor, reference, fresh = table_samples("v1")
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for f in fresh:
+        event = np.repeat(np.arange(len(f)), f.counts)
+        order = np.lexsort((rng.random(len(event)), event))  # a random order within each event
+        shuffled.append(with_muons(f, np.concatenate([f.muons[:, :1], f.muons[order, 1:]], 1)))
+    judged = quality.quality(shuffled, true, floor, reference)
+    failed = {n for n, f in judged["features"].items() if not f["goal_met"]}
+    assert failed == {"leading_radius"}, failed
+
+
 def primary_blind_baseline(reference: layouts.Events, n: int, rng: np.random.Generator) -> layouts.Events:
     """The old baseline: counts from the reference's marginal, muons from the pool of all its muons."""
     counts = rng.choice(reference.counts, size=n)
@@ -192,7 +207,7 @@ def test_held_out_halves_are_judged_symmetrically() -> None:
     """Ours is drawn for the other half's primaries, as the floor's bundles (the other half's) are: a perfect
     generator then shows the floor's figures; drawn for the judged half's own primaries it looked better than
     the floor (it was spared the difference of the two halves' primaries)."""
-    events, _ = evaluate.truth_events(6000, 11, CAP, "v1")
+    events, _ = evaluate.truth_events(4000, 11, CAP, "v1")
     splits = quality.held_out_splits(events, np.random.default_rng(3))
     assert len(splits) == quality.FLOOR_DRAWS
     for half, other in splits:  # complementary halves of every event, muons with their events
