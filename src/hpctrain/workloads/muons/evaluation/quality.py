@@ -43,6 +43,7 @@ import math
 from typing import Any
 
 import numpy as np
+from scipy.spatial import cKDTree  # scikit-learn's dependency: installed with hpctrain
 
 from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.workloads.muons.evaluation.quality_features import (
@@ -140,8 +141,6 @@ def primary_space(primaries: np.ndarray) -> np.ndarray:
 def nearest_primaries(reference: np.ndarray, primaries: np.ndarray) -> np.ndarray:
     """(n,) the row of `reference` (m, 4) whose primary is nearest to each of `primaries` (n, 4), in
     primary_space standardised by the reference's spread (a constant column, e.g. one depth, counts nothing)."""
-    from scipy.spatial import cKDTree
-
     ref, query = primary_space(reference), primary_space(primaries)
     centre, scale = ref.mean(0), ref.std(0)
     scale[~(scale > 0)] = 1.0
