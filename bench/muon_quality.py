@@ -9,16 +9,17 @@ time, each capped at `--minutes` by the time budget (a capped run stops cleanly 
 the defaults 3 seeds take two rounds of at most 7 minutes plus ~1 minute of evaluation: under 15 minutes on 2
 cores. Generates synthetic-truth data once, trains each seed (run.seed), then evaluates every model on the SAME
 fresh truth events (fixed evaluation seed), so the floor (the mean over quality.FLOOR_DRAWS fresh truth bundle
-samples for the same primaries) and the baseline (bundles that ignore the primary, from an independent truth
-sample) are shared and only "ours" varies with the seed. `--truth v2` trains and judges on the truth with
-event-wide structure (docs/muons.md); the JSON says which truth under `truth`.
+samples for the same primaries) and the baseline (the bundle of the nearest primary of an independent truth
+sample: a lookup table of simulations) are shared and only "ours" varies with the seed. `--truth v2` trains and
+judges on the truth with event-wide structure (docs/muons.md); the JSON says which truth under `truth`.
 
-Table: per feature (multiplicity, muon energy, lateral distance, energy sum, bundle-centre radius, spread), mean
-W1 and KS over the bins of primary energy x zenith that have enough events, for ours (median over seeds, and
-the spread min..max), the baseline and the floor; the goal per feature and bin (quality.py): ours <= max(2 x
-floor, 0.5 x baseline) and not worse than the baseline, judged on the per-bin MEDIAN over seeds. Last line:
-one JSON object with `min_feature_ratio` (the worst feature's baseline/ours over the bins where the baseline
-is above 2 x floor), `features_within_floor`, `features_goal_met`, `goal_met` and per-feature figures.
+Table: per feature (quality.FEATURES: multiplicity, muon energy and its top 1 %, lateral distance, energy sum,
+the leading muon's energy, share and distance, bundle-centre radius, spread), mean W1 and KS over the bins of
+primary energy x zenith, mass and depth that have enough events, for ours (median over seeds, and the spread
+min..max), the baseline and the floor; the goal per feature and bin and over all bins (quality.py): ours within
+the floor's tolerance (from its truth-vs-truth replicates) or <= 0.5 x baseline, judged on the per-bin MEDIAN
+over seeds. Last line: one JSON object with `min_feature_ratio` (the worst feature's baseline/ours over its
+judged bins), `features_within_floor`, `features_goal_met`, `goal_met` and per-feature figures.
 
 Then the classifier two-sample test (evaluation/two_sample.py) per seed on `--judge-events` (default 50,000)
 other fresh truth events paired with the model's bundles for their primaries: the cross-validated AUC overall
@@ -92,24 +93,43 @@ def train_all(
 
 
 def median_judgement(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """quality.judge on the per-bin median of ours over the seeds (floor and baseline are shared)."""
+    """quality.judge on the per-bin median of ours over the seeds (floor and baseline are shared): each seed's
+    ours is a mean of `generated_draws` draws, its spread over them (`ours_w1_sd`) the median of the seeds'; the
+    floor keeps its replicates' spread (`floor_w1_sd`), so the tolerance is the one `hpctrain evaluate` uses."""
     from hpctrain.workloads.muons.evaluation import quality
 
     first = results[0]["quality"]["features"]
+    draws = {
+        "ours": results[0]["info"].get("generated_draws", 1),
+        "floor": results[0]["info"].get("floor_draws", 1),
+        "baseline": 1,
+    }
 
     def figures(who: str, pick: Any) -> dict[str, dict[str, Any]]:
+        def value(r: dict[str, Any], name: str, i: int, key: str) -> float:
+            got = r["quality"]["features"][name]["bins"][i].get(key)
+            return float("nan") if got is None else float(got)
+
         out: dict[str, dict[str, Any]] = {}
         for name, feature in first.items():
             bins = {}
             for i, row in enumerate(feature["bins"]):
                 bins[row["bin"]] = {
-                    "w1": pick([r["quality"]["features"][name]["bins"][i][f"{who}_w1"] for r in results]),
-                    "ks": pick([r["quality"]["features"][name]["bins"][i][f"{who}_ks"] for r in results]),
+                    "w1": pick([value(r, name, i, f"{who}_w1") for r in results]),
+                    "w1_sd": pick([value(r, name, i, f"{who}_w1_sd") for r in results]),
+                    "ks": pick([value(r, name, i, f"{who}_ks") for r in results]),
                     "n_true": row["n_true"],
                     "n_generated": row["n_true"],
                 }
-            overall = [r["quality"]["features"][name]["overall_w1"][who] for r in results]
-            out[name] = {"w1": pick(overall), "ks": float("nan"), "bins": bins}
+            overall = [r["quality"]["features"][name]["overall_w1"] for r in results]
+            sd_key = {"ours": "ours_sd", "floor": "floor_sd"}.get(who)
+            out[name] = {
+                "w1": pick([o[who] for o in overall]),
+                "w1_sd": pick([o.get(sd_key) or float("nan") for o in overall]) if sd_key else float("nan"),
+                "ks": float("nan"),
+                "draws": draws[who],
+                "bins": bins,
+            }
         return out
 
     med = lambda v: float(np.median(v))  # noqa: E731
@@ -198,7 +218,10 @@ def main() -> None:
         results.append(result)
         q = result["quality"]
         runs.append({"seed": seed, "updates": model.step, "train_seconds": round(seconds, 1)})
-        print(f"seed {seed}: {model.step} updates in {seconds:.0f} s; goal met {q['features_goal_met']}/6")
+        print(
+            f"seed {seed}: {model.step} updates in {seconds:.0f} s; goal met "
+            f"{q['features_goal_met']}/{len(q['features'])}"
+        )
         for line in quality.table(q):
             print("    " + line)
         if args.judge_events:
@@ -244,8 +267,8 @@ def main() -> None:
             "goal_met": f["goal_met"],
         }
     print(
-        f"min_feature_ratio {judged['min_feature_ratio']} | within 2 x floor {judged['features_within_floor']}/6"
-        f" | goal met {judged['features_goal_met']}/6"
+        f"min_feature_ratio {judged['min_feature_ratio']} | within the floor {judged['features_within_floor']}/"
+        f"{len(judged['features'])} | goal met {judged['features_goal_met']}/{len(judged['features'])}"
     )
     summary = classifier_summary(classifier, judge_seconds) if classifier else {}
     if summary:

@@ -87,7 +87,7 @@ def muon_run(run: Path, total: int = 120, legacy: bool = False) -> Path:
         for panel in [*evaluation["binned"]["energy"], *evaluation["binned"]["zenith"]]:
             panel["features"] = {name: panel["features"][name] for name in OLD_FEATURES}
     else:
-        evaluation["quality"] = quality.quality(generated, true, floor, reference, np.random.default_rng(0))
+        evaluation["quality"] = quality.quality(generated, true, floor, reference)
     evaluation["info"] = {"step": total, "events": EVENTS, "units": "W1 in log10 units"}
     _write(run, {"type": "muon_wgan"}, total, evaluation, "val_multiplicity_nll")
     return run

@@ -16,13 +16,15 @@ from hpctrain.track.report import Image, WorkloadReport, write_report
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions
 from hpctrain.track.report.panels import figure, fmt
-from hpctrain.workloads.muons.evaluation.quality import goal_word
+from hpctrain.workloads.muons.evaluation import quality
+from hpctrain.workloads.muons.evaluation.quality import bin_labels, goal_word
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels
 from tests.conftest import hpctrain
 from tests.track.report_runs import fields_run, muon_run
 
 GENERIC = {"scalars", "throughput", "time_shares"}
-FEATURES = ("multiplicity", "energy", "lateral_distance", "energy_sum", "centre_radius", "spread")
+FEATURES = quality.FEATURES  # judged in the table; each but the tail (the energy's) has its histograms too
+DRAWN = tuple(f for f in FEATURES if f != "energy_tail")
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "source"}
 
 
@@ -92,8 +94,9 @@ def check_report(out: Path) -> tuple[Page, dict[str, list[str]]]:
 def test_muon_report_has_its_panels_and_tables(muon_run_folder: Path, muon_report: Path) -> None:
     run = muon_run_folder  # and `hpctrain report RUN --out OUT` of it (tests/track/conftest.py)
     page, panels = check_report(muon_report)
-    kinds = ("dist", "energy_bins", "zenith_bins", "quality_bins")
-    assert set(panels) == GENERIC | {"quality_overview"} | {f"{k}_{f}" for k in kinds for f in FEATURES}
+    kinds = ("dist", "energy_bins", "zenith_bins")
+    drawn = {f"{k}_{f}" for k in kinds for f in DRAWN}
+    assert set(panels) == GENERIC | {"quality_overview"} | drawn | {f"quality_bins_{f}" for f in FEATURES}
     assert panels["scalars"] == [
         "generator loss",
         "critic loss (E[D(fake)] - E[D(real)] + GP)",
@@ -110,8 +113,9 @@ def test_muon_report_has_its_panels_and_tables(muon_run_folder: Path, muon_repor
     # the per-bin figures as a pivot table: a header row of features over W1/KS, one row per energy bin
     evaluation = json.loads((run / "evaluate.json").read_text())
     pivot = next(rows for rows in page.tables.values() if rows and "muon energy" in rows[0])
-    assert pivot[0][:4] == ["", "muons per event", "muon energy", "lateral distance"] and len(pivot[0]) == 7
-    assert pivot[1][3:5] == ["W1", "KS"] and len(pivot[1]) == 3 + 2 * 6 and len(pivot) == 2 + 5
+    assert pivot[0][:3] == ["", "muons per event", "muon energy"] and len(pivot[0]) == 1 + len(DRAWN)
+    assert pivot[0][3] == "lateral distance"
+    assert pivot[1][3:5] == ["W1", "KS"] and len(pivot[1]) == 3 + 2 * len(DRAWN) and len(pivot) == 2 + 5
     first = evaluation["binned"]["energy"][0]["features"]["energy"]
     assert pivot[2][5] == f"{first['w1']:.4g}" and pivot[2][6] == f"{first['ks']:.4g}"
     summary = dict(r for r in page.tables["summary"][1:])
@@ -133,8 +137,10 @@ def test_muon_report_shows_the_judged_table_per_feature_and_bin(
         assert row[1:4] == [fmt(f[k]) for k in ("ours_w1", "baseline_w1", "floor_w1")]  # "-": none judged
         assert row[-2:] == [f"{f['bins_ok']}/{f['bins_judged']}", goal_word(f)]
         assert f["bins_judged"] or row[-1].startswith("not judged")  # never "0/0 NOT met" (issue 31)
-    energy = judged["features"]["energy"]  # the doubled energies fail in every judged bin
-    assert energy["bins_judged"] >= 10 and energy["bins_ok"] == 0
+    # the doubled energies fail in nearly every judged bin (one draw against a floor of 3: the tolerance of a bin
+    # of ~100 muons spans the 0.3 shift)
+    energy = judged["features"]["energy"]
+    assert energy["bins_judged"] >= 10 and energy["bins_ok"] <= energy["bins_judged"] // 10
     assert dict((r[0], r[-1]) for r in table[1:])["energy"] == "NOT met"
     # the overview names each feature's verdict; each per-bin figure marks exactly the failing bins
     verdicts = [f"{n}: {f['bins_ok']}/{f['bins_judged']} bins ok" for n, f in judged["features"].items()]
@@ -145,9 +151,9 @@ def test_muon_report_shows_the_judged_table_per_feature_and_bin(
         failing = [i for i, r in enumerate(feature["bins"]) if r["judged"] and not r["ok"]]
         assert list(lines["bin fails the goal"].get_xdata()) == failing
         ours = [np.nan if r["ours_w1"] is None else r["ours_w1"] for r in feature["bins"]]
-        assert np.allclose(lines["ours"].get_ydata(), ours, equal_nan=True) and len(ours) == 20
-        floor = np.array([np.nan if r["floor_w1"] is None else r["floor_w1"] for r in feature["bins"]])
-        assert np.allclose(lines["2 x floor"].get_ydata(), 2 * floor, equal_nan=True)
+        assert np.allclose(lines["ours"].get_ydata(), ours, equal_nan=True) and len(ours) == len(bin_labels())
+        tolerance = [np.nan if r["tolerance"] is None else r["tolerance"] for r in feature["bins"]]
+        assert np.allclose(lines["floor's tolerance"].get_ydata(), tolerance, equal_nan=True)
 
 
 def test_an_evaluate_json_from_before_the_judged_table_still_renders(tmp_path: Path) -> None:

@@ -21,6 +21,9 @@ FEATURES = {  # name -> (axis label, unit)
     "energy": ("muon energy", "GeV"),
     "lateral_distance": ("lateral distance", "m"),
     "energy_sum": ("energy sum", "GeV"),  # per event
+    "leading_energy": ("leading muon energy", "GeV"),  # the highest muon energy, per event
+    "leading_fraction": ("leading muon share", "fraction"),  # of the energy sum, per event with 2+ muons
+    "leading_radius": ("leading muon distance", "m"),  # from the axis, per event with 2+ muons
     "centre_radius": ("centre radius", "m"),  # of the bundle's centre from the axis, per event
     "spread": ("spread", "m"),  # rms distance of the muons from the bundle's centre, per event
 }

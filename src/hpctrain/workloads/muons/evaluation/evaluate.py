@@ -38,59 +38,50 @@ log = logging.getLogger("hpctrain.muons")
 __all__ = ["binned", "clean", "compare", "distributions", "ks_statistic", "wasserstein_1d"]
 FLOOR_STREAM, BASELINE_STREAM = 1, 2  # numpy_rng keys after TRUTH_EVENTS: the floor's and baseline's samples
 NULL_STREAM = 100  # numpy_rng keys from here: the classifier's truth-vs-truth replicates
-REDRAWS = 20  # a replicate's bundle above the muon cap is drawn again, at most this often
 
 
 def truth_events(
     n: int, seed: int, cap: int, version: str = truth_versions.DEFAULT
 ) -> tuple[layouts.Events, int]:
-    """Fresh events of truth `version` (from their own seed stream) without those above `cap` muons (as the
-    loader skips them); also returns how many were dropped."""
+    """Fresh events of truth `version` (from their own seed stream), those above `cap` muons clamped to it as
+    the generator clamps (quality.clamp_to_cap); also returns how many were clamped."""
     rng = numpy_rng(seed, TRUTH_EVENTS)
     primaries, muons, counts = truth_versions.get(version).sample(n, rng)
-    keep = counts <= cap if cap > 0 else np.ones(n, bool)
-    mask = np.repeat(keep, counts)  # (sum counts,) muons of kept events
-    events = layouts.Events(
-        primaries[keep].astype(np.float32),
-        muons[mask].astype(np.float32),
-        counts[keep],
-        np.stack([np.zeros(int(keep.sum()), np.int64), np.flatnonzero(keep)], 1),
-    )
-    return events, int((~keep).sum())
+    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1)
+    events = layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
+    return quality.clamp_to_cap(events, cap)
 
 
 def _truth_sample(primaries: np.ndarray, seed: int, key: int, cap: int, version: str) -> layouts.Events:
-    """Fresh bundles of truth `version` for these primaries (stream (seed, TRUTH_EVENTS, key)); events above
-    `cap` are dropped, as the loader drops them."""
+    """Fresh bundles of truth `version` for these primaries (stream (seed, TRUTH_EVENTS, key)), clamped to
+    `cap` as the true events are."""
     sample_bundles = truth_versions.get(version).sample_bundles
     muons, counts = sample_bundles(primaries.astype(np.float64), numpy_rng(seed, TRUTH_EVENTS, key))
-    keep = counts <= cap if cap > 0 else np.ones(len(counts), bool)
-    ids = np.stack([np.zeros(int(keep.sum()), np.int64), np.flatnonzero(keep)], 1)
-    return layouts.Events(
-        primaries[keep].astype(np.float32),
-        muons[np.repeat(keep, counts)].astype(np.float32),
-        counts[keep],
-        ids,
-    )
+    ids = np.stack([np.zeros(len(counts), np.int64), np.arange(len(counts), dtype=np.int64)], 1)
+    events = layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
+    return quality.clamp_to_cap(events, cap)[0]
 
 
 def reference_samples(
     n_events: int, seed: int, cap: int, data: layouts.Events | None, version: str = truth_versions.DEFAULT
 ) -> tuple[layouts.Events, list[layouts.Events], layouts.Events, int]:
-    """(true, floor samples, baseline reference, dropped): from the synthetic truth (quality.FLOOR_DRAWS fresh
-    bundle samples for the same primaries as the floor) or from held-out events split in two halves by parity
-    (the second is the floor and the reference; evaluate_model judges held-out events over more splits)."""
+    """(true, floor samples, baseline reference, clamped): from the synthetic truth (quality.FLOOR_DRAWS fresh
+    bundle samples for the same primaries as the floor, an independent sample as the baseline's lookup table)
+    or from held-out events split in two halves by parity (the second is the floor and the reference;
+    evaluate_model judges held-out events over more splits); `clamped`: true events above `cap` muons, cut to
+    it (quality.clamp_to_cap)."""
     if data is not None:
+        data, clamped = quality.clamp_to_cap(data, cap)
         true, other = quality.split_halves(data)
-        return true, [other], other, 0
-    true, dropped = truth_events(n_events, seed, cap, version)
+        return true, [other], other, clamped
+    true, clamped = truth_events(n_events, seed, cap, version)
     # FLOOR_STREAM, then keys past the baseline's: independent draws, the first as before
     keys = [FLOOR_STREAM, *range(BASELINE_STREAM + 3, BASELINE_STREAM + 2 + quality.FLOOR_DRAWS)]
     floor = [_truth_sample(true.primaries, seed, key, cap, version) for key in keys]
     primaries_rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM)
     reference_primaries = truth_versions.get(version).sample_primaries(n_events, primaries_rng)
     reference = _truth_sample(reference_primaries, seed, BASELINE_STREAM + 1, cap, version)
-    return true, floor, reference, dropped
+    return true, floor, reference, clamped
 
 
 def evaluate_model(
@@ -107,21 +98,24 @@ def evaluate_model(
     for models that generate muons)."""
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
-    true, floor, reference, dropped = reference_samples(n_events, seed, cap, data, truth)
+    true, floor, reference, clamped = reference_samples(n_events, seed, cap, data, truth)
     torch.manual_seed(seed)
     only: tuple[str, ...] = ("multiplicity",) if model.model_type == "muon_multiplicity" else FEATURES
     generated = _generate(model, true, batch_size, only)
     result = compare(generated, true, only)
     judged_only = quality.FEATURES if only == FEATURES else only
-    rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2)
+    other_generated = None
     if data is None:  # ours over as many draws of the generator as the floor has truth draws
         draws = [generated] + [_generate(model, true, batch_size, only) for _ in floor[1:]]
-        result["quality"] = quality.quality(draws, true, floor, reference, rng, judged_only)
-    else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above)
-        runs = [(generated, true, floor[0])]
-        for half, other in quality.held_out_splits(data, rng, parity=False):
-            runs.append((_generate(model, half, batch_size, only), half, other))
-        result["quality"] = quality.quality_over_splits(runs, rng, judged_only)
+        result["quality"] = quality.quality(draws, true, floor, reference, judged_only)
+    else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above); ours is drawn
+        # for the other half's primaries, as the floor's bundles are (quality.py's docstring)
+        other_generated = _generate(model, floor[0], batch_size, only)
+        runs = [(other_generated, true, floor[0])]
+        rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2)
+        for half, other in quality.held_out_splits(quality.clamp_to_cap(data, cap)[0], rng, parity=False):
+            runs.append((_generate(model, other, batch_size, only), half, other))
+        result["quality"] = quality.quality_over_splits(runs, judged_only)
     q = result["quality"]
     result["metrics"].update(
         {
@@ -132,7 +126,7 @@ def evaluate_model(
     )
     if only == FEATURES:  # a multiplicity model's bundles have no muons for the classifier to look at
         judged = _classifier_test(
-            model, true, generated, floor[0], data is not None, batch_size, seed, options, truth
+            model, true, generated, floor[0], other_generated, batch_size, seed, options, truth
         )
         result["two_sample"] = judged.as_dict()
         result["metrics"].update(judged.metrics())
@@ -148,7 +142,7 @@ def evaluate_model(
         "floor_events": len(floor[0]),
         "floor_draws": len(floor) if data is None else quality.FLOOR_DRAWS,  # held out: splits
         "generated_draws": len(floor) if data is None else quality.FLOOR_DRAWS,
-        "truth_events_dropped_above_cap": dropped,
+        "truth_events_clamped_at_cap": clamped,
         "muon_cap": cap,
         **sizes(generated, true, seed, start),
     }
@@ -160,7 +154,7 @@ def _classifier_test(
     true: layouts.Events,
     generated: layouts.Events,
     other: layouts.Events,
-    held_out: bool,
+    other_generated: layouts.Events | None,
     batch_size: int,
     seed: int,
     options: two_sample.Options,
@@ -168,15 +162,15 @@ def _classifier_test(
 ) -> two_sample.Judgement:
     """The classifier test on paired primaries. Synthetic truth: `true` and `generated` (for its primaries),
     the band from fresh truth bundles for the same primaries. Held out: both halves (the other generated for
-    too), the band from label swaps (there is no second true bundle of a file's primary)."""
-    if not held_out:
+    too: `other_generated`), the band from label swaps (there is no second true bundle of a file's primary)."""
+    if other_generated is None:
         cap = muon_cap(model.cfg)
         nulls = [
             paired_truth(true.primaries, seed, NULL_STREAM + j, cap, truth) for j in range(options.replicates)
         ]
         return two_sample.judge_events(true, generated, nulls, options.folds, seed)
     pairs_true = layouts.concat_events([true, other])
-    pairs_generated = layouts.concat_events([generated, _generate(model, other, batch_size, FEATURES)])
+    pairs_generated = layouts.concat_events([generated, other_generated])
     return two_sample.judge_events(pairs_true, pairs_generated, [], options.folds, seed, options.replicates)
 
 
@@ -195,44 +189,16 @@ def classifier_on_truth(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         generated = _generate(model, true, batch_size, FEATURES)
-    return _classifier_test(model, true, generated, true, False, batch_size, seed, options, truth)
+    return _classifier_test(model, true, generated, true, None, batch_size, seed, options, truth)
 
 
 def paired_truth(
     primaries: np.ndarray, seed: int, key: int, cap: int, version: str = truth_versions.DEFAULT
 ) -> layouts.Events:
-    """One fresh truth bundle for each of `primaries` (stream (seed, TRUTH_EVENTS, key)), none above `cap`:
-    a bundle above it is drawn again (at most REDRAWS times, then cut at the cap), so that it follows the
-    truth given the primary and N <= cap, as the true events (which drop those above the cap) do."""
-    rng = numpy_rng(seed, TRUTH_EVENTS, key)
-    sample_bundles = truth_versions.get(version).sample_bundles
-    prim = primaries.astype(np.float64)
-    n = len(prim)
-    drawn = np.arange(n)  # the events drawn in this round
-    rounds = []  # per round: (its events, their muons (M, 3), their counts)
-    for _ in range(REDRAWS + 1):
-        muons, counts = sample_bundles(prim[drawn], rng)
-        rounds.append((drawn, muons, counts))
-        drawn = drawn[counts > cap] if cap > 0 else drawn[:0]
-        if not len(drawn):
-            break
-    last = np.zeros(n, np.int64)  # (n,) the round whose bundle each event keeps: the last it was drawn in
-    for r, (events, _, _) in enumerate(rounds):
-        last[events] = r
-    event_of, rows = [], []
-    for r, (events, muons, counts) in enumerate(rounds):
-        keep = last[events] == r
-        event_of.append(np.repeat(events[keep], counts[keep]))
-        rows.append(muons[np.repeat(keep, counts)])
-    event = np.concatenate(event_of)
-    order = np.argsort(event, kind="stable")  # muons back in event order
-    event, muons = event[order], np.concatenate(rows)[order]
-    if cap > 0:  # what is still above the cap after REDRAWS rounds is cut to it
-        rank = np.arange(len(event)) - np.searchsorted(event, event)
-        event, muons = event[rank < cap], muons[rank < cap]
-    counts = np.bincount(event, minlength=n).astype(np.int64)
-    ids = np.stack([np.zeros(n, np.int64), np.arange(n, dtype=np.int64)], 1)
-    return layouts.Events(primaries.astype(np.float32), muons.astype(np.float32), counts, ids)
+    """One fresh truth bundle for each of `primaries` (stream (seed, TRUTH_EVENTS, key)), clamped to `cap` as
+    the true events and the generator's are: one rule on every side (quality.clamp_to_cap). It used to redraw a
+    bundle above the cap, which matched true events that dropped those; they are clamped now."""
+    return _truth_sample(primaries, seed, key, cap, version)
 
 
 def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
@@ -245,9 +211,12 @@ def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str
 
 def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.Events:
     """Every event of `paths` (files, folders, globs, pelican:// or other URIs; any layout the loader reads) in
-    physical units, read by the same loader as validation (events above the muon cap skipped, remote files
-    staged), at most `max_events` (0 = all)."""
-    data = cfg.data.model_copy(update={"val_paths": list(paths), "num_workers": 0, "prefetch_batches": 0})
+    physical units, read by the same loader as validation (remote files staged), at most `max_events` (0 =
+    all). Events above the muon cap are kept here (the loader would skip them): evaluate_model clamps them to
+    the cap, as the generator clamps its own (quality.clamp_to_cap)."""
+    update: dict[str, Any] = {"val_paths": list(paths), "num_workers": 0, "prefetch_batches": 0}
+    update |= {"max_muons_per_event": 0, "max_muons_per_batch": 0}
+    data = cfg.data.model_copy(update=update)
     parts, total = [], 0
     for batch in ValBatches(data, cfg.run.seed, ClusterEnv(), None):
         parts.append(
@@ -301,7 +270,7 @@ def print_tables(result: dict[str, Any]) -> None:
         print("  " + line)
     ratio = q["min_feature_ratio"]
     print(
-        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within 2 x floor "
+        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within the floor "
         f"{q['features_within_floor']}/{len(q['features'])} | goal met {q['features_goal_met']}/{len(q['features'])}"
     )
     if result.get("two_sample"):

@@ -70,6 +70,9 @@ DRAWN = {  # feature -> (label, unit, y label) of its histograms; values from qu
     "energy": ("muon energy", "GeV", "muons per bin"),
     "lateral_distance": ("lateral distance", "m", "muons per bin"),
     "energy_sum": ("energy sum per event", "GeV", "events per bin"),
+    "leading_energy": ("leading muon energy", "GeV", "events per bin"),
+    "leading_fraction": ("leading muon's share of the energy sum", "fraction", "events per bin"),
+    "leading_radius": ("lateral distance of the leading muon", "m", "events per bin"),
     "centre_radius": ("radius of the bundle's centre", "m", "events per bin"),
     "spread": ("bundle spread (rms from its centre)", "m", "events per bin"),
 }
@@ -77,8 +80,9 @@ DRAWN = {  # feature -> (label, unit, y label) of its histograms; values from qu
 
 def drawn_features(only: tuple[str, ...]) -> tuple[str, ...]:
     """The features the histograms show for a model that generates `only`: every judged feature
-    (quality.FEATURES, the pair quantities included) when it generates muons, else just `only`."""
-    return quality.FEATURES if set(FEATURES) <= set(only) else only
+    (quality.FEATURES, the pair quantities included; a tail feature is its body's histogram) when it generates
+    muons, else just `only`."""
+    return tuple(f for f in quality.FEATURES if f in DRAWN) if set(FEATURES) <= set(only) else only
 
 
 def distributions(generated: layouts.Events, true: layouts.Events, only: tuple[str, ...] = FEATURES) -> dict:

@@ -8,8 +8,9 @@ DATA`, pairs exactly; events that share a primary pair in file order); true even
 are left out, a sample event without a true partner is a user error. Then the two judges of `hpctrain
 evaluate` on the pairs:
 - the per-feature table (quality.py), over quality.FLOOR_DRAWS splits of the pairs in two halves (by parity,
-  then at random), as on held-out files: ours = the sample vs the true events of one half, the floor = the
-  other half's true events vs them, the baseline drawn from the other half;
+  then at random), as on held-out files: ours = the sample events of the other half vs the true events of one
+  half, the floor = the other half's true events vs them (both are bundles for the other half's primaries),
+  the baseline = the other half's true events looked up at the nearest primary;
 - the classifier two-sample test (two_sample.py) on every pair, its null band from label swaps within pairs
   (no truth sampler needed: the true files may be a real simulation).
 NumPy only (no torch): it runs wherever the files are.
@@ -23,16 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.errors import UserError
 from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons.evaluation import quality, two_sample
 from hpctrain.workloads.muons.evaluation.figures import binned, compare, distributions, sizes
+from hpctrain.workloads.muons.evaluation.quality import take
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
 
 MIN_PAIRS = 20  # fewer pairs cannot be split in folds and halves that each hold both kinds
-SPLIT_STREAM = 1  # numpy_rng key of the random halves and the baseline's draws
+SPLIT_STREAM = 1  # numpy_rng key of the random halves
 
 
 def read_events(paths: list[str], option: str) -> tuple[layouts.Events, list[str], list[str]]:
@@ -48,12 +49,6 @@ def read_events(paths: list[str], option: str) -> tuple[layouts.Events, list[str
     if len(events) == 0:
         raise UserError(f"{option} {' '.join(paths)}: no events in {len(files)} file(s)")
     return events, files, found
-
-
-def take(events: layouts.Events, rows: np.ndarray) -> layouts.Events:
-    """The events `rows` of `events`, in that order."""
-    muon_rows, counts = gather_ragged(events.offsets, rows)
-    return layouts.Events(events.primaries[rows], events.muons[muon_rows], counts, events.ids[rows])
 
 
 def _occurrence(group: np.ndarray) -> np.ndarray:
@@ -121,9 +116,10 @@ def judge_files(
     runs = []
     for first in _splits(len(true), rng):
         half, other = np.flatnonzero(first), np.flatnonzero(~first)
-        runs.append((take(generated, half), take(true, half), take(true, other)))
+        # ours: the sample for the other half's primaries, as the floor (the other half's true events)
+        runs.append((take(generated, other), take(true, half), take(true, other)))
     result = compare(generated, true)
-    result["quality"] = q = quality.quality_over_splits(runs, rng)
+    result["quality"] = q = quality.quality_over_splits(runs)
     judged = two_sample.judge_events(true, generated, [], options.folds, seed, options.replicates)
     result["two_sample"] = judged.as_dict()
     result["metrics"].update(
