@@ -16,6 +16,7 @@ import pytest
 
 from hpctrain.config.remote import PelicanConfig
 from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name
+from hpctrain.data.staging.stager import FileState
 from hpctrain.fsutil import HOST
 from hpctrain.remote.expand import expand_paths
 from hpctrain.remote.files import RemoteFiles
@@ -393,3 +394,71 @@ def test_budget_holds_while_a_size_is_unknown(
     log.check()
     assert "budget" not in caplog.text
     assert [gets(fed, p) for p in F] == [1, 1, 1, 1]  # each transferred once
+
+
+def deferred_for_room(st: Stager, i: int) -> bool:
+    """Entry i was tried, its size seen, and sent back to wait for room (white box: the stager's own state)."""
+    with st._cond:
+        return st._size[i] is not None and st._state[i] == FileState.PENDING
+
+
+def test_a_file_deferred_for_room_keeps_its_turn(
+    federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tried again once there is room, file 2 (its size known from the first try) comes before file 3: 3 must
+    not start meanwhile and take the room (its slow size request then let 3 in and 2 out, and 2, needed next,
+    was fetched over the budget: seen in the full suite)."""
+    from pelicanfs.core import PelicanFileSystem
+
+    real = PelicanFileSystem._size
+
+    async def slow_size(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
+        if path.endswith("/f3.bin"):
+            await asyncio.sleep(0.5)
+        return await real(self, path, **kwargs)
+
+    monkeypatch.setattr(PelicanFileSystem, "_size", slow_size)
+    fed = federation
+    size = len(fed.files[F[0]])
+    log = StagingLog(monkeypatch)
+    cfg = fed.staging(ahead=3, max_bytes=2 * size)
+    with Stager([fed.uri(p) for p in F], cfg, job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        st.get(1)
+        wait_for(lambda: deferred_for_room(st, 2))  # 0 and 1 fill the budget
+        st.release(0)
+        wait_for(lambda: FileState.READY in (st._state[2], st._state[3]))
+        assert st.get(2).read_bytes() == fed.files[F[2]]  # 1 still held
+        assert len(staged(st)) <= 2
+        for i in (1, 2):
+            st.release(i)
+        assert st.get(3).read_bytes() == fed.files[F[3]]
+        st.release(3)
+    log.check()
+    assert "budget" not in caplog.text
+
+
+def test_a_file_listed_again_is_kept_only_in_its_turn(
+    federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """f0 listed again after f2 (as the next epoch's first file): released while f2 still waits for room, f0
+    is deleted, not kept for its second entry, where it would hold the room f2 needs next (f2 was then fetched
+    over the budget: seen in the full suite); it is fetched again in its turn."""
+    fed = federation
+    size = len(fed.files[F[0]])
+    log = StagingLog(monkeypatch)
+    uris = [fed.uri(p) for p in (F[0], F[1], F[2], F[0])]
+    with Stager(uris, fed.staging(ahead=3, max_bytes=2 * size), job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        st.get(1)
+        wait_for(lambda: deferred_for_room(st, 2))
+        st.release(0)  # f2 waits: f0 must go
+        assert st.get(2).read_bytes() == fed.files[F[2]]  # 1 still held
+        assert len(staged(st)) <= 2
+        for i in (1, 2):
+            st.release(i)
+        assert st.get(3).read_bytes() == fed.files[F[0]]
+        st.release(3)
+    log.check()
+    assert "budget" not in caplog.text
+    assert gets(fed, F[0]) == 2  # its turn came again
