@@ -385,22 +385,27 @@ def test_leftover_partial_entries_of_any_kind(federation: FederationSetup, tmp_p
     assert outside.read_text() == "not ours to delete" and live.is_dir()
 
 
+def slow_size(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """pelicanfs learns the size of file `name` 0.5 s late (a slow HEAD)."""
+    from pelicanfs.core import PelicanFileSystem
+
+    real = PelicanFileSystem._size
+
+    async def slow(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
+        if path.endswith("/" + name):
+            await asyncio.sleep(0.5)
+        return await real(self, path, **kwargs)
+
+    monkeypatch.setattr(PelicanFileSystem, "_size", slow)
+
+
 def test_budget_holds_while_a_size_is_unknown(
     federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A prefetch whose size is not known yet must not count as 0 bytes: else the next file overtakes it,
     and the one needed next is then fetched over the budget (seen on a loaded machine; forced here with a slow
     size request for f1)."""
-    from pelicanfs.core import PelicanFileSystem
-
-    real = PelicanFileSystem._size
-
-    async def slow_size(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
-        if path.endswith("/f1.bin"):
-            await asyncio.sleep(0.5)
-        return await real(self, path, **kwargs)
-
-    monkeypatch.setattr(PelicanFileSystem, "_size", slow_size)
+    slow_size(monkeypatch, "f1.bin")
     fed = federation
     uris = [fed.uri(p) for p in F]
     size = len(fed.files[F[0]])
@@ -421,22 +426,23 @@ def deferred_for_room(st: Stager, i: int) -> bool:
         return st._size[i] is not None and st._state[i] == FileState.PENDING
 
 
+def read_on_holding_one(st: Stager, fed: FederationSetup, third: str, fourth: str) -> None:
+    """Entry 2 (file `third`) read while entry 1 is still held, within the budget of two files; then entry 3."""
+    assert st.get(2).read_bytes() == fed.files[third]
+    assert len(staged(st)) <= 2
+    for i in (1, 2):
+        st.release(i)
+    assert st.get(3).read_bytes() == fed.files[fourth]
+    st.release(3)
+
+
 def test_a_file_deferred_for_room_keeps_its_turn(
     federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Tried again once there is room, file 2 (its size known from the first try) comes before file 3: 3 must
     not start meanwhile and take the room (its slow size request then let 3 in and 2 out, and 2, needed next,
     was fetched over the budget: seen in the full suite)."""
-    from pelicanfs.core import PelicanFileSystem
-
-    real = PelicanFileSystem._size
-
-    async def slow_size(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
-        if path.endswith("/f3.bin"):
-            await asyncio.sleep(0.5)
-        return await real(self, path, **kwargs)
-
-    monkeypatch.setattr(PelicanFileSystem, "_size", slow_size)
+    slow_size(monkeypatch, "f3.bin")
     fed = federation
     size = len(fed.files[F[0]])
     log = StagingLog(monkeypatch)
@@ -447,12 +453,7 @@ def test_a_file_deferred_for_room_keeps_its_turn(
         wait_for(lambda: deferred_for_room(st, 2))  # 0 and 1 fill the budget
         st.release(0)
         wait_for(lambda: FileState.READY in (st._state[2], st._state[3]))
-        assert st.get(2).read_bytes() == fed.files[F[2]]  # 1 still held
-        assert len(staged(st)) <= 2
-        for i in (1, 2):
-            st.release(i)
-        assert st.get(3).read_bytes() == fed.files[F[3]]
-        st.release(3)
+        read_on_holding_one(st, fed, F[2], F[3])
     log.check()
     assert "budget" not in caplog.text
 
@@ -472,12 +473,7 @@ def test_a_file_listed_again_is_kept_only_in_its_turn(
         st.get(1)
         wait_for(lambda: deferred_for_room(st, 2))
         st.release(0)  # f2 waits: f0 must go
-        assert st.get(2).read_bytes() == fed.files[F[2]]  # 1 still held
-        assert len(staged(st)) <= 2
-        for i in (1, 2):
-            st.release(i)
-        assert st.get(3).read_bytes() == fed.files[F[0]]
-        st.release(3)
+        read_on_holding_one(st, fed, F[2], F[0])
     log.check()
     assert "budget" not in caplog.text
     assert gets(fed, F[0]) == 2  # its turn came again
