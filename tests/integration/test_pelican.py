@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,6 +88,23 @@ def test_two_federations_in_one_process(tmp_path: Path) -> None:
     ):
         both = expand_paths([a.uri("/ns/data/*.bin"), b.uri("/ns/data/*.bin")], a.pelican)
         assert len(both) == 6 and sum(u.startswith(b.fed.url) for u in both) == 2
+
+
+def test_a_filesystem_no_longer_used_is_freed(federation: FederationSetup) -> None:
+    """A Pelican filesystem that nothing uses any more (a token was refreshed: a new one replaces it) goes with
+    its HTTP session: fsspec's instance cache, through which pelicanfs builds its inner HTTP filesystem, does
+    not keep it for the life of the process."""
+    from hpctrain.remote import files
+
+    fed = federation
+    remote = RemoteFiles(fed.pelican)
+    fs, path = remote.resolve(fed.uri(F[0]))
+    assert fs.cat_file(path) == fed.files[F[0]]  # a session, with a connection
+    inner, outer = weakref.ref(fs.http_file_system), weakref.ref(fs)
+    del fs, remote
+    files._SHARED.clear()
+    gc.collect()
+    assert outer() is None and inner() is None
 
 
 def test_ahead_and_delete_after_use(federation: FederationSetup, monkeypatch: pytest.MonkeyPatch) -> None:
