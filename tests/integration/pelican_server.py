@@ -5,13 +5,14 @@ caches and an origin are further HTTPS servers that serve files from a local fol
 206, WebDAV PROPFIND). The URL path maps straight onto the folder: /ns/a.bin is <root>/ns/a.bin.
 
 Fault knobs (all on `Federation`, thread-safe): a dead first cache (a closed port listed first), per-path 503s
-before success, 403s, transfers cut after K bytes, namespaces that require a bearer token. A namespace with an
-`issuer` (tests/integration/oidc_issuer.py) accepts that issuer's live access tokens by their WLCG scopes
-(storage.read:<path>, storage.modify:<path>, paths minus the namespace's `storage_prefix`) and takes writes on
-the origin (PUT, WebDAV MOVE and DELETE; 403 without a token that may modify the path); the director names the
-issuer (X-Pelican-Authorization) and the origin (/api/v1.0/director/origin/<path>). A PUT writes straight into
-the final file, slowly with `faults.put_delay`, as an origin without temporaries would. Every request is
-logged (`Federation.requests`) with the server name, method, path and whether an Authorization header came.
+before success, 403s, transfers cut after K bytes, uploads that crawl or hang, namespaces that require a
+bearer token. A namespace with an `issuer` (tests/integration/oidc_issuer.py) accepts that issuer's live
+access tokens by their WLCG scopes (storage.read:<path>, storage.modify:<path>, paths minus the namespace's
+`storage_prefix`) and takes writes on the origin (PUT, WebDAV MOVE and DELETE; 403 without a token that may
+modify the path); the director names the issuer (X-Pelican-Authorization) and the origin
+(/api/v1.0/director/origin/<path>). A PUT writes straight into the final file, slowly with `faults.put_delay`
+(or hanging with `faults.stall_puts`), as an origin without temporaries would. Every request is logged
+(`Federation.requests`) with the server name, method, path and whether an Authorization header came.
 
 `StaticServer` is a plain http(s) file server with Range support (the same handler, no Pelican headers).
 """
@@ -133,6 +134,9 @@ class Faults:
     cut: dict[str, tuple[int, int]] = field(default_factory=dict)  # path -> (bytes sent, remaining times)
     forbid: set[str] = field(default_factory=set)  # paths answered 403
     put_delay: float = 0.0  # seconds of pause per 16 KiB an upload writes (a slow link, for kills mid-upload)
+    # an upload to a path containing one of these writes its first 16 KiB, then hangs until the text is removed
+    # (or the federation closes): a transfer a test can kill mid-way, however loaded the machine
+    stall_puts: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -388,7 +392,8 @@ class _Base:
         left = int(h.headers.get("Content-Length") or 0)
         with target.open("wb") as fh:  # straight into the final name: a cut upload leaves a short file
             while left > 0:
-                buf = h.rfile.read(min(16 << 10 if self.faults.put_delay else 1 << 20, left))
+                slow = self.faults.put_delay or self._stalled(rec.path)
+                buf = h.rfile.read(min(16 << 10 if slow else 1 << 20, left))
                 if not buf:
                     break
                 fh.write(buf)
@@ -396,7 +401,13 @@ class _Base:
                 left -= len(buf)
                 if self.faults.put_delay:
                     time.sleep(self.faults.put_delay)
+                while self._stalled(rec.path) and self._servers:
+                    time.sleep(0.02)
         h._reply(rec, 201 if left == 0 else 400)
+
+    def _stalled(self, path: str) -> bool:
+        with self.faults.lock:
+            return any(part in path for part in self.faults.stall_puts)
 
     def _propfind(self, h: _Handler, rec: Request, path: str, target: Path) -> None:
         if target.is_file() and path.endswith("/"):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from hpctrain.config.remote import PelicanConfig
 from hpctrain.data.staging import BadFileError, Stager, StagingError, local_name
+from hpctrain.data.staging.stager import FileState
 from hpctrain.fsutil import HOST
 from hpctrain.remote.expand import expand_paths
 from hpctrain.remote.files import RemoteFiles
@@ -85,6 +88,23 @@ def test_two_federations_in_one_process(tmp_path: Path) -> None:
     ):
         both = expand_paths([a.uri("/ns/data/*.bin"), b.uri("/ns/data/*.bin")], a.pelican)
         assert len(both) == 6 and sum(u.startswith(b.fed.url) for u in both) == 2
+
+
+def test_a_filesystem_no_longer_used_is_freed(federation: FederationSetup) -> None:
+    """A Pelican filesystem that nothing uses any more (a token was refreshed: a new one replaces it) goes with
+    its HTTP session: fsspec's instance cache, through which pelicanfs builds its inner HTTP filesystem, does
+    not keep it for the life of the process."""
+    from hpctrain.remote import files
+
+    fed = federation
+    remote = RemoteFiles(fed.pelican)
+    fs, path = remote.resolve(fed.uri(F[0]))
+    assert fs.cat_file(path) == fed.files[F[0]]  # a session, with a connection
+    inner, outer = weakref.ref(fs.http_file_system), weakref.ref(fs)
+    del fs, remote
+    files._SHARED.clear()
+    gc.collect()
+    assert outer() is None and inner() is None
 
 
 def test_ahead_and_delete_after_use(federation: FederationSetup, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -365,22 +385,27 @@ def test_leftover_partial_entries_of_any_kind(federation: FederationSetup, tmp_p
     assert outside.read_text() == "not ours to delete" and live.is_dir()
 
 
+def slow_size(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """pelicanfs learns the size of file `name` 0.5 s late (a slow HEAD)."""
+    from pelicanfs.core import PelicanFileSystem
+
+    real = PelicanFileSystem._size
+
+    async def slow(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
+        if path.endswith("/" + name):
+            await asyncio.sleep(0.5)
+        return await real(self, path, **kwargs)
+
+    monkeypatch.setattr(PelicanFileSystem, "_size", slow)
+
+
 def test_budget_holds_while_a_size_is_unknown(
     federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A prefetch whose size is not known yet must not count as 0 bytes: else the next file overtakes it,
     and the one needed next is then fetched over the budget (seen on a loaded machine; forced here with a slow
     size request for f1)."""
-    from pelicanfs.core import PelicanFileSystem
-
-    real = PelicanFileSystem._size
-
-    async def slow_size(self: PelicanFileSystem, path: str, **kwargs: object) -> int:
-        if path.endswith("/f1.bin"):
-            await asyncio.sleep(0.5)
-        return await real(self, path, **kwargs)
-
-    monkeypatch.setattr(PelicanFileSystem, "_size", slow_size)
+    slow_size(monkeypatch, "f1.bin")
     fed = federation
     uris = [fed.uri(p) for p in F]
     size = len(fed.files[F[0]])
@@ -393,3 +418,62 @@ def test_budget_holds_while_a_size_is_unknown(
     log.check()
     assert "budget" not in caplog.text
     assert [gets(fed, p) for p in F] == [1, 1, 1, 1]  # each transferred once
+
+
+def deferred_for_room(st: Stager, i: int) -> bool:
+    """Entry i was tried, its size seen, and sent back to wait for room (white box: the stager's own state)."""
+    with st._cond:
+        return st._size[i] is not None and st._state[i] == FileState.PENDING
+
+
+def read_on_holding_one(st: Stager, fed: FederationSetup, third: str, fourth: str) -> None:
+    """Entry 2 (file `third`) read while entry 1 is still held, within the budget of two files; then entry 3."""
+    assert st.get(2).read_bytes() == fed.files[third]
+    assert len(staged(st)) <= 2
+    for i in (1, 2):
+        st.release(i)
+    assert st.get(3).read_bytes() == fed.files[fourth]
+    st.release(3)
+
+
+def test_a_file_deferred_for_room_keeps_its_turn(
+    federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tried again once there is room, file 2 (its size known from the first try) comes before file 3: 3 must
+    not start meanwhile and take the room (its slow size request then let 3 in and 2 out, and 2, needed next,
+    was fetched over the budget: seen in the full suite)."""
+    slow_size(monkeypatch, "f3.bin")
+    fed = federation
+    size = len(fed.files[F[0]])
+    log = StagingLog(monkeypatch)
+    cfg = fed.staging(ahead=3, max_bytes=2 * size)
+    with Stager([fed.uri(p) for p in F], cfg, job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        st.get(1)
+        wait_for(lambda: deferred_for_room(st, 2))  # 0 and 1 fill the budget
+        st.release(0)
+        wait_for(lambda: FileState.READY in (st._state[2], st._state[3]))
+        read_on_holding_one(st, fed, F[2], F[3])
+    log.check()
+    assert "budget" not in caplog.text
+
+
+def test_a_file_listed_again_is_kept_only_in_its_turn(
+    federation: FederationSetup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """f0 listed again after f2 (as the next epoch's first file): released while f2 still waits for room, f0
+    is deleted, not kept for its second entry, where it would hold the room f2 needs next (f2 was then fetched
+    over the budget: seen in the full suite); it is fetched again in its turn."""
+    fed = federation
+    size = len(fed.files[F[0]])
+    log = StagingLog(monkeypatch)
+    uris = [fed.uri(p) for p in (F[0], F[1], F[2], F[0])]
+    with Stager(uris, fed.staging(ahead=3, max_bytes=2 * size), job_id="t", pelican=fed.pelican) as st:
+        st.get(0)
+        st.get(1)
+        wait_for(lambda: deferred_for_room(st, 2))
+        st.release(0)  # f2 waits: f0 must go
+        read_on_holding_one(st, fed, F[2], F[0])
+    log.check()
+    assert "budget" not in caplog.text
+    assert gets(fed, F[0]) == 2  # its turn came again

@@ -256,37 +256,37 @@ def test_batch_job_whose_login_expired_stops_with_the_hint(setup: Setup) -> None
 def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None:
     s = setup
     login(s, s.uri("/ns/runs/"))
+    # The last checkpoint's upload hangs after its first 16 KiB from the start, so the kill lands in it however
+    # loaded the machine (slowing uploads only once the first had arrived raced the run: it could be sending
+    # the last one already). Each save pauses 1 s before its rename: the uploader takes step 20's `latest`
+    # before step 40's replaces it (an upload not started yet gives way to a newer one).
+    s.fed.faults.stall_puts.add(".step_00000040.pt.upload-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "train", *RUN, "train.total_updates=40", "checkpoint.every=20",
          f"run.out_dir={s.tmp / 'scratch'}", "data.pelican.auto_token=true", *s.pel,
          f"checkpoint.dir={s.uri('/ns/runs/r')}"],
-        cwd=s.tmp, env=s.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        cwd=s.tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**s.env, "_HPCTRAIN_TEST_SAVE_PAUSE": "1", "PYTHONPATH": f"{FAULT_HOOK}{os.pathsep}{REPO / 'src'}"},
     )  # fmt: skip
     remote = s.root / "ns" / "runs" / "r"
+    temps: list[Path] = []
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (remote / "latest").exists():
-            time.sleep(0.05)
-        assert (remote / "latest").exists(), "the first checkpoint never arrived"
-        s.fed.faults.put_delay = 1.0  # the next upload crawls: 16 KiB a second
-        first = remote_latest_is_complete(remote)
-        while time.time() < deadline and proc.poll() is None:
+        while time.time() < deadline and proc.poll() is None and not temps:
             temps = [p for p in remote.glob(".step_00000040.pt.upload-*") if p.stat().st_size > 0]
-            if temps:
-                break
             time.sleep(0.05)
-        assert temps, "no upload of the last checkpoint was seen"
+        assert temps, f"no upload of the last checkpoint was seen: {proc.poll()=}"
+        first = remote_latest_is_complete(remote)  # what the remote side says while the last upload hangs
         proc.kill()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+        s.fed.faults.stall_puts.clear()
     assert remote_latest_is_complete(remote) == first == "step_00000020.pt"
     assert not (remote / "step_00000040.pt").exists()  # the cut file is only a temporary
     # the same command again: the run is finished, but its last upload is redone, the dead temporary removed
-    s.fed.faults.put_delay = 0.0
     again = cli(s, "train", *RUN, "train.total_updates=40", "checkpoint.every=20",
                 f"run.out_dir={s.tmp / 'scratch'}", "data.pelican.auto_token=true", *s.pel,
                 f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip

@@ -27,8 +27,6 @@ pytestmark = pytest.mark.integration
 NAMES = ("f0.parquet", "f1.parquet", "f2.parquet")
 
 
-# A folder of their own, not test_pelican_training's /ns/muons/: after these tests, the same paths on that test's
-# new federation were staged over its budget (some process-wide state keyed by the path; not yet found).
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[FederationSetup]:
     """Three muon files under /ns/changing/ of a loopback federation."""

@@ -110,7 +110,9 @@ class RemoteFiles:
         if self._token:
             options["headers"] = {"Authorization": f"Bearer {self._token}"}
         # our own instance per federation: fsspec's cached one stays bound to the first federation
-        return PelicanFileSystem(discovery, skip_instance_cache=True, **options)
+        fs = PelicanFileSystem(discovery, skip_instance_cache=True, **options)
+        _uncache(fs.http_file_system)
+        return fs
 
     def canonical(self, uri: str, fs: Any, path: str) -> str:
         """The URI for a path that `resolve(uri)`'s filesystem returned (globs, listings)."""
@@ -138,3 +140,14 @@ class RemoteFiles:
         if not files:
             raise MissingPathError(f"{uri}: no remote file matches")
         return files
+
+
+def _uncache(inner: Any) -> None:
+    """Drop `inner` from fsspec's instance cache of its class. pelicanfs builds its HTTP filesystem through that
+    cache (our skip_instance_cache stops at the outer one), which would hold it, its session and open
+    connections for the life of the process: one more each time a refreshed token (or another federation)
+    builds a Pelican filesystem."""
+    cls = type(inner)
+    with cls._instantiation_lock:
+        for token in [t for t, fs in cls._cache.items() if fs is inner]:
+            del cls._cache[token]

@@ -79,6 +79,7 @@ class Stager:
         n = len(self.uris)
         self._state = [FileState.PENDING if r else FileState.LOCAL for r in self._remote]
         self._size: list[int | None] = [None] * n
+        self._admitted: set[int] = set()  # downloads under way that passed their own budget check
         self._errors: dict[int, BaseException] = {}
         self._requested: set[int] = set()
         self._max_req = -1
@@ -241,14 +242,13 @@ class Stager:
 
     def _fits(self, j: int, demanded: bool) -> bool:
         """Room for file j in the budget, evicting released files if needed (caller holds the lock)."""
-        if self.cfg.max_bytes is not None and not demanded:
-            # a download under way whose size is not known yet would count as 0 bytes here, and two prefetches
-            # could then both fit (seen on a loaded machine): wait until its size is known (it notifies)
-            n = len(self.uris)
-            if any(
-                self._state[k] == FileState.FETCHING and self._size[k] is None for k in range(n) if k != j
-            ):
-                return False
+        # A download under way that has not passed its own check (its size unknown, or known from a try
+        # deferred for room) would count as 0 bytes here, or lose the room to this later file if this one
+        # checked first: wait until it has (it notifies). Both seen on a loaded machine: two prefetches both
+        # fit; a file deferred again for the one after it, then needed over the budget. (_unchecked is only
+        # ever true with max_bytes set.)
+        if not demanded and any(self._unchecked(k) for k in range(len(self.uris)) if k != j):
+            return False
 
         def used() -> dict[str, int]:  # staged or being staged, other than j
             states = (FileState.READY, FileState.FETCHING)
@@ -275,8 +275,10 @@ class Stager:
 
     def _evict(self, view: tuple[float, int, set[int]], force: bool) -> None:
         """Delete staged files below every rank's floor (delete_after_use, or `force` to make room), unless the
-        same file comes again within the prefetch window (a URI listed twice, e.g. the next epoch's start);
-        one that comes again only later is fetched again then, so that it does not sit in the budget."""
+        same file comes again within the prefetch window (a URI listed twice, e.g. the next epoch's start) and
+        every file before that entry is staged or has its room: kept earlier, it would hold room that a file
+        read sooner needs (that one was then fetched over the budget). One that comes again only later is
+        fetched again then, so that it does not sit in the budget."""
         if not (self.cfg.delete_after_use or force):
             return
         floor, max_want, _ = view
@@ -289,7 +291,7 @@ class Stager:
             if self._state[k] != FileState.READY:
                 continue
             later = window.get(self._names[k])
-            if later is not None:
+            if later is not None and self._has_room_before(low, later):
                 # the file now belongs to its later entry (counted in the budget from now on)
                 if self._state[later] in (FileState.PENDING, FileState.DELETED):
                     self._state[later], self._size[later] = FileState.READY, self._size[k]
@@ -299,6 +301,20 @@ class Stager:
             self.path(k).unlink(missing_ok=True)
             self._state[k] = FileState.DELETED
             self.stats["evicted"] += 1
+
+    def _has_room_before(self, low: int, later: int) -> bool:
+        """Every entry in [low, later) is staged, bad, local, or downloading with its room (caller holds the
+        lock): a file kept for entry `later` then takes no room a file read before it still needs."""
+        waiting = (FileState.PENDING, FileState.DELETED)
+        return not any(self._state[k] in waiting or self._unchecked(k) for k in range(low, later))
+
+    def _unchecked(self, k: int) -> bool:
+        """Entry k is downloading but has not passed its byte-budget check yet (caller holds the lock)."""
+        return (
+            self.cfg.max_bytes is not None
+            and self._state[k] == FileState.FETCHING
+            and k not in self._admitted
+        )
 
     def _node_view(self) -> tuple[float, int, set[int]]:
         """(lowest index any local rank may still read, highest index asked for, indices someone waits on)."""
@@ -334,6 +350,7 @@ class Stager:
         finally:
             with self._cond:
                 self._state[j] = state
+                self._admitted.discard(j)
                 if state == FileState.READY:
                     self._size[j] = size
                     self.stats["reused" if reused else "downloaded"] += 1
@@ -381,9 +398,10 @@ class Stager:
             size = int(fs.size(path))
             with self._cond:
                 self._size[j] = size
-                self._cond.notify_all()  # a prefetch may wait for this size (see _fits)
+                self._cond.notify_all()  # a prefetch may wait for this check (see _fits)
                 if not self._fits(j, demanded):
                     raise _Deferred()
+                self._admitted.add(j)
             if final.exists() and final.stat().st_size == size:
                 return size, True
         progress = _Progress(lambda: self._closing)
