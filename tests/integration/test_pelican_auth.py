@@ -357,10 +357,11 @@ def test_chain_moves_to_an_empty_scratch_through_the_federation(setup: Setup) ->
     # stopped after its first of 600 updates (0: not stopped in time)
     assert proc.returncode == 75, err[-3000:]
     remote_latest_is_complete(s.root / "ns" / "runs" / "chain")
-    hop2 = cli(s, "train", *common, f"run.out_dir={s.tmp / 'B'}", *remote_args)
+    # 600 updates each: the limit only guards against a hang (a loaded 2-core machine took over 120 s)
+    hop2 = cli(s, "train", *common, f"run.out_dir={s.tmp / 'B'}", *remote_args, timeout=480)
     assert hop2.returncode == 0, hop2.stderr[-3000:]
     assert "resumed from" in hop2.stdout
-    ref = cli(s, "train", *common, f"run.out_dir={s.tmp / 'C'}")
+    ref = cli(s, "train", *common, f"run.out_dir={s.tmp / 'C'}", timeout=480)
     assert ref.returncode == 0, ref.stderr[-3000:]
     sha = [p.stdout.strip().rsplit("params_sha256=", 1)[1] for p in (hop2, ref)]
     assert sha[0] == sha[1]
