@@ -119,7 +119,8 @@ def median_judgement(results: list[dict[str, Any]]) -> dict[str, Any]:
                     "w1_sd": pick([value(r, name, i, f"{who}_w1_sd") for r in results]),
                     "ks": pick([value(r, name, i, f"{who}_ks") for r in results]),
                     "n_true": row["n_true"],
-                    "n_generated": row["n_true"],
+                    # judged in the median as in the seeds (a bin whose floor sample is too small is not)
+                    "n_generated": row["n_true"] if row["judged"] else 0,
                 }
             overall = [r["quality"]["features"][name]["overall_w1"] for r in results]
             sd_key = {"ours": "ours_sd", "floor": "floor_sd"}.get(who)
