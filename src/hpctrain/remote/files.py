@@ -148,6 +148,8 @@ def _uncache(inner: Any) -> None:
     connections for the life of the process: one more each time a refreshed token (or another federation)
     builds a Pelican filesystem."""
     cls = type(inner)
+    if not hasattr(cls, "_cache") or not hasattr(cls, "_instantiation_lock"):
+        return  # another fsspec: its cache is not ours to mend (a leak at worst, never an error)
     with cls._instantiation_lock:
         for token in [t for t, fs in cls._cache.items() if fs is inner]:
             del cls._cache[token]
