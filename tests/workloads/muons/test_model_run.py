@@ -226,10 +226,12 @@ FLOW_MODEL = "model={type: muon_flow, hidden: 16, flow_bins: 4, multiplicity: {h
     "extra",
     [
         # the generator by likelihood alone in updates 1-3 (the critic learns in 2-3), then the game: the resume
-        # at update 4 crosses the boundary
+        # at update 4 crosses the boundary; the latent encoder's posterior draws come from the checkpointed
+        # stream in both phases
         (
             "model.muon_head=flow",
             "model.muon_nll_weight=0.5",
+            "model.latent_encoder=true",
             "model.flow_bins=4",
             "model.likelihood_warmup=3",
             "model.critic_warmup=2",
@@ -281,6 +283,12 @@ def test_muon_nll_weight_needs_the_flow_head(tmp_path: Path):
         cwd=Path(__file__).parents[3],
     )
     assert done.code == 2 and "muon_nll_weight=1 needs muon_head=flow" in done.err
+    assert len(done.err.strip().splitlines()) == 1
+    done = hpctrain(
+        "config", "show", "-c", "configs/muons_wgan.yaml", "model.latent_encoder=true", "model.muon_nll_weight=0",
+        cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert done.code == 2 and "latent_encoder=true needs muon_head=flow and muon_nll_weight > 0" in done.err
     assert len(done.err.strip().splitlines()) == 1
 
 

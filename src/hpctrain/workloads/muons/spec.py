@@ -224,6 +224,13 @@ class MuonWGANConfig(ModelConfigBase):
         description="The first N updates train the generator by likelihood alone (multiplicity and flow head; "
         "no critic), so the adversarial game starts from the maximum-likelihood fit (needs muon_head=flow).",
     )
+    latent_encoder: bool = Field(
+        False,
+        description="Train the event latent by likelihood too: the real muons' density is taken under a "
+        "latent drawn from an encoder's posterior given the event's muons (a conditional VAE: the loss is the "
+        "negative ELBO per muon), so the latent learns what a bundle's muons share before and during the game "
+        "(needs muon_head=flow and muon_nll_weight > 0).",
+    )
     critic_warmup: int = Field(
         0,
         ge=0,
@@ -273,6 +280,11 @@ class MuonWGANConfig(ModelConfigBase):
         if self.likelihood_warmup > 0 and self.muon_head != "flow":
             raise ValueError(
                 f"likelihood_warmup={self.likelihood_warmup} needs muon_head=flow (the mlp head has no density)"
+            )
+        if self.latent_encoder and (self.muon_head != "flow" or self.muon_nll_weight <= 0):
+            raise ValueError(
+                "latent_encoder=true needs muon_head=flow and muon_nll_weight > 0 (the encoder learns from the "
+                "real muons' likelihood, in the warm-up and in the game)"
             )
         if self.critic_warmup > self.likelihood_warmup:
             raise ValueError(

@@ -176,5 +176,13 @@ def likelihood_losses(
     out = generator(primaries, counts, index, z_global, no_muons, real=muons, sample=False)
     mult = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), counts).mean()
     assert out.real_log_prob is not None
-    muon = -out.real_log_prob.float().mean() if muons.shape[0] else mult.new_zeros(())
-    return mult, muon
+    return mult, real_muon_nll(out.real_log_prob, out.latent_kl)
+
+
+def real_muon_nll(log_prob: torch.Tensor, latent_kl: torch.Tensor | None) -> torch.Tensor:
+    """The real muons' NLL per muon (M,) -> (); with the latent encoder the negative ELBO per muon: the
+    events' KL from the prior spread over the batch's muons (an upper bound on the NLL)."""
+    muons = log_prob.shape[0]
+    if latent_kl is None:
+        return -log_prob.float().mean() if muons else log_prob.new_zeros((), dtype=torch.float32)
+    return (latent_kl.float().sum() - log_prob.float().sum()) / max(muons, 1)

@@ -140,12 +140,41 @@ class MultiplicityHead(nn.Module):
 
 class GeneratorOutput(NamedTuple):
     """What the generator's forward gives: muons (M, 3) in the scaled space, the NB parameters (B,) each, and,
-    when real muons were passed (flow head), their log density (M,) under the same event contexts."""
+    when real muons were passed (flow head), their log density (M,) under the same event contexts (with the
+    latent encoder: under latents drawn from its posterior, and that posterior's KL from the prior (B,))."""
 
     muons: torch.Tensor
     log_mu: torch.Tensor
     log_r: torch.Tensor
     real_log_prob: torch.Tensor | None = None
+    latent_kl: torch.Tensor | None = None
+
+
+class LatentEncoder(nn.Module):
+    """q(z | an event's real muons, primary, N): a diagonal normal over the generator's event latent (a
+    conditional VAE's encoder). With it the likelihood trains a bundle-wide latent: under a latent drawn from
+    the prior the best density of real muons ignores the latent (every bundle's muons look independent given
+    the primary and N), under the posterior it explains what the bundle's muons share."""
+
+    def __init__(self, hidden: int, latent: int) -> None:
+        super().__init__()
+        half = max(hidden // 2, 1)
+        # the per-muon net's first layer on cat(muon, primary[index]), split: the primary part runs per event
+        self.point_muon = nn.Linear(MUON_DIM, half)
+        self.point_primary = nn.Linear(PRIMARY_DIM, half, bias=False)
+        self.point_net = nn.Sequential(nn.LeakyReLU(), mlp([half, hidden], nn.LeakyReLU, True, True))
+        self.head = mlp([hidden + PRIMARY_DIM + 2, hidden, 2 * latent], nn.LeakyReLU)
+
+    def forward(
+        self, scaled: torch.Tensor, index: torch.Tensor, primaries: torch.Tensor, counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log variance), each (B, latent), from scaled muons (M, 3) and their events `index` (M,)."""
+        first = self.point_muon(scaled) + self.point_primary(primaries).index_select(0, index)
+        pooled = pool(self.point_net(first), index, counts, "mean")  # (B, H); empty events: 0
+        empty = (counts == 0).to(pooled.dtype).unsqueeze(1)
+        out = self.head(torch.cat([pooled, primaries, multiplicity_feature(counts), empty], 1))
+        mean, log_var = out.chunk(2, 1)
+        return mean, log_var.clamp(-12.0, 6.0)  # a bounded variance: exp() neither vanishes nor overflows
 
 
 class Generator(nn.Module):
@@ -162,6 +191,7 @@ class Generator(nn.Module):
         isotropic: bool = False,
         head: str = "mlp",
         flow_bins: int = 8,
+        latent_encoder: bool = False,
     ) -> None:
         super().__init__()
         self.latent_global, self.latent_local = latent_global, latent_local
@@ -175,6 +205,11 @@ class Generator(nn.Module):
         # head "flow": the muons of an event from a conditional spline flow on the event context (flow.py):
         # log energy, log lateral distance given it, uniform azimuth; else an MLP on (context, latent)
         self.flow = MuonFlow(hidden, hidden, flow_bins) if head == "flow" else None
+        # training only: the real muons' density is taken under latents from this posterior (sampling draws
+        # the latent from the prior N(0, 1) and never runs it)
+        self.encoder = (
+            LatentEncoder(hidden, latent_global) if latent_encoder and self.flow is not None else None
+        )
         if self.flow is None:
             # local_net's first layer on cat(context[index], z_local), split in two so the context part runs
             # per EVENT (B rows) and only its (B, half) result is gathered to the muons: fewer FLOPs
@@ -216,13 +251,16 @@ class Generator(nn.Module):
         z_local: torch.Tensor | None = None,
         real: torch.Tensor | None = None,
         sample: bool = True,
+        z_posterior: torch.Tensor | None = None,
     ) -> GeneratorOutput:
         """Muons (M, 3) IN SCALED UNITS (`scaler.inverse` gives normalised muons) for events with these counts
         (index (M,) their event), and the NB parameters (log mu (B,), log r (B,)) for the multiplicity
         likelihood; with `real` (M', 3) normalised muons of the same events (flow head; index: the muons
         are those of `counts`), also their log density under the same contexts. Latents are drawn when not
         given (the trainer passes its own, from a checkpointed generator). `sample=False` (flow head, with
-        `real`): no muons are generated (an empty (0, 3) tensor): likelihood training needs none."""
+        `real`): no muons are generated (an empty (0, 3) tensor): likelihood training needs none. With the
+        latent encoder, the real muons' density is taken under z = mean + sd * eps of their posterior, eps =
+        `z_posterior` (default: `z_global` when nothing is sampled, else drawn), and its KL is returned."""
         if not sample and (self.flow is None or real is None):
             raise ValueError("sample=False needs the flow head and real muons")
         if z_global is None or z_local is None:
@@ -237,8 +275,22 @@ class Generator(nn.Module):
                 if sample
                 else primaries.new_zeros((0, 3))
             )
-            log_prob = None if real is None else self.flow.log_prob(real, context, index)
-            return GeneratorOutput(muons, log_mu, log_r, log_prob)
+            if real is None:
+                return GeneratorOutput(muons, log_mu, log_r)
+            if self.encoder is None:
+                return GeneratorOutput(muons, log_mu, log_r, self.flow.log_prob(real, context, index))
+            eps = (
+                z_posterior
+                if z_posterior is not None
+                else z_global
+                if not sample
+                else torch.randn_like(z_global)
+            )
+            mean, log_var = self.encoder(self.scaler(real), index, primaries, counts)
+            z_real = mean + torch.exp(0.5 * log_var) * eps
+            kl = 0.5 * (mean.square() + log_var.exp() - log_var - 1.0).sum(1)  # (B,) KL(q || N(0, 1))
+            real_context = self.context(primaries, counts, z_real)
+            return GeneratorOutput(muons, log_mu, log_r, self.flow.log_prob(real, real_context, index), kl)
         if real is not None:
             raise ValueError("the log density of real muons needs model.muon_head=flow")
         latent = z_local[:, : self.latent_local]

@@ -32,6 +32,7 @@ from hpctrain.workloads.muons.models.losses import (
     likelihood_losses,
     normalize_scores,
     pair_muons,
+    real_muon_nll,
 )
 from hpctrain.workloads.muons.models.networks import (
     Critic,
@@ -90,7 +91,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         generator = {
             "latent_global": m.latent_global, "latent_local": m.latent_local, "hidden": m.hidden,
             "mult_hidden": list(m.multiplicity.hidden), "cap": muon_cap(self.cfg), "isotropic": m.isotropic,
-            "head": m.muon_head, "flow_bins": m.flow_bins,
+            "head": m.muon_head, "flow_bins": m.flow_bins, "latent_encoder": m.latent_encoder,
         }  # fmt: skip
         critic = {"hidden": m.critic_hidden, "pooling": m.pooling, "muon_score": m.muon_score}
         return {"generator": generator, "critic": critic}
@@ -296,14 +297,18 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
                 with ctx.autocast():
                     noise = self._generator_noise(p, ctx.device, rng)
                     real = b.muons if m.muon_nll_weight > 0 else None
-                    out = generator(b.primaries, b.counts, p.index, *noise, real=real)
+                    # the encoder's posterior draw for the real muons' density: from the checkpointed stream
+                    posterior = None
+                    if real is not None and m.latent_encoder:
+                        posterior = torch.randn(len(b), m.latent_global, device=ctx.device, generator=rng)
+                    out = generator(b.primaries, b.counts, p.index, *noise, real=real, z_posterior=posterior)
                     fake = out.muons
                     adversarial = generator_loss(self._scores(critic, fake.float(), p))
                     nll = MultiplicityHead.nll(out.log_mu.float(), out.log_r.float(), b.counts).mean()
                     loss = adversarial + m.multiplicity_weight * nll
                     if out.real_log_prob is not None:
                         # Flow-GAN: the real muons' likelihood under the generator (per muon, its mean)
-                        muon_nll = -out.real_log_prob.float().mean() if b.num_muons else zero
+                        muon_nll = real_muon_nll(out.real_log_prob, out.latent_kl)
                         loss = loss + m.muon_nll_weight * muon_nll
                         muon_nll_total = muon_nll_total + muon_nll.detach() * p.weight
                 ctx.backward(loss * p.weight)
