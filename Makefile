@@ -5,6 +5,8 @@ VENV ?= .venv
 # CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "Installing on a cluster (CUDA)".
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# pytest-xdist workers of `make test` (tests/conftest.py keeps the integration tests on one of them)
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.hpctrain-installed
 
 .PHONY: install run test lint bench clean-venv
@@ -30,7 +32,7 @@ test: $(STAMP)
 	@hpc/local-cluster install
 	@hpc/install-browser
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

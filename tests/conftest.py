@@ -37,6 +37,16 @@ _LEAKY = (
 )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup): the integration tests share one
+    worker, in order, as they share machines' worth of services (one SLURM cluster for the session, its job ids
+    in MASTER_PORT) and mostly wait on them; the other tests spread over both workers, so the waits overlap
+    with the CPU-bound tests."""
+    for item in items:
+        if item.get_closest_marker("integration") or "tests/integration/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("integration"))
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "SLURM_")) and k not in _LEAKY
