@@ -13,7 +13,7 @@ from hpctrain.fsutil import atomic_path
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
 from hpctrain.track.report.page import render_page
-from hpctrain.track.report.panels import DPI, NO_WORKLOAD, Image, ScalarGroup, Table, WorkloadReport
+from hpctrain.track.report.panels import NO_WORKLOAD, Image, ScalarGroup, Table, WorkloadReport, save_png
 
 __all__ = ["Image", "RunData", "ScalarGroup", "Table", "WorkloadReport", "write_report"]
 
@@ -36,7 +36,7 @@ def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadRepor
     tables = [table for make in workload.tables for table in make(data)]
     for image in images:
         with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
-            image.figure.savefig(tmp, dpi=DPI, format="png", metadata=_metadata(image))
+            save_png(image.figure, tmp, _metadata(image))
     page = out / "index.html"
     with atomic_path(page, fsync=False) as tmp:
         Path(tmp).write_text(render_page(data, images, tables, workload.evaluation_table))

@@ -23,7 +23,16 @@ from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import is_curve
 from hpctrain.track.report.labels import readable
 from hpctrain.track.report.page import TEMPLATES
-from hpctrain.track.report.panels import DPI, X_UPDATE, Image, Table, figure, fmt, legend_outside, log_if_wide
+from hpctrain.track.report.panels import (
+    X_UPDATE,
+    Image,
+    Table,
+    figure,
+    fmt,
+    legend_outside,
+    log_if_wide,
+    save_png,
+)
 
 # What the hardware did is no figure of merit of a run: left to each run's own report.
 _HARDWARE = re.compile(r"^(gpu\d+_.*|rss_gb|workers|workers_cpu_pct|nonfinite_skips)$")
@@ -246,8 +255,7 @@ def write_comparison(run_dirs: list[Path], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for image in images:
         with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:
-            image.figure.savefig(tmp, dpi=DPI, format="png", metadata={"Title": image.name,
-                                                                       "Description": image.caption})  # fmt: skip
+            save_png(image.figure, tmp, {"Title": image.name, "Description": image.caption})
     import jinja2
 
     env = jinja2.Environment(

@@ -87,6 +87,19 @@ def figure(
     return fig, axes
 
 
+def save_png(fig: Any, path: Any, metadata: dict[str, str]) -> None:
+    """Write `fig` as a PNG at DPI. Log axes get minor ticks at 2 and 5 of each decade, not at every
+    integer: matplotlib builds an object per tick, and 8 per decade on every log axis were a third of a muon
+    report's drawing time (28 s -> 21 s for its 42 figures on one core); the gridless plots lose nothing."""
+    from matplotlib.ticker import LogLocator
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    fig.savefig(path, dpi=DPI, format="png", metadata=metadata)
+
+
 LABEL_ROWS = 3  # hop labels that would overprint go a row higher; past the last row they are left out
 ROW_POINTS = 11  # a label row: fontsize 7 and a little space
 
