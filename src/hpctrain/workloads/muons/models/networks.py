@@ -279,13 +279,9 @@ class Generator(nn.Module):
                 return GeneratorOutput(muons, log_mu, log_r)
             if self.encoder is None:
                 return GeneratorOutput(muons, log_mu, log_r, self.flow.log_prob(real, context, index))
-            eps = (
-                z_posterior
-                if z_posterior is not None
-                else z_global
-                if not sample
-                else torch.randn_like(z_global)
-            )
+            eps = z_posterior
+            if eps is None:  # the prior's draw serves when it generated nothing, else a fresh one
+                eps = torch.randn_like(z_global) if sample else z_global
             mean, log_var = self.encoder(self.scaler(real), index, primaries, counts)
             z_real = mean + torch.exp(0.5 * log_var) * eps
             kl = 0.5 * (mean.square() + log_var.exp() - log_var - 1.0).sum(1)  # (B,) KL(q || N(0, 1))
