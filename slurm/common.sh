@@ -176,7 +176,8 @@ hpctrain_master() {
         addr=$(scontrol show node -o "$head" | grep -oE 'NodeAddr=[^ ]+' | cut -d= -f2)
     fi
     export MASTER_ADDR=${addr:-$head}
-    export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+    # 12000-31999: below Linux's ephemeral ports (32768+), which outgoing connections take at random
+    export MASTER_PORT=$((12000 + SLURM_JOB_ID % 20000))
 }
 
 # ---------------------------------------------------------------------------------------------- chain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
 import sys
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r} (choose from {', '.join(VERBS)})", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not faulthandler.is_enabled():
+        # A crash in native code (a gloo/NCCL thread's abort, a segfault in an extension) prints every Python
+        # thread's stack to stderr: which rank died, and where, is in the job's log instead of one line of C++.
+        faulthandler.enable(all_threads=True)
     if verb == "train" and "--until-done" not in rest:
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
         # a death (runtime/signals.py).

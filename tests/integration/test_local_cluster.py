@@ -124,6 +124,9 @@ def test_second_cluster_side_by_side_then_down(
         for key in ("ClusterName", "SlurmctldPort", "StateSaveLocation"):
             pattern = rf"^{key}=(\S+)"
             assert re.findall(pattern, conf_a, re.M) != re.findall(pattern, conf_b, re.M)
+        # The daemons' ports stay out of the jobs' MASTER_PORT range (12000-31999) and the ephemeral one.
+        ports = [int(p) for conf in (conf_a, conf_b) for p in re.findall(r"Port=(\d+)", conf)]
+        assert ports and all(port < 12000 for port in ports), ports
         job = other.sbatch(["--wrap", "true"], cwd=other.state_dir)
         assert other.wait(job, timeout=30) == "COMPLETED"
         assert other.sacct_state(job) == "COMPLETED"  # the shim, answering from squeue

@@ -62,3 +62,34 @@ def test_expansion_matches_scontrol(scontrol: tuple[str, dict[str, str]], node_l
     done = subprocess.run([exe, "show", "hostnames", node_list], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "Invalid" not in done.stderr, (node_list, done.stderr)
     assert expand_hostnames(node_list) == done.stdout.split(), node_list
+
+
+def _template_master_port(job_id: int) -> int:
+    """MASTER_PORT as slurm/common.sh computes it: its own line, run by bash."""
+    line = next(
+        ln.strip()
+        for ln in (Path(__file__).parents[2] / "slurm" / "common.sh").read_text().splitlines()
+        if ln.strip().startswith("export MASTER_PORT=")
+    )
+    out = subprocess.run(
+        ["bash", "-c", f'{line}; echo "$MASTER_PORT"'],
+        env={"SLURM_JOB_ID": str(job_id), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("job_id", [0, 1, 3, 12345, 19999, 20768, 39999, 9_876_543])
+def test_the_rendezvous_port_is_below_the_ephemeral_range_and_the_same_in_python_and_sbatch(
+    job_id: int,
+) -> None:
+    # An ephemeral port (32768+) may be held by any outgoing connection on the node; the test cluster's
+    # daemons take ports below 12000 (hpc/local-cluster).
+    from hpctrain.runtime.dist import master_port
+
+    port = master_port(str(job_id))
+    assert 12000 <= port < 32768
+    assert _template_master_port(job_id) == port
+    assert master_port(str(job_id + 1)) != port  # consecutive jobs on one node do not collide

@@ -299,6 +299,22 @@ def rank_pids(torchrun_pid: int, world: int, timeout: float = 120) -> dict[int, 
     raise AssertionError(f"torchrun {torchrun_pid} did not start {world} workers")
 
 
+def test_a_native_crash_prints_every_threads_python_stack(tmp_path: Path):
+    """An abort in native code (gloo's threads, an extension) leaves the Python stacks in the log, not one line
+    of C++: which rank died, and where."""
+    proc = popen_train(*SLOW_EVAL, "run.out_dir=abort", cwd=tmp_path)
+    metrics = tmp_path / "abort" / "ev" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not metrics.exists():
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.kill(proc.pid, signal.SIGABRT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGABRT
+    assert "Fatal Python error: Aborted" in err, err[-3000:]
+    assert re.search(r"File \".*hpctrain/train/\w+\.py\", line \d+ in \w+", err), err[-3000:]
+
+
 def test_ddp_stop_on_one_rank_during_evaluation_stops_all_together(tmp_path: Path):
     """USR1 to rank 1 only, during an evaluation: both ranks abandon it (no deadlock), save, and the resumed
     run evaluates that update; time-based saves (rank 0's clock) are agreed by both ranks as well."""

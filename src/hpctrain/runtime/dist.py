@@ -17,14 +17,20 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.slurm import expand_hostnames, node_address
 
 
+def master_port(job_id: str | None) -> int:
+    """The rendezvous port a job derives from its id (slurm/common.sh has the same formula): 12000-31999, below
+    Linux's ephemeral ports (32768+), where any outgoing connection may hold it."""
+    job = int(job_id) if job_id and job_id.isdigit() else 0
+    return 12000 + job % 20000
+
+
 def _rendezvous(env: ClusterEnv) -> None:
     """MASTER_ADDR/PORT from the environment, else derived from the SLURM node list and job id."""
     if not os.environ.get("MASTER_ADDR"):
         head = expand_hostnames(env.node_list)[0] if env.node_list else "127.0.0.1"
         os.environ["MASTER_ADDR"] = node_address(head)
     if not os.environ.get("MASTER_PORT"):
-        job = int(env.job_id) if env.job_id and env.job_id.isdigit() else 0
-        os.environ["MASTER_PORT"] = str(20000 + job % 20000)
+        os.environ["MASTER_PORT"] = str(master_port(env.job_id))
     os.environ.setdefault("RANK", str(env.rank))
     os.environ.setdefault("WORLD_SIZE", str(env.world_size))
 
