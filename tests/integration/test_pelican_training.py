@@ -270,3 +270,36 @@ def test_checkpoints_mirrored_after_each_commit(tmp_path: Path) -> None:
     for name in names:
         assert (copied / name).read_bytes() == (run / name).read_bytes()
     assert not [p for p in mirror.iterdir() if p.name.startswith(".")]  # no temporary copies left
+
+
+def test_evaluate_judges_remote_files_as_it_judges_local_ones(tmp_path: Path, muon_data: Path) -> None:
+    """`hpctrain evaluate --sample FILES --data pelican://...`: the true files come through the federation with
+    the token (staged, then deleted) and the tables are those of the same files read locally; a token file that
+    cannot be read is one line, exit 2."""
+    secret = "s3cr3t-judge-token-0123456789"
+    sample = tmp_path / "sample"
+    shutil.copytree(muon_data, sample)  # a perfect generator: the true bundles themselves
+    judge = ["evaluate", "--sample", str(sample), "--events", "600", "--folds", "2", "--null-replicates", "2"]
+    local = hpctrain(*judge, "--data", str(muon_data))
+    with pelican_federation(
+        tmp_path, n_files=0, namespaces=[Namespace("/secure", require_token=True, token=secret)]
+    ) as fed:
+        shutil.copytree(muon_data, fed.root / "secure" / "muons")
+        access = ["--ca-file", str(fed.fed.ca_file), "--staging-dir", str(fed.scratch)]
+        remote = hpctrain(
+            *judge, "--data", fed.uri("/secure/muons/*.parquet"), *access, env={"BEARER_TOKEN": secret}
+        )
+        gets = [r for r in fed.fed.requests if r.method == "GET" and r.server.startswith("cache")]
+        assert len(gets) >= N_FILES and all(r.has_auth for r in gets)
+        bad = subprocess.run(
+            [sys.executable, "-m", "hpctrain", *judge, "--data", fed.uri("/secure/muons/*.parquet"), *access,
+             "--token-file", str(tmp_path / "no-token")],
+            capture_output=True, text=True, env={**os.environ, "BEARER_TOKEN": ""}, timeout=120,
+        )  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == "", bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "no-token" in bad.stderr, bad.stderr
+    assert "judged 600 sample events" in remote and "parquet" in remote
+    # the same figures: everything after the first line (which names the files) is equal
+    assert remote.split("\n", 1)[1] == local.split("\n", 1)[1]
+    assert not list(fed.scratch.rglob("*.parquet"))  # each staged file deleted once read
+    assert secret not in remote

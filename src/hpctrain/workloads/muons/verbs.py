@@ -222,20 +222,46 @@ def evaluate_files_args(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="the bundles to judge (local files, folders, globs; any layout), generated for primaries of --data",
+        help="the bundles to judge (files, folders, globs, pelican:// or osdf:// URIs; any layout), generated for "
+        "primaries of --data",
     )
     g.add_argument(
         "--data",
         nargs="+",
         required=True,
         metavar="PATH",
-        help="the true bundles (local files, folders, globs; any layout); each sample event is paired with "
-        "the true event of the same primary",
+        help="the true bundles (files, folders, globs, pelican:// or osdf:// URIs; any layout); each sample "
+        "event is paired with the true event of the same primary",
     )
     g.add_argument("--events", type=int, default=0, help="judge at most this many pairs (default all)")
     g.add_argument("--seed", type=int, default=12345, help="seed of the splits, folds and null replicates")
     g.add_argument("--out", help="also write the figures as JSON (evaluate.json's form) to this file")
     classifier_args(g)
+    r = parser.add_argument_group(
+        "remote files (pelican://, osdf://; the token from BEARER_TOKEN or BEARER_TOKEN_FILE, or --token-file)"
+    )
+    r.add_argument("--token-file", metavar="FILE", help="bearer token file (data.pelican.token_file)")
+    r.add_argument("--ca-file", metavar="FILE", help="CA bundle to trust (data.pelican.ca_file)")
+    r.add_argument(
+        "--federation-url", metavar="URL", help="federation of host-less URIs (data.pelican.federation_url)"
+    )
+    r.add_argument(
+        "--staging-dir", metavar="DIR", help="where remote files are staged (default: node-local scratch)"
+    )
+
+
+def _pelican_access(args: argparse.Namespace) -> Any:
+    """data.pelican from the remote-file options (one line, exit 2, for a bad value)."""
+    from pydantic import ValidationError
+
+    from hpctrain.config.remote import PelicanConfig
+
+    given = {"token_file": args.token_file, "ca_file": args.ca_file, "federation_url": args.federation_url}
+    try:
+        return PelicanConfig(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as err:
+        problem = err.errors()[0]
+        raise UserError(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}") from None
 
 
 def evaluate_files(args: argparse.Namespace) -> int:
@@ -254,7 +280,10 @@ def evaluate_files(args: argparse.Namespace) -> int:
     from hpctrain.workloads.muons.evaluation import evaluate, judge_files, two_sample
 
     options = two_sample.Options(args.folds, args.null_replicates)
-    result = judge_files.judge_files(args.sample, args.data, args.events, args.seed, options)
+    pelican = _pelican_access(args)
+    result = judge_files.judge_files(
+        args.sample, args.data, args.events, args.seed, options, pelican, args.staging_dir
+    )
     info = result["info"]
     print(
         f"judged {info['events']} sample events ({len(info['sample'])} file(s), {', '.join(info['sample_layouts'])}) "

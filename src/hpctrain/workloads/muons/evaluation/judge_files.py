@@ -1,7 +1,8 @@
 """`hpctrain evaluate --sample FILES --data FILES`: bundles that came from anywhere (another generator's output,
 an older model's, a shuffled copy) judged against true files, with no model.
 
-Both sides are local files, folders or globs of any layout the readers know (events/layouts.py). Each sample
+Both sides are files, folders or globs of any layout the readers know (events/layouts.py), local or remote
+(pelican://, osdf://: staged to node-local scratch one file at a time, as training stages them). Each sample
 event is paired with the true event of the same primary (E, zenith, mass, depth, compared bit for bit as
 stored, float32: a sample generated for the primaries of the true files, `hpctrain sample MODEL --primaries
 DATA`, pairs exactly; events that share a primary pair in file order); true events without a sample partner
@@ -24,7 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.remote import PelicanConfig, StagingConfig
+from hpctrain.data.staging import BadFileError, Stager
 from hpctrain.errors import UserError
+from hpctrain.remote.expand import expand_paths
+from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons.evaluation import quality, two_sample
 from hpctrain.workloads.muons.evaluation.figures import binned, compare, distributions, sizes
@@ -36,15 +41,38 @@ MIN_PAIRS = 20  # fewer pairs cannot be split in folds and halves that each hold
 SPLIT_STREAM = 1  # numpy_rng key of the random halves
 
 
-def read_events(paths: list[str], option: str) -> tuple[layouts.Events, list[str], list[str]]:
-    """Every event of the local files `paths` name (files, folders, globs; any layout), in order; also the
-    files and their layouts. A missing path or an unreadable file is a UserError naming it."""
-    files = [f for path in paths for f in local_files(path)]
+def read_events(
+    paths: list[str], option: str, pelican: PelicanConfig | None = None, scratch: str | None = None
+) -> tuple[layouts.Events, list[str], list[str]]:
+    """Every event of the files `paths` name (local files, folders, globs; remote URIs and globs), in order;
+    also the files and their layouts. Remote files are staged under `scratch` (data.staging.dir's default:
+    node-local scratch) and deleted once read. A missing path or an unreadable file is a UserError naming it."""
+    files: list[str] = []
+    try:
+        for path in paths:  # in the order given (globs and folders sorted)
+            files += expand_paths([path], pelican) if is_remote(path) else local_files(path)
+        stager = Stager(files, StagingConfig(dir=scratch), pelican=pelican)
+    except UserError:
+        raise
+    except ValueError as err:  # the access settings: an unreadable token file, a CA that is not a file
+        raise UserError(f"{option}: {err}") from None
     parts, found = [], []
-    for path in files:
-        layout, events = layouts.read_all(path)
-        parts.append(events)
-        found.append(layout)
+    with stager as staged:
+        for i, name in enumerate(files):
+            local = name
+            try:
+                local = str(staged.get(i))
+                layout, events = layouts.read_all(local)
+            except BadFileError as err:
+                raise UserError(f"{option} {err}") from None
+            except UserError as err:
+                if local == name:
+                    raise
+                raise UserError(str(err).replace(local, name)) from None  # the URI, not the scratch copy
+            finally:
+                staged.release(i)
+            parts.append(events)
+            found.append(layout)
     events = layouts.concat_events(parts)
     if len(events) == 0:
         raise UserError(f"{option} {' '.join(paths)}: no events in {len(files)} file(s)")
@@ -100,12 +128,16 @@ def judge_files(
     max_events: int = 0,
     seed: int = 0,
     options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
+    pelican: PelicanConfig | None = None,
+    scratch: str | None = None,
 ) -> dict[str, Any]:
     """Pair, then judge (the module docstring); the result has evaluate.json's form (metrics, quality,
-    two_sample, distributions, binned, info). `max_events`: at most this many pairs (0: all)."""
+    two_sample, distributions, binned, info). `max_events`: at most this many pairs (0: all). `pelican`: access
+    to remote files (CA, federation, token file; BEARER_TOKEN from the environment), `scratch`: where they are
+    staged."""
     start = time.perf_counter()
-    sample, sample_files, sample_layouts = read_events(sample_paths, "--sample")
-    data, data_files, data_layouts = read_events(data_paths, "--data")
+    sample, sample_files, sample_layouts = read_events(sample_paths, "--sample", pelican, scratch)
+    data, data_files, data_layouts = read_events(data_paths, "--data", pelican, scratch)
     rows_s, rows_d = pair_by_primary(sample, data)
     if max_events:
         rows_s, rows_d = rows_s[:max_events], rows_d[:max_events]
