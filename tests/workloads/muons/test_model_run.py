@@ -297,5 +297,5 @@ def test_critic_warmup_must_fit_in_the_likelihood_warmup():
         "config", "show", "-c", "configs/muons_wgan.yaml", "model.critic_warmup=3000",
         cwd=Path(__file__).parents[3],
     )  # fmt: skip
-    assert done.code == 2 and "critic_warmup=3000 is longer than likelihood_warmup=2300" in done.err
+    assert done.code == 2 and "critic_warmup=3000 is longer than likelihood_warmup=1600" in done.err
     assert len(done.err.strip().splitlines()) == 1
