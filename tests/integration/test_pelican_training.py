@@ -297,7 +297,8 @@ def test_evaluate_judges_remote_files_as_it_judges_local_ones(tmp_path: Path, mu
             capture_output=True, text=True, env={**os.environ, "BEARER_TOKEN": ""}, timeout=120,
         )  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == "", bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1 and "no-token" in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--token-file" in bad.stderr, bad.stderr
+    assert "no-token" in bad.stderr and "cannot read" in bad.stderr, bad.stderr
     assert "judged 600 sample events" in remote and "parquet" in remote
     # the same figures: everything after the first line (which names the files) is equal
     assert remote.split("\n", 1)[1] == local.split("\n", 1)[1]

@@ -281,9 +281,18 @@ def evaluate_files(args: argparse.Namespace) -> int:
 
     options = two_sample.Options(args.folds, args.null_replicates)
     pelican = _pelican_access(args)
-    result = judge_files.judge_files(
-        args.sample, args.data, args.events, args.seed, options, pelican, args.staging_dir
-    )
+    try:
+        result = judge_files.judge_files(
+            args.sample, args.data, args.events, args.seed, options, pelican, args.staging_dir
+        )
+    except UserError as err:  # the access settings by the names of this command's options
+        message = str(err)
+        for key, option in (
+            ("data.pelican.ca_file", "--ca-file"),
+            ("data.pelican.token_file", "--token-file"),
+        ):
+            message = message.replace(key, option)
+        raise UserError(message) from None
     info = result["info"]
     print(
         f"judged {info['events']} sample events ({len(info['sample'])} file(s), {', '.join(info['sample_layouts'])}) "
