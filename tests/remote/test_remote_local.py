@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fsspec
@@ -77,3 +79,17 @@ def test_mirror_file_and_folder_atomically(tmp_path: Path) -> None:
     assert fsspec.filesystem("memory").cat("/mirror-test/ckpt/model.pt") == b"v2"
     with pytest.raises(MissingPathError):
         mirror(tmp_path / "nope", str(dest))
+
+
+def test_a_remote_listing_that_fails_is_one_line_naming_the_uri(tmp_path: Path) -> None:
+    """A glob on a federation that does not answer (nothing listens on 127.0.0.1:9): one line, exit 1."""
+    uri = "pelican://127.0.0.1:9/ns/*.parquet"
+    sample = tmp_path / "s.parquet"
+    sample.write_bytes(b"")
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "evaluate", "--sample", uri, "--data", str(sample)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: listing {uri} failed"), done.stderr[-2000:]

@@ -12,6 +12,7 @@ from typing import Any
 import fsspec
 
 from hpctrain.config.remote import PelicanConfig
+from hpctrain.errors import RunError
 from hpctrain.remote.auth import make_client, resolve_token, scrub, ssl_context, webdav_factory
 from hpctrain.remote.uris import PELICAN_SCHEMES, MissingPathError, has_magic, scheme, split_federation
 
@@ -132,10 +133,10 @@ class RemoteFiles:
                 found = fs.find(path, detail=True)
         except FileNotFoundError:
             raise MissingPathError(f"{uri}: no such remote folder") from None
-        except Exception as err:  # a listing can fail in many ways; name the URI, keep the token out
-            raise RuntimeError(
-                f"listing {uri} failed: {type(err).__name__}: {self.scrub(str(err))}"
-            ) from None
+        except (
+            Exception
+        ) as err:  # a listing can fail in many ways; name the URI, keep the token out (one line)
+            raise RunError(f"listing {uri} failed: {type(err).__name__}: {self.scrub(str(err))}") from None
         files = [self.canonical(uri, fs, p) for p, info in found.items() if info.get("type") != "directory"]
         if not files:
             raise MissingPathError(f"{uri}: no remote file matches")
