@@ -68,6 +68,24 @@ def log_of(project: Path, job: str) -> str:
     return logs[0].read_text(errors="replace") if logs else ""
 
 
+_CONFIG_LINE = re.compile(r"^(\s*[\w.]+:( .*)?|\s*- .*)$")
+
+
+def failure_log(project: Path, job: str) -> str:
+    """The job's log for a failed assertion: the resolved config each hop prints (100+ lines of YAML after
+    "run folder ...") elided, so that every rank's last lines fit in what CI shows of a failure."""
+    kept: list[str] = []
+    in_config = False
+    for line in log_of(project, job).splitlines():
+        if in_config and _CONFIG_LINE.match(line):
+            continue
+        in_config = line.startswith("run folder ")
+        kept.append(line)
+        if in_config:
+            kept.append("  [the resolved config, elided]")
+    return "\n".join(kept)
+
+
 def wait_done(cluster: SlurmCluster, project: Path, job: str, timeout: float) -> str:
     """Wait for a terminal state in accounting (a requeued job passes through the controller's states)."""
     deadline = time.monotonic() + timeout
@@ -77,7 +95,9 @@ def wait_done(cluster: SlurmCluster, project: Path, job: str, timeout: float) ->
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return state
         time.sleep(0.5)
-    raise TimeoutError(f"job {job} still {state} after {timeout:.0f} s; log:\n{log_of(project, job)[-3000:]}")
+    raise TimeoutError(
+        f"job {job} still {state} after {timeout:.0f} s; log:\n{failure_log(project, job)[-6000:]}"
+    )
 
 
 def wait_for(predicate: Any, what: str, timeout: float, poll: float = 0.2) -> Any:

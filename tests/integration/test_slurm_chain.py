@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import clean_env, save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import (
+    failure_log,
     log_of,
     loss_steps,
     make_project,
@@ -61,7 +62,7 @@ def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmClu
         text=True,
     )
     try:
-        assert wait_done(slurm_cluster, project, job, timeout=240) == "COMPLETED", log_of(project, job)[
+        assert wait_done(slurm_cluster, project, job, timeout=240) == "COMPLETED", failure_log(project, job)[
             -3000:
         ]
         assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
@@ -102,7 +103,7 @@ def test_preemption_by_scancel_signal_usr1(slurm_cluster: SlurmCluster, project:
         run = project / "logs" / "preempt"
         wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=60)
         slurm_cluster.run(["scancel", "--signal=USR1", job])  # to the job's steps, as a preemption does
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", log_of(project, job)[
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", failure_log(project, job)[
             -3000:
         ]
     finally:
@@ -149,12 +150,16 @@ def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmClu
         pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=10)
         os.kill(pid, signal.SIGKILL)
         # Rank 0 must not hang: it leaves within distributed.timeout_seconds (plus exit and accounting).
-        assert wait_done(slurm_cluster, project, job, timeout=40) == "FAILED", log_of(project, job)[-3000:]
+        assert wait_done(slurm_cluster, project, job, timeout=40) == "FAILED", failure_log(project, job)[
+            -3000:
+        ]
     finally:
         slurm_cluster.cancel_all()
     killed_at = (run / "checkpoints" / "latest").read_text().strip()
     again = submit(slurm_cluster, project, args)
-    assert wait_done(slurm_cluster, project, again, timeout=90) == "COMPLETED", log_of(project, again)[-3000:]
+    assert wait_done(slurm_cluster, project, again, timeout=90) == "COMPLETED", failure_log(project, again)[
+        -3000:
+    ]
     chain = hops(project, "killed")
     assert chain[0]["exit_reason"] == "failure"
     assert chain[-1]["exit_reason"] == "finished"
@@ -180,7 +185,9 @@ def test_no_progress_cap_stops_the_chain(slurm_cluster: SlurmCluster, project: P
         for hop in (1, 2):
             wait_for(lambda hop=hop: len(hops(project, "stuck")) >= hop, f"hop {hop}", timeout=60)
             slurm_cluster.scontrol("requeue", job)  # as a node failure would
-        assert wait_done(slurm_cluster, project, job, timeout=90) == "FAILED", log_of(project, job)[-3000:]
+        assert wait_done(slurm_cluster, project, job, timeout=90) == "FAILED", failure_log(project, job)[
+            -3000:
+        ]
     finally:
         slurm_cluster.cancel_all()
     assert "the last 2 hops completed no update" in log_of(project, job)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.integration.slurm_fixtures import SlurmCluster
-from tests.integration.slurm_project import log_of, make_project, read_json, submit, wait_done
+from tests.integration.slurm_project import failure_log, log_of, make_project, read_json, submit, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_sbatch_command_line_options_beat_the_template(slurm_cluster: SlurmClust
     bad = submit(
         slurm_cluster, project, ["-t", "00:01:00", "--signal=B:USR1@15", "slurm/single_gpu.sh", "run.name=no"]
     )
-    assert wait_done(slurm_cluster, project, good, timeout=90) == "COMPLETED", log_of(project, good)
+    assert wait_done(slurm_cluster, project, good, timeout=90) == "COMPLETED", failure_log(project, good)
     log = log_of(project, good)
     assert (
         "warning: SLURM does not show this job's --signal; checking with slurm.signal_lead_seconds=15 (from "
@@ -60,7 +60,7 @@ def test_sbatch_command_line_options_beat_the_template(slurm_cluster: SlurmClust
     cpus = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-o", "AllocCPUS", "-j", good]).stdout.split()
     assert cpus[0] == "4"  # 2 tasks x --cpus-per-task=2, not the template's 8
 
-    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", log_of(project, bad)
+    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", failure_log(project, bad)
     log = log_of(project, bad)
     assert "checking with the script's #SBATCH --signal line (120 s), which could not be confirmed" in log
     assert "slurm.signal_lead_seconds=120 is not shorter than the wall time (60 s)" in log

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import start_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import (
+    failure_log,
     log_of,
     loss_steps,
     make_project,
@@ -103,7 +104,7 @@ def test_a_stop_signal_while_the_task_starts_is_a_stop_and_the_chain_goes_on(
         if bit == USR1_BIT:
             assert pending(pid, bit), "the signal did not arrive inside the start"
         state = wait_done(slurm_cluster, project, job, timeout=150)
-        assert state == "COMPLETED", log_of(project, job)[-3000:]
+        assert state == "COMPLETED", failure_log(project, job)[-3000:]
     finally:
         slurm_cluster.cancel_all()
     chain = read_json(project / "logs" / "early" / "chain.json", [])

@@ -11,7 +11,15 @@ import yaml
 
 from tests.conftest import clean_env, save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
-from tests.integration.slurm_project import log_of, make_project, read_json, submit, wait_done, wait_for
+from tests.integration.slurm_project import (
+    failure_log,
+    log_of,
+    make_project,
+    read_json,
+    submit,
+    wait_done,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +48,7 @@ def test_single_node_two_task_ddp(slurm_cluster: SlurmCluster, project: Path) ->
         project,
         ["--ntasks-per-node=2", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=ddp", *CPU, *SMALL],
     )
-    assert wait_done(slurm_cluster, project, job, timeout=90) == "COMPLETED", log_of(project, job)
+    assert wait_done(slurm_cluster, project, job, timeout=90) == "COMPLETED", failure_log(project, job)
     finished(project, "ddp", world=2)
     log = log_of(project, job)
     assert "rank 0/2 (local 0/2, node 0/1)" in log
@@ -64,7 +72,7 @@ def test_two_nodes_with_one_and_two_tasks_per_node(slurm_cluster: SlurmCluster, 
         for tasks in (1, 2)
     }
     for tasks, job in jobs.items():
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", log_of(project, job)
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", failure_log(project, job)
         finished(project, f"n2t{tasks}", world=2 * tasks)
         assert f"rank 0/{2 * tasks} (local 0/{tasks}, node 0/2)" in log_of(project, job)
 
@@ -88,7 +96,7 @@ def test_export_forms_both_set_the_learning_rate(slurm_cluster: SlurmCluster, pr
     for (form, job), name in zip(jobs.items(), ("exp_a", "exp_b")):
         assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", (
             form,
-            log_of(project, job),
+            failure_log(project, job),
         )
         cfg = yaml.safe_load((project / "logs" / name / "config.yaml").read_text())
         assert cfg["optim"]["lr"] == pytest.approx(2e-5), form
@@ -139,7 +147,7 @@ def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, pr
     try:
         wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
         slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job])
-        assert wait_done(slurm_cluster, project, job, timeout=150) == "COMPLETED", log_of(project, job)[
+        assert wait_done(slurm_cluster, project, job, timeout=150) == "COMPLETED", failure_log(project, job)[
             -3000:
         ]
     finally:
@@ -175,7 +183,9 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
             *CPU,  # no GPU here; a key that may change between hops, so not part of the run's name
         ],
     )
-    assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", log_of(project, job)[-3000:]
+    assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", failure_log(project, job)[
+        -3000:
+    ]
     assert {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()} == before  # untouched
     # The template's preset and the exported LR name its own run folder.
     summary = finished(project, "multi_gpu-lr2e-05", world=2)
@@ -243,6 +253,6 @@ def test_fields_data_as_an_array_job_and_unknown_exports_refused(
     ]
     meta = read_json(out / "train" / "meta.json", {})
     assert meta.get("n") == 40 and sum(shard["n"] for shard in meta["shards"]) == 40, meta
-    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", log_of(project, bad)
+    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", failure_log(project, bad)
     lines = [x for x in log_of(project, bad).splitlines() if "LRR" in x]
     assert lines and "LR" in lines[0] and "Traceback" not in log_of(project, bad), lines
