@@ -96,6 +96,13 @@ def fake_compile(log: Path) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_FAKE_COMPILE": str(log), "PYTHONPATH": path}
 
 
+def exit_marks(marks: Path) -> dict[str, str]:
+    """Environment for subprocesses that record in `marks` whether their exit handlers and the interpreter's
+    finalization ran, with their RANK: see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_EXIT_MARKS": str(marks), "PYTHONPATH": path}
+
+
 @dataclass
 class Done:
     code: int
@@ -122,7 +129,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def torchrun_train(*args: str, cwd: Path, nproc: int = 2) -> subprocess.Popen:
+def torchrun_train(
+    *args: str, cwd: Path, nproc: int = 2, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """`torchrun --nproc-per-node N -m hpctrain train ARGS` on 127.0.0.1 (real DDP, gloo on CPU)."""
     cmd = [
         sys.executable,
@@ -140,7 +149,7 @@ def torchrun_train(*args: str, cwd: Path, nproc: int = 2) -> subprocess.Popen:
         *args,
     ]
     return subprocess.Popen(
-        cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd, cwd=cwd, env=clean_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 

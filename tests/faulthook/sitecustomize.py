@@ -74,3 +74,24 @@ if _start_pause:
         import time
 
         time.sleep(float(_start_pause))
+
+# `_HPCTRAIN_TEST_EXIT_MARKS=FILE`: each process appends "exit-handlers rank=R" to FILE from an atexit handler and
+# "finalized rank=R" from the interpreter's finalization (a module global's __del__), R its RANK variable: a
+# rank that joined a process group ends after its exit handlers, without finalization (hpctrain.cli._end_rank).
+_exit_marks = os.environ.get("_HPCTRAIN_TEST_EXIT_MARKS")
+if _exit_marks:
+    import atexit
+
+    def _mark(
+        what: str, path: str = _exit_marks, rank: str | None = os.environ.get("RANK"), opener=open
+    ) -> None:  # type: ignore[no-untyped-def]
+        with opener(path, "a") as out:
+            out.write(f"{what} rank={rank}\n")
+
+    atexit.register(_mark, "exit-handlers")
+
+    class _AtFinalization:
+        def __del__(self, mark=_mark) -> None:  # type: ignore[no-untyped-def]
+            mark("finalized")
+
+    _at_finalization = _AtFinalization()

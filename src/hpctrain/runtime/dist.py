@@ -53,8 +53,14 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
         timeout=datetime.timedelta(seconds=timeout_seconds),
         **kwargs,
     )
-    global _active
+    global _active, _joined
     _active = torch_dist.get_world_size() > 1
+    _joined = True
+
+
+def joined() -> bool:
+    """Whether this process joined a process group (it stays joined for the process's life: see cli._end_rank)."""
+    return _joined
 
 
 def teardown(clean: bool = True) -> None:
@@ -74,6 +80,7 @@ def teardown(clean: bool = True) -> None:
 
 
 _active = False  # cached: asked several times per update
+_joined = False
 
 
 def active() -> bool:
