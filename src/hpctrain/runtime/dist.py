@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from hpctrain.errors import RunError
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.slurm import expand_hostnames, node_address
 
@@ -45,17 +46,34 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
-    torch_dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_seconds),
-        **kwargs,
-    )
+    try:
+        torch_dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_seconds),
+            **kwargs,
+        )
+    except torch_dist.DistError as exc:
+        raise RunError(_join_failure(env, exc)) from exc
     global _active, _joined
     _active = torch_dist.get_world_size() > 1
     _joined = True
+
+
+def _join_failure(env: ClusterEnv, exc: Exception) -> str:
+    """One line for a rendezvous that failed (a port held on the node, a peer that died or never came): which
+    rank, where, and torch's own first line without its C++ frames. Exit 1: the next hop (another job id, so
+    another port) may well succeed."""
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    reason = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    if "EADDRINUSE" in reason:
+        return (
+            f"rank {env.rank} cannot listen on the rendezvous port {where}: another process on this node holds it "
+            f"(MASTER_PORT is 12000 + the job id mod 20000 unless set; set MASTER_PORT to a free port): {reason}"
+        )
+    return f"rank {env.rank}/{env.world_size} could not join the process group at {where}: {reason}"
 
 
 def joined() -> bool:
