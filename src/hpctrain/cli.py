@@ -64,10 +64,13 @@ def _process_group_was_joined() -> bool:
 def _end_rank(code: int) -> NoReturn:
     """End a process that joined a process group the way a normal exit does (its non-daemon threads joined, its
     exit handlers run, its output flushed), minus the interpreter's finalization. DDP keeps the gloo group alive
-    to the end of the process (torch 2.13 never frees it: destroy_process_group leaves its threads running), so
-    finalization tears Python down under gloo's running threads, and one rank in about 50 then aborts
-    ("terminate called without an active exception", exit 134) after a training that finished: a job that
-    trained every step is reported FAILED. Nothing is left to free: the process ends here."""
+    to the end of the process (torch 2.13 never frees it: destroy_process_group leaves its threads running), and
+    a gloo worker thread releases the last collective's work (teardown's barrier) after the caller has moved on;
+    that release takes the GIL (the work's thread-local state holds a Python object). If finalization has begun
+    by then, Python 3.11 ends the thread inside a noexcept destructor: "terminate called without an active
+    exception", exit 134, a job that trained every step reported FAILED (a core dump's stacks: the worker in
+    AsyncBarrierWork::~AsyncBarrierWork -> take_gil -> pthread_exit, the main thread in Py_FinalizeEx; about
+    one 4-rank start in 50 under load). Nothing is left to free: the process ends here."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
