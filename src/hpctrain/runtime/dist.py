@@ -71,7 +71,8 @@ def _join_failure(env: ClusterEnv, exc: Exception) -> str:
     if "EADDRINUSE" in reason:
         return (
             f"rank {env.rank} cannot listen on the rendezvous port {where}: another process on this node holds it "
-            f"(MASTER_PORT is 12000 + the job id mod 20000 unless set; set MASTER_PORT to a free port): {reason}"
+            f"(MASTER_PORT: 12000 + the job id mod 20000 in a SLURM job, so the next job's differs; else the "
+            f"launcher's): {reason}"
         )
     return f"rank {env.rank}/{env.world_size} could not join the process group at {where}: {reason}"
 
@@ -84,8 +85,8 @@ def joined() -> bool:
 def teardown(clean: bool = True) -> None:
     """Leave the process group. After a clean end every rank first waits for the others: rank 0 may still be
     writing the final checkpoint, and a rank that destroys its group and exits while peers are in another phase
-    can abort in gloo's threads ("terminate called without an active exception", seen on a 2-node job). After an
-    error nobody waits: the peers may be gone."""
+    can abort in gloo's threads ("terminate called without an active exception", seen on a 2-node job; the exit
+    itself: cli._end_rank). After an error nobody waits: the peers may be gone."""
     global _active
     was_active, _active = _active, False
     if not torch_dist.is_initialized():
