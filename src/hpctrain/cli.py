@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import faulthandler
 import importlib
 import os
 import sys
-import threading
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn
 
 from hpctrain import __version__
 from hpctrain.config.messages import error_line
@@ -52,33 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     """The program (argv None: the `hpctrain` script, `python -m hpctrain`), or one call in a caller's process."""
     code = _main(argv)
     if argv is None and _process_group_was_joined():
-        _end_rank(code)
+        sys.modules["hpctrain.runtime.dist"].end_process(code)  # never returns
     return code
 
 
 def _process_group_was_joined() -> bool:
     dist = sys.modules.get("hpctrain.runtime.dist")  # torch is never imported here for the answer
     return bool(dist is not None and dist.joined())
-
-
-def _end_rank(code: int) -> NoReturn:
-    """End a process that joined a process group the way a normal exit does (its non-daemon threads joined, its
-    exit handlers run, its output flushed), minus the interpreter's finalization. DDP keeps the gloo group alive
-    to the end of the process (torch 2.13 never frees it: destroy_process_group leaves its threads running), and
-    a gloo worker thread releases the last collective's work (teardown's barrier) after the caller has moved on;
-    that release takes the GIL (the work's thread-local state holds a Python object). If finalization has begun
-    by then, Python 3.11 ends the thread inside a noexcept destructor: "terminate called without an active
-    exception", exit 134, a job that trained every step reported FAILED (a core dump's stacks: the worker in
-    AsyncBarrierWork::~AsyncBarrierWork -> take_gil -> pthread_exit, the main thread in Py_FinalizeEx; about
-    one 4-rank start in 50 under load). Nothing is left to free: the process ends here."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can be said
-            stream.flush()
-    os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:

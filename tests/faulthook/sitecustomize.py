@@ -76,14 +76,17 @@ if _start_pause:
         time.sleep(float(_start_pause))
 
 # `_HPCTRAIN_TEST_EXIT_MARKS=FILE`: each process appends "exit-handlers rank=R" to FILE from an atexit handler and
-# "finalized rank=R" from the interpreter's finalization (a module global's __del__), R its RANK variable: a
-# rank that joined a process group ends after its exit handlers, without finalization (hpctrain.cli._end_rank).
+# "finalized rank=R" from the interpreter's finalization (a module global's __del__), R its RANK (or SLURM_PROCID): a
+# rank that joined a process group ends after its exit handlers, without finalization (hpctrain.runtime.dist.end_process).
 _exit_marks = os.environ.get("_HPCTRAIN_TEST_EXIT_MARKS")
 if _exit_marks:
     import atexit
 
     def _mark(
-        what: str, path: str = _exit_marks, rank: str | None = os.environ.get("RANK"), opener=open
+        what: str,
+        path: str = _exit_marks,
+        rank: str | None = os.environ.get("RANK", os.environ.get("SLURM_PROCID")),
+        opener=open,
     ) -> None:  # type: ignore[no-untyped-def]
         with opener(path, "a") as out:
             out.write(f"{what} rank={rank}\n")

@@ -59,7 +59,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
     )
     assert single.code == 0, single.err
     # Each rank ran its exit handlers and ended without the interpreter's finalization, under which gloo's
-    # threads (DDP keeps the group alive) made one rank in ~50 abort after a finished training (cli._end_rank);
+    # threads (DDP keeps the group alive) made one rank in ~50 abort after a finished training (dist.end_process);
     # torchrun's own agent and a process without a group end as Python does.
     ddp_marks = marks["ddp"].read_text().splitlines()
     for rank in (0, 1):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import save_pause
+from tests.conftest import exit_marks, save_pause
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import job_env, loss_steps, make_project, read_json, wait_done, wait_for
 
@@ -76,3 +76,31 @@ def test_submit_rejects_bad_job_settings_before_queueing(slurm_cluster: SlurmClu
     done = hpctrain_submit(slurm_cluster, project, "slurm.gpus_per_node=4", "slurm.tasks_per_node=2")
     assert done.returncode == 2 and "2 tasks per node with 4 GPUs per node" in done.stderr
     assert slurm_cluster.active_jobs() == []
+
+
+def test_a_two_rank_submitit_job_ends_without_finalization(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Each rank of a DDP job under submitit ends after submitit recorded its result, every exit handler run, and
+    without the interpreter's finalization (where a gloo worker aborted a finished rank: dist.end_process)."""
+    project = make_project(tmp_path / "proj")
+    marks = tmp_path / "exit.marks"
+    args = ["run.name=two", "train.threads=1", "train.total_updates=20", "train.device=cpu"]
+    done = hpctrain_submit(
+        slurm_cluster, project, *args, "slurm.gpus_per_node=2", "slurm.time=00:05:00", **exit_marks(marks)
+    )
+    assert done.returncode == 0, done.stderr
+    match = re.search(r"job (\d+); run folder (\S+)", done.stdout)
+    assert match, done.stdout
+    job, run = match.group(1), Path(match.group(2))
+    try:
+        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", submitit_log(project, job)
+    finally:
+        slurm_cluster.cancel_all()
+    assert read_json(run / "summary.json", {}).get("status") == "finished"
+    assert [h["world_size"] for h in read_json(run / "chain.json", [])] == [2]
+    lines = marks.read_text().splitlines()
+    for rank in (0, 1):
+        assert f"exit-handlers rank={rank}" in lines and f"finalized rank={rank}" not in lines, lines
+    results = list((project / "logs" / "slurm" / "submitit").glob(f"{job}_*_result.pkl"))
+    assert len(results) == 2, results  # submitit recorded each rank's result before the rank ended

@@ -18,10 +18,12 @@ factory of the workload registry (pickled by reference). This module imports no 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,7 @@ class TrainJob:
             self._requeue(cfg, env)
         if code not in (EXIT_OK, EXIT_RESUMABLE):
             raise RuntimeError(f"training failed with exit code {code}; see the job's log")
+        _end_without_finalization()
         return code
 
     def _requeue(self, cfg: ConfigBase, env: ClusterEnv) -> None:
@@ -94,6 +97,26 @@ class TrainJob:
         from submitit.core.utils import DelayedSubmission
 
         return DelayedSubmission(TrainJob(self.request, self.resolve, self.make_task))
+
+
+def _end_without_finalization() -> None:
+    """A rank that joined a process group ends without the interpreter's finalization (dist.end_process says
+    why). Under submitit the process ends after submitit records this call's result: at exit, once that record
+    exists, the process ends as submitit would have ended it (exit 0, every exit handler run) minus the
+    finalization; without the record, submitit's own exit stands."""
+    dist = sys.modules.get("hpctrain.runtime.dist")
+    if dist is None or not dist.joined() or not os.environ.get("SUBMITIT_FOLDER"):
+        return
+    from submitit.core.job_environment import JobEnvironment
+
+    result = JobEnvironment().paths.result_pickle
+
+    def at_exit() -> None:
+        atexit.unregister(at_exit)
+        if result.exists():
+            dist.end_process(EXIT_OK)
+
+    atexit.register(at_exit)
 
 
 def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:

@@ -6,9 +6,13 @@ it together: a decision on one rank followed by a collective on the others is a 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import os
-from typing import Any
+import sys
+import threading
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as torch_dist
@@ -78,15 +82,35 @@ def _join_failure(env: ClusterEnv, exc: Exception) -> str:
 
 
 def joined() -> bool:
-    """Whether this process joined a process group (it stays joined for the process's life: see cli._end_rank)."""
+    """Whether this process joined a process group (it stays joined for the process's life: see end_process)."""
     return _joined
+
+
+def end_process(code: int) -> NoReturn:
+    """End a process that joined a process group the way a normal exit does (its non-daemon threads joined, its
+    exit handlers run, its output flushed), minus the interpreter's finalization. DDP keeps the gloo group alive
+    to the end of the process (torch 2.13 never frees it: destroy_process_group leaves its threads running), and
+    a gloo worker thread releases the last collective's work (teardown's barrier) after the caller has moved on;
+    that release takes the GIL (the work's thread-local state holds a Python object). If finalization has begun
+    by then, Python 3.11 ends the thread inside a noexcept destructor: "terminate called without an active
+    exception", exit 134, a job that trained every step reported FAILED (a core dump's stacks: the worker in
+    AsyncBarrierWork::~AsyncBarrierWork -> take_gil -> pthread_exit, the main thread in Py_FinalizeEx; about
+    one 4-rank start in 50 under load). Nothing is left to free: the process ends here (the CLI's `main`; under submitit, launch/submitit_launcher.py)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can be said
+            stream.flush()
+    os._exit(code)
 
 
 def teardown(clean: bool = True) -> None:
     """Leave the process group. After a clean end every rank first waits for the others: rank 0 may still be
     writing the final checkpoint, and a rank that destroys its group and exits while peers are in another phase
     can abort in gloo's threads ("terminate called without an active exception", seen on a 2-node job; the exit
-    itself: cli._end_rank). After an error nobody waits: the peers may be gone."""
+    itself: end_process). After an error nobody waits: the peers may be gone."""
     global _active
     was_active, _active = _active, False
     if not torch_dist.is_initialized():
