@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +103,9 @@ def _end_without_finalization() -> None:
     why). Under submitit the process ends after submitit records this call's result: at exit, once that record
     exists, the process ends as submitit would have ended it (exit 0, every exit handler run) minus the
     finalization; without the record, submitit's own exit stands."""
-    dist = sys.modules.get("hpctrain.runtime.dist")
-    if dist is None or not dist.joined() or not os.environ.get("SUBMITIT_FOLDER"):
+    from hpctrain.runtime import dist  # loaded already: the training ran in this process
+
+    if not dist.joined() or not os.environ.get("SUBMITIT_FOLDER"):
         return
     from submitit.core.job_environment import JobEnvironment
 

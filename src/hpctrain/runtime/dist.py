@@ -95,7 +95,8 @@ def end_process(code: int) -> NoReturn:
     by then, Python 3.11 ends the thread inside a noexcept destructor: "terminate called without an active
     exception", exit 134, a job that trained every step reported FAILED (a core dump's stacks: the worker in
     AsyncBarrierWork::~AsyncBarrierWork -> take_gil -> pthread_exit, the main thread in Py_FinalizeEx; about
-    one 4-rank start in 50 under load). Nothing is left to free: the process ends here (the CLI's `main`; under submitit, launch/submitit_launcher.py)."""
+    one 4-rank start in 50 under load). Nothing is left to free: the process ends here. Callers: the CLI's
+    `main`, and under submitit launch/submitit_launcher.py."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
