@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.xdist_groups import pytest_xdist_make_scheduler  # noqa: F401  (make test's grouping)
+
 pytest_plugins = ["tests.integration.slurm_fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,16 +44,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # threads waiting for each other made a CPU-bound test 2x slower under load (94 s vs 46 s with PASSIVE;
     # on an idle machine spinning wins, 18 s vs 24 s, but under xdist the machine is never idle).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup): the integration tests share one
-    worker, in order, as they share machines' worth of services (one SLURM cluster for the session, its job ids
-    in MASTER_PORT) and mostly wait on them; the other tests spread over both workers, so the waits overlap
-    with the CPU-bound tests."""
-    for item in items:
-        if item.get_closest_marker("integration") or "tests/integration/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("integration"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:
