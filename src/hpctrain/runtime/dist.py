@@ -50,20 +50,35 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
+    timeout = datetime.timedelta(seconds=timeout_seconds)
     try:
+        # What init_method="env://" does (torchrun's agent store included), plus a namespace of this job's own.
+        store, _, _ = next(torch_dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+        store.set_timeout(timeout)
         torch_dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=torch_dist.PrefixStore(store_namespace(env), store),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_seconds),
+            timeout=timeout,
             **kwargs,
         )
-    except torch_dist.DistError as exc:
+    except (torch_dist.DistError, RuntimeError) as exc:  # gloo's failed handshake is a plain RuntimeError
         raise RunError(_join_failure(env, exc)) from exc
     global _active, _joined
     _active = torch_dist.get_world_size() > 1
     _joined = True
+
+
+def store_namespace(env: ClusterEnv) -> str:
+    """The prefix of every key this job writes in the rendezvous store. Two jobs on one node can meet at one
+    MASTER_PORT (job ids 20000 apart, or another user's torchrun on 29500 = 12000 + 17500): the second job's
+    rank 0 cannot listen and ends (one line, `_join_failure`), but its other ranks reach the first job's store.
+    Without a namespace they write its keys (its "rank 1" twice), and the first job, innocent, fails mid-run
+    ("Connection reset by peer", gloo's connect timeouts: CI saw both when its two test clusters both numbered
+    jobs from 1). With one they wait for their own rank 0 and time out; the first job never sees them."""
+    restart = f".{env.restart_count}" if env.restart_count else ""
+    return f"hpctrain/{env.job_id or 'local'}{restart}"
 
 
 def _join_failure(env: ClusterEnv, exc: Exception) -> str:
