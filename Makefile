@@ -5,7 +5,7 @@ VENV ?= .venv
 # CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "Installing on a cluster (CUDA)".
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
-# pytest-xdist workers of `make test` (tests/conftest.py keeps the integration tests on one of them)
+# pytest-xdist workers of `make test` (tests/xdist_groups.py keeps the integration tests on one of them)
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.hpctrain-installed
 
