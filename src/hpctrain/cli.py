@@ -47,14 +47,10 @@ def _usage() -> str:
 def main(argv: list[str] | None = None) -> int:
     """The program (argv None: the `hpctrain` script, `python -m hpctrain`), or one call in a caller's process."""
     code = _main(argv)
-    if argv is None and _process_group_was_joined():
-        sys.modules["hpctrain.runtime.dist"].end_process(code)  # never returns
+    dist = sys.modules.get("hpctrain.runtime.dist")  # loaded only if this run used torch: never imported here
+    if argv is None and dist is not None and dist.joined():
+        dist.end_process(code)  # never returns
     return code
-
-
-def _process_group_was_joined() -> bool:
-    dist = sys.modules.get("hpctrain.runtime.dist")  # torch is never imported here for the answer
-    return bool(dist is not None and dist.joined())
 
 
 def _main(argv: list[str] | None) -> int:

@@ -63,7 +63,7 @@ def init(env: ClusterEnv, backend: str, device: torch.device, timeout_seconds: f
             timeout=timeout,
             **kwargs,
         )
-    except (torch_dist.DistError, RuntimeError) as exc:  # gloo's failed handshake is a plain RuntimeError
+    except RuntimeError as exc:  # torch's DistError, and gloo's failed handshake (a plain RuntimeError)
         raise RunError(_join_failure(env, exc)) from exc
     global _active, _joined
     _active = torch_dist.get_world_size() > 1
