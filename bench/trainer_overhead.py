@@ -93,15 +93,24 @@ def trainer_run(cfg: Any, tmp: Path) -> tuple[list[float], float]:
     return task.stamps, seconds
 
 
+HAND_FUSED = False  # --hand-optimizer fused: the hand loop takes the trainer's fused AdamW kernel too
+
+
 def hand_run(cfg: Any, tmp: Path) -> tuple[list[float], float]:
     """What a user writes by hand: DataLoader, forward, MSE, backward, step, a save at the end. Same data, model
-    and optimizer settings as the trainer's config."""
+    and optimizer settings as the trainer's config; torch's default AdamW (a loop over the tensors on the CPU;
+    the trainer takes the fused kernel) unless --hand-optimizer fused."""
     torch.manual_seed(cfg.run.seed)
     d, m, o = cfg.data, cfg.model, cfg.optim
     data = make_dataset(d.n_train, d.in_features, d.noise, d.data_seed)
     model = MLP(d.in_features, m.hidden, m.activation, m.dropout)
     opt = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        model.parameters(),
+        lr=o.lr,
+        betas=o.betas,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=HAND_FUSED or None,
     )
     loader = DataLoader(data, batch_size=d.batch_size, shuffle=True, drop_last=True, collate_fn=as_batch)
     updates = cfg.train.total_updates
@@ -186,7 +195,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="rounds per model (each: one run of both)")
     parser.add_argument("--skip", type=int, default=20, help="first updates of each run left out (start-up)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, the same for both sides")
+    parser.add_argument(
+        "--hand-optimizer",
+        choices=["default", "fused"],
+        default="default",
+        help="the hand loop's AdamW: torch's default (what a script writes) or the trainer's fused kernel "
+        "(the loop's own overhead alone)",
+    )
     args = parser.parse_args()
+    global HAND_FUSED
+    HAND_FUSED = args.hand_optimizer == "fused"
     if args.updates <= args.skip or args.rounds < 1:
         parser.error("--updates must exceed --skip, and --rounds be at least 1")
     torch.set_num_threads(args.threads)
@@ -203,6 +221,7 @@ def main() -> None:
         rounds=args.rounds,
         updates=args.updates,
         threads=args.threads,
+        hand_optimizer=args.hand_optimizer,
         load_before=round(load_before[0], 2),
         load_after=round(load_after[0], 2),
     )
