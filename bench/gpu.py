@@ -189,7 +189,7 @@ def steady(run_dir: Path, skip_first: int) -> dict[str, Any]:
         "step_share": median("step_share"),
         "windows": len(tail),
         "steps": summary.get("step"),
-        "summary": {k: summary[k] for k in ("status", "step", "seconds") if k in summary},
+        "summary": {k: summary[k] for k in ("status", "step", "seconds", "compile") if k in summary},
     }
 
 
@@ -275,6 +275,7 @@ def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
             "steady_updates_per_s": rate,
             "updates_ratio": updates / ideal if ideal else None,
             "stopped_before_deadline": done.returncode == 75 and wall < seconds + 30,
+            "compile": summary.get("compile"),  # graphs, the caches' hits and misses (warm: all hits)
         }
         print(f"hop {hop}: {json.dumps(out[hop])}", flush=True)
     return out

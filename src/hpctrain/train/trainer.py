@@ -36,7 +36,7 @@ from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
-from hpctrain.train.memory import compiled_graphs, is_compiled
+from hpctrain.train.memory import compile_stats, compile_summary, compiled_graphs, is_compiled, watch_compiles
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.outcome import (
@@ -107,6 +107,8 @@ class Trainer:
         self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
         self._window_first = 1  # the update of _window[0]
         self._graphs = 0  # torch.compile's graph count after the last update (a change: that update compiled)
+        self._compile_updates = 0  # updates of this hop that compiled
+        self._compile_before: dict[str, int] = {}  # torch.compile's counts when the hop began
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -123,6 +125,9 @@ class Trainer:
         left = dist.broadcast_object(self.budget.remaining())
         self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
         self._compiling = any(is_compiled(m) for m in self.modules.values())
+        if self._compiling:
+            watch_compiles()
+            self._compile_before = compile_stats()
         if self.device.type == "cuda":
             self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
@@ -345,6 +350,7 @@ class Trainer:
             # torch.compile compiled in this update: compile time, kept out of the step estimate (a first
             # update of 30 s would make the budget stop a hop after it) and out of the shares
             self._graphs = graphs
+            self._compile_updates += 1
             timers.add("compile", end - start)
             timeline.end(counted=False)
         else:
@@ -541,6 +547,12 @@ class Trainer:
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
             summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
             summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
+            if self._compiling:
+                seconds = self.timers.total.get("compile", 0.0)
+                summary["compile"], line = compile_summary(
+                    self._compile_before, self._compile_updates, seconds
+                )
+                print(line, flush=True)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
         return RunResult(status, reason, self.counters.step, digest, code, message)
 
