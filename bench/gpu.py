@@ -227,13 +227,17 @@ def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         it = iter(stream)
         for _ in range(3):
             next(it)
-        start, events = time.perf_counter(), 0
+        start, events, pinned, one_buffer = time.perf_counter(), 0, 0, 0
         for _ in range(batches):
-            events += len(next(it))
+            batch = next(it)
+            events += len(batch)
+            one_buffer += batch.buffer() is not None  # moved to the GPU in one transfer
+            pinned += torch.cuda.is_available() and batch.muons.is_pinned()  # asynchronously
         seconds = time.perf_counter() - start
     finally:
         stream.close()
-    result = {"events_per_s": events / seconds, "batches": batches, "workers": cfg.data.num_workers}
+    result = {"events_per_s": events / seconds, "batches": batches, "workers": cfg.data.num_workers,
+              "one_buffer_share": one_buffer / batches, "pinned_share": pinned / batches}  # fmt: skip
     print(f"loader alone: {result['events_per_s']:,.0f} events/s", flush=True)
     return result
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.data_verbs import synthetic_events
-from hpctrain.workloads.muons.events.batch import MuonBatch, cut_points, split_by_muon_cap
+from hpctrain.workloads.muons.events.batch import MuonBatch, cut_points, from_buffer, split_by_muon_cap
 from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 
@@ -96,3 +96,43 @@ def test_empty_batch_is_one_zero_sample_piece() -> None:
     micro = task.split(MuonBatch.empty())
     assert len(micro) == 1 and micro[0].samples == 0
     assert task.histograms(task.to_device(_batch(), torch.device("cpu")))["multiplicity_log10"].shape == (40,)
+
+
+def test_a_joined_batch_moves_to_a_device_in_one_transfer() -> None:
+    """A batch joined from pieces lies in one buffer: `to` copies it once (not six tensors, each a transfer and,
+    from pageable memory, a staging copy on the host's time) and the moved tensors are the same events. The meta
+    device stands in for CUDA (copies and views, no values); the layout is checked by reading the buffer back."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func.__name__.startswith(("_to_copy", "copy_")):
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    batch = _batch(60, seed=5)
+    for joined in (
+        MuonBatch.concat(split_by_muon_cap(batch, 700)),
+        MuonBatch.concat([batch.select(0, 0), batch]),
+    ):
+        buffer = joined.buffer()
+        assert buffer is not None and buffer.dtype == torch.uint8
+        with Copies() as copies:
+            moved = joined.to("meta")
+        assert copies.count == 1
+        assert moved.muons.device.type == "meta" and moved.normalized == joined.normalized
+        for name in ("primaries", "muons", "counts", "offsets", "ids", "positions"):
+            assert getattr(moved, name).shape == getattr(joined, name).shape, name
+        again = from_buffer(buffer.clone(), len(joined), joined.num_muons)
+        for name in ("primaries", "muons", "counts", "offsets", "ids", "positions"):
+            assert torch.equal(getattr(again, name), getattr(batch, name)), name
+    # tensors that do not lie in one buffer (a slice of a batch, normalised copies) move one by one, unchanged
+    for loose in (batch.select(5, 30), MuonBatch.concat(split_by_muon_cap(batch, 700)).normalize()):
+        assert loose.buffer() is None
+        with Copies() as copies:
+            moved = loose.to("meta")
+        assert copies.count == 6 and moved.muons.shape == loose.muons.shape

@@ -70,8 +70,10 @@ class MuonBatch:
         return cls.from_numpy(z.reshape(0, 4), z.reshape(0, 3), z.astype(np.int64))
 
     @classmethod
-    def concat(cls, batches: list[MuonBatch]) -> MuonBatch:
-        """Events of the batches one after the other (all on the CPU, same normalisation)."""
+    def concat(cls, batches: list[MuonBatch], pinned: bool = False) -> MuonBatch:
+        """Events of the batches one after the other (all on the CPU, same normalisation); `pinned`: into
+        page-locked memory (a training stream that feeds CUDA: the copy to the GPU is then one asynchronous
+        transfer, not a staging copy on the host's time)."""
         if len(batches) == 1:
             return batches[0]
         first = batches[0]
@@ -88,7 +90,7 @@ class MuonBatch:
             )
         # One NumPy-allocated buffer (see `packed`) filled by NumPy: torch.cat's fresh allocations fault in new
         # pages each time, and its parallel copy wakes intra-op threads that compete with loader workers.
-        _, out = packed(sum(len(b) for b in batches), sum(b.num_muons for b in batches))
+        _, out = packed(sum(len(b) for b in batches), sum(b.num_muons for b in batches), pinned=pinned)
         for name in ("primaries", "muons", "counts", "ids", "positions"):
             parts = [getattr(b, name).detach().numpy() for b in batches]
             np.concatenate(parts, out=getattr(out, name).numpy())
@@ -133,6 +135,13 @@ class MuonBatch:
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> MuonBatch:
+        """The batch on `device`: one transfer of its buffer when it lies in one (`packed`: every batch joined
+        from pieces), else one per tensor."""
+        buffer = self.buffer()
+        if buffer is not None and buffer.device != torch.device(device):
+            moved = from_buffer(buffer.to(device, non_blocking=non_blocking), len(self), self.num_muons)
+            return replace(moved, normalized=self.normalized)
+
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=non_blocking)
 
@@ -145,6 +154,39 @@ class MuonBatch:
             ids=move(self.ids),
             positions=move(self.positions),
         )
+
+    def buffer(self) -> torch.Tensor | None:
+        """The bytes of the one buffer `packed` laid this batch out in (uint8, a view), or None when its
+        tensors lie elsewhere (views cut from a larger result, normalised copies)."""
+        n, m = len(self), self.num_muons
+        counts = self.counts
+        if (
+            counts.dtype != torch.int64
+            or self.muons.dtype != torch.float32
+            or self.primaries.dtype != torch.float32
+        ):
+            return None
+        storage = counts.untyped_storage()
+        base = counts.storage_offset() * 8  # byte offset of the buffer's start in the storage
+        floats = base + 8 * (5 * n + 1)
+        expected = (
+            (self.offsets, base + 8 * n),
+            (self.ids, base + 8 * (2 * n + 1)),
+            (self.positions, base + 8 * (4 * n + 1)),
+            (self.primaries, floats),
+            (self.muons, floats + 16 * n),
+        )
+        for tensor, offset in expected:
+            if (
+                not tensor.is_contiguous()
+                or tensor.untyped_storage().data_ptr() != storage.data_ptr()
+                or tensor.storage_offset() * tensor.element_size() != offset
+            ):
+                return None
+        if not counts.is_contiguous() or base + packed_size(n, m) > storage.nbytes():
+            return None
+        whole = torch.empty(0, dtype=torch.uint8, device=counts.device).set_(storage)
+        return whole[base : base + packed_size(n, m)]
 
     def pin_memory(self) -> MuonBatch:
         """Page-locked copies (DataLoader calls this with pin_memory=True; only useful on CUDA)."""
@@ -168,10 +210,14 @@ def packed_size(n_events: int, n_muons: int) -> int:
 
 
 def packed(
-    n_events: int, n_muons: int, shared: bool = False, buffer: torch.Tensor | None = None
+    n_events: int,
+    n_muons: int,
+    shared: bool = False,
+    buffer: torch.Tensor | None = None,
+    pinned: bool = False,
 ) -> tuple[torch.Tensor, MuonBatch]:
-    """A byte buffer (new, in shared memory when `shared`, or the start of `buffer`) and an unfilled batch whose
-    tensors are views into it.
+    """A byte buffer (new, in shared memory when `shared`, page-locked when `pinned`, or the start of `buffer`)
+    and an unfilled batch whose tensors are views into it.
 
     One buffer per batch means one allocation, and one file descriptor when a DataLoader worker ships it
     (instead of six, each costing a round trip to the worker). Fill the views in place."""
@@ -181,6 +227,8 @@ def packed(
         buffer = buffer[:nbytes]
     elif shared:
         buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+    elif pinned:  # torch's caching host allocator: blocks are reused once their transfers are done
+        buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     else:
         # NumPy's allocator reuses freed blocks; torch.empty of a few MB faults in fresh pages every time
         buffer = torch.from_numpy(np.empty(nbytes, dtype=np.uint8))

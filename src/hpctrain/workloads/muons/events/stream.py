@@ -174,6 +174,7 @@ class EventStream:
         self._continuous = False  # the sampler goes on into the next epochs (_endless, local inputs)
         self._prefetcher: Prefetcher[tuple[MuonBatch, int, int]] | None = None
         options = LoaderOptions.from_config(data, persistent=train)
+        self._pinned = options.pin_memory  # batches joined from pieces go to page-locked memory (CUDA)
         # workers write results into buffers lent by this process (in flight: prefetch_factor per worker; a few
         # more for batches the consumer still holds); 0 workers reuse their own (decode.Recycled)
         workers = options.num_workers
@@ -274,7 +275,7 @@ class EventStream:
             for size, piece in result.pieces():
                 batches.add(size, piece)
             for k, parts in batches.ready():
-                yield MuonBatch.concat(parts), min(position + (k + 1) * g, total)
+                yield MuonBatch.concat(parts, self._pinned), min(position + (k + 1) * g, total)
         batches.check_done()
         if self._staged is not None:
             self._staged.end_epoch()
@@ -331,7 +332,7 @@ class EventStream:
             for size, piece in result.pieces():
                 batches.add(size, piece)
             for k, parts in batches.ready():
-                yield MuonBatch.concat(parts), epoch, min(position + (k + 1) * g, total)
+                yield MuonBatch.concat(parts, self._pinned), epoch, min(position + (k + 1) * g, total)
 
     def __iter__(self) -> Iterator[MuonBatch]:
         self._stop_prefetcher()
