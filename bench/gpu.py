@@ -14,7 +14,8 @@ Parts:
 - e2e: `hpctrain train` of configs/muons.yaml (muon_flow) at batch 8192 (tiny: 256) with workers, compile off and
   auto: steady-state events/s and the data share from metrics.jsonl (the first log windows, which compile, left
   out), the compile seconds from summary.json.
-- loader: the same training stream alone (same files, batch and workers): events/s it delivers.
+- loader: the same training stream alone (same files, batch and workers): events/s it delivers, the share of
+  batches in one buffer (one transfer) and page-locked (CUDA), and the main process's CPU per batch.
 - hop: one hop with budget.time_limit (60 s; tiny: 25 s) and train.compile=auto (on on CUDA): updates done, and the share of the updates
   the steady compiled rate would have done in the hop's training time without the first call's compile.
 Last line: one JSON object with every figure.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -227,6 +229,8 @@ def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         it = iter(stream)
         for _ in range(3):
             next(it)
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # this process alone: the workers are children
+        cpu = usage.ru_utime + usage.ru_stime
         start, events, pinned, one_buffer = time.perf_counter(), 0, 0, 0
         for _ in range(batches):
             batch = next(it)
@@ -234,10 +238,14 @@ def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             one_buffer += batch.buffer() is not None  # moved to the GPU in one transfer
             pinned += torch.cuda.is_available() and batch.muons.is_pinned()  # asynchronously
         seconds = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = usage.ru_utime + usage.ru_stime - cpu
     finally:
         stream.close()
     result = {"events_per_s": events / seconds, "batches": batches, "workers": cfg.data.num_workers,
-              "one_buffer_share": one_buffer / batches, "pinned_share": pinned / batches}  # fmt: skip
+              "one_buffer_share": one_buffer / batches, "pinned_share": pinned / batches,
+              # the main process's CPU per batch (receiving, joining): the events/s it could take at most
+              "main_cpu_ms_per_batch": 1e3 * cpu / batches, "main_ceiling_events_per_s": events / max(cpu, 1e-9)}  # fmt: skip
     print(f"loader alone: {result['events_per_s']:,.0f} events/s", flush=True)
     return result
 

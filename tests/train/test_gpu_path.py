@@ -230,3 +230,30 @@ def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     assert step["eager_fp32"]["gp_every_2"]["losses"]["gradient_penalty"] > 0
     assert result["e2e"]["compile_off"]["steps"] == result["e2e"]["compile_auto"]["steps"] > 0
     assert result["loader"]["events_per_s"] > 0 and "loader_over_consumed_ratio" in result
+
+
+def test_a_function_past_the_recompile_limit_is_counted() -> None:
+    """Past torch's recompile limit a function runs eagerly for the rest of the process, which torch only warns
+    about: the hop's compile line counts it (compile_stats)."""
+    import torch._dynamo
+
+    from hpctrain.train.memory import compile_stats, compile_summary, watch_compiles
+
+    watch_compiles()
+    watch_compiles()  # once per process, however often asked
+    before = compile_stats()
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    compiled = torch.compile(double, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=1, automatic_dynamic_shapes=False):
+        for n in (2, 3, 4):
+            assert torch.equal(compiled(torch.ones(n)), torch.full((n,), 2.0))
+    entry, line = compile_summary(before, updates=1, seconds=0.5)
+    assert entry["recompile_limit_hits"] >= 1 and entry["graphs"] == 1
+    assert "hit torch's recompile limit and ran eagerly" in line
+    assert (
+        compile_stats()["recompile_limit_hits"]
+        == before["recompile_limit_hits"] + entry["recompile_limit_hits"]
+    )
