@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterable
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from hpctrain.config.schema import OptimConfig, ScheduleConfig, ScheduleStage
 from hpctrain.errors import UserError
@@ -23,10 +25,6 @@ def effective_lr(cfg: OptimConfig, global_batch: int) -> float:
 
 def fused_kernel_devices() -> set[str]:
     """Device types with torch's fused optimizer kernels (CUDA, and the CPU since torch 2.4)."""
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-    except ImportError:  # a torch that moved it: the devices fused kernels have had longest
-        return {"cuda"}
     return set(_get_fused_kernels_supported_devices())
 
 
@@ -43,9 +41,9 @@ def build_optimizer(
         len(devices) == 1 and devices <= fused_kernel_devices() and all(p.is_floating_point() for p in params)
     )
     if cfg.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused or None
-        )
+        # SGD takes `fused` since torch 2.3 (the range admits 2.2: its SGD keeps its own default there)
+        extra = {"fused": True} if fused and "fused" in inspect.signature(torch.optim.SGD).parameters else {}
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **extra)
     cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
     return cls(
         params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
