@@ -156,9 +156,8 @@ def test_ragged_networks_are_traced_once_per_compile() -> None:
 
     torch.manual_seed(0)
     net = Generator(0, 1, 16, [16], cap=2000, head="flow", flow_bins=4)
-    compile_network(
-        net, "default", None, dynamic=True
-    )  # lazy: sets what the trace reads, compiles nothing yet
+    # torch.compile is lazy: this sets what the trace reads and compiles nothing yet
+    compile_network(net, "default", None, dynamic=True)
     compiled = torch.compile(net, backend="aot_eager", dynamic=True)
     records: list[str] = []
 
