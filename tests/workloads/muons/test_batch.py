@@ -9,7 +9,13 @@ from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.data_verbs import synthetic_events
-from hpctrain.workloads.muons.events.batch import MuonBatch, cut_points, from_buffer, split_by_muon_cap
+from hpctrain.workloads.muons.events.batch import (
+    MuonBatch,
+    cut_points,
+    from_buffer,
+    packed_size,
+    split_by_muon_cap,
+)
 from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
 
 
@@ -136,3 +142,48 @@ def test_a_joined_batch_moves_to_a_device_in_one_transfer() -> None:
         with Copies() as copies:
             moved = loose.to("meta")
         assert copies.count == 6 and moved.muons.shape == loose.muons.shape
+
+
+def test_the_networks_get_one_layout_whatever_the_batch_lies_in() -> None:
+    """torch.compile takes a storage offset of 0 as a constant and any other as a symbol: counts that start
+    inside a buffer (a slice, a piece in a worker's larger buffer) in one batch and not in the next made a second
+    graph, a second compile mid-run. `for_networks` gives every tensor the networks read its own start, with the
+    same values; one graph then serves batches of every layout (checked with Dynamo's graph count)."""
+    import torch._dynamo
+
+    from hpctrain.train.memory import compile_network, compiled_graphs
+
+    batch = _batch(60, seed=5)
+    larger = torch.zeros(512 + packed_size(len(batch), batch.num_muons), dtype=torch.uint8)
+    inside = from_buffer(larger[512:], len(batch), batch.num_muons)
+    for name in ("primaries", "muons", "counts", "ids", "positions", "offsets"):
+        getattr(inside, name).copy_(getattr(batch, name))
+    layouts = {
+        "own tensors": batch,
+        "a slice": batch.select(5, 45),
+        "joined": MuonBatch.concat(split_by_muon_cap(batch, 700)),
+        "a piece inside a larger buffer": inside,
+    }
+    assert inside.counts.storage_offset() and layouts["a slice"].counts.storage_offset()
+
+    class Pool(nn.Module):
+        def forward(self, primaries: torch.Tensor, counts: torch.Tensor, muons: torch.Tensor) -> torch.Tensor:
+            index = torch.repeat_interleave(torch.arange(len(counts)), counts, output_size=muons.shape[0])
+            per_event = muons.new_zeros(len(counts), 3).index_add_(0, index, muons)
+            return (per_event / counts.clamp_min(1).unsqueeze(1)).sum() + primaries.sum()
+
+    torch._dynamo.reset()
+    net = compile_network(Pool(), "default", None, dynamic=True)
+    net = torch.compile(net._orig_mod, backend="eager", dynamic=True)  # Dynamo's graphs only: no code made
+    before = compiled_graphs()
+    for what, b in layouts.items():
+        seen = b.for_networks("cpu")
+        assert seen.normalized and len(seen) == len(b), what
+        for name in ("primaries", "muons", "counts"):
+            assert getattr(seen, name).storage_offset() == 0, (what, name)
+        assert torch.equal(seen.counts, b.counts) and torch.equal(seen.muons, b.normalize().muons), what
+        net(seen.primaries, seen.counts, seen.muons)
+    assert compiled_graphs() - before == 1
+    # without it, the counts' offset flips the graph: the case the method exists for
+    net(batch.primaries, layouts["a slice"].counts, layouts["a slice"].normalize().muons)
+    assert compiled_graphs() - before == 2

@@ -155,6 +155,19 @@ class MuonBatch:
             positions=move(self.positions),
         )
 
+    def for_networks(self, device: torch.device | str) -> MuonBatch:
+        """The batch as the networks take it: on `device`, normalised there (the logarithms are cheap on the
+        device and the loader stays at decode speed), every tensor they read starting its own storage.
+        torch.compile takes a storage offset of 0 as a constant and any other as a symbol, so counts that start
+        inside a buffer (a worker's piece, a view) in one batch and not in the next compiled a second graph."""
+        batch = self.to(device).normalize()  # primaries and muons: new tensors unless normalised already
+        parts = {
+            name: t.clone()
+            for name in ("primaries", "muons", "counts")
+            if (t := getattr(batch, name)).storage_offset()
+        }
+        return replace(batch, **parts) if parts else batch
+
     def buffer(self) -> torch.Tensor | None:
         """The bytes of the one buffer `packed` laid this batch out in (uint8, a view), or None when its
         tensors lie elsewhere (views cut from a larger result, normalised copies)."""

@@ -60,8 +60,7 @@ class MuonTaskBase(Task[M]):
         ]
 
     def to_device(self, batch: MuonBatch, device: torch.device) -> MuonBatch:
-        # normalised on the device: the logarithms are cheap there and the loader stays at decode speed
-        return batch.to(device).normalize()
+        return batch.for_networks(device)
 
     def histograms(self, batch: MuonBatch) -> dict[str, torch.Tensor]:
         out = {"multiplicity_log10": torch.log10(batch.counts.float() + 1.0)}
