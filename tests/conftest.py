@@ -88,6 +88,13 @@ def fake_compile(log: Path) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_FAKE_COMPILE": str(log), "PYTHONPATH": path}
 
 
+def compile_ahead(how: str) -> dict[str, str]:
+    """Environment for a subprocess whose background compile's helper is waited for at the first check step after
+    its start; with `fail` it dies at once: see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_COMPILE_AHEAD": how, "PYTHONPATH": path}
+
+
 def exit_marks(marks: Path) -> dict[str, str]:
     """Environment for subprocesses that record in `marks` whether their exit handlers and the interpreter's
     finalization ran, with their RANK: see tests/faulthook/sitecustomize.py."""

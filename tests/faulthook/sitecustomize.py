@@ -98,3 +98,21 @@ if _exit_marks:
             mark("finalized")
 
     _at_finalization = _AtFinalization()
+
+# `_HPCTRAIN_TEST_COMPILE_AHEAD=wait|fail`: the background compile's helper (hpctrain/train/compile_ahead.py) is
+# waited for at the first check step after its start, so the switch comes at a known update however slow the
+# machine; with `fail` the helper cannot start (it dies at once). See tests.conftest.compile_ahead(HOW).
+_ahead = os.environ.get("_HPCTRAIN_TEST_COMPILE_AHEAD")
+if _ahead:
+    from hpctrain.train import compile_ahead
+
+    _poll = compile_ahead.CompileAhead.poll
+
+    def _waiting_poll(self):  # type: ignore[no-untyped-def]
+        if self.proc is not None and self.running:
+            self.proc.wait()
+        return _poll(self)
+
+    compile_ahead.CompileAhead.poll = _waiting_poll
+    if _ahead == "fail":
+        compile_ahead.HELPER = "hpctrain.commands.no_such_helper"

@@ -324,6 +324,15 @@ class TrainConfig(Section):
         "time, so the time budget's step estimate stays that of a compiled step.",
         json_schema_extra=MAY_CHANGE,
     )
+    compile_background: bool | None = Field(
+        None,
+        description="Compile in a helper process while the hop trains eagerly, then switch to the compiled "
+        "networks (their first call then finds the kept compiled code): compiling never costs a hop its updates. "
+        "null = on CUDA with one process; true also on CPU. Needs memory for one more step on the device; under "
+        "DDP the networks compile in the training processes. The eager updates before the switch round "
+        "differently from compiled ones, so a resumed hop does not retrace an uninterrupted run bit-exactly.",
+        json_schema_extra=MAY_CHANGE,
+    )
     memory_budget: float | None = Field(
         None,
         gt=0,

@@ -45,6 +45,15 @@ def resolve_compile(mode: str, cuda: bool) -> str:
     return mode
 
 
+def compile_in_background(setting: bool | None, cuda: bool, world_size: int) -> bool:
+    """train.compile_background: whether the networks compile in a helper process while the hop trains eagerly
+    (train/compile_ahead.py). null = on CUDA; never under DDP, where every rank would need the switch at the same
+    update and a helper of its own."""
+    if world_size > 1:
+        return False
+    return cuda if setting is None else setting
+
+
 def keep_compiled_code(out_dir: Path) -> str:
     """Point torch.compile's caches (Inductor's graphs and kernels, Triton's binaries) at `<run.out_dir>/
     .compile-cache` unless TORCHINDUCTOR_CACHE_DIR is set: /tmp is node-local, so every hop of a chain (and every

@@ -22,6 +22,7 @@ from hpctrain.train.memory import (
     AUTO_COMPILE_MIN_SECONDS,
     check_compile_names,
     checkpoint_blocks,
+    compile_in_background,
     compile_network,
     keep_compiled_code,
     recompute_wanted,
@@ -83,6 +84,7 @@ class Setup:
         self.env = env
         train = cfg.train
         self.device = pick_device(train.device, env)
+        self.ahead: dict[str, str] = {}  # networks to compile in the background (wrap), name -> mode
         if train.precision == "fp16" and self.device.type != "cuda":
             raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
         # the allocation's cores, not torch's default of every core on the machine (runtime/threads.py)
@@ -104,15 +106,22 @@ class Setup:
 
     def wrap(self, raw: dict[str, nn.Module], seconds_left: float | None = None) -> dict[str, nn.Module]:
         """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
-        `seconds_left`: the hop's time (the same on every rank); under it `auto` does not compile."""
+        `seconds_left`: the hop's time (the same on every rank); under it `auto` does not compile in the training
+        process. Networks to compile in the background are left eager here and kept in `self.ahead` (name ->
+        mode) for `compile_now` at the switch."""
         train = self.cfg.train
         check_compile_names(train.compile, list(raw), self.cfg.model.type)
+        background = compile_in_background(
+            train.compile_background, self.device.type == "cuda", self.env.world_size
+        )
+        self.ahead = {}
         wrapped: dict[str, nn.Module] = {}
         said: list[str] = []
         for name, module in raw.items():
             out: nn.Module = module
             mode = self.task.compile_mode(name)
-            if mode != "off" and self.task.compile_setting(name) == "auto" and short_hop(seconds_left):
+            auto = self.task.compile_setting(name) == "auto"
+            if mode != "off" and auto and not background and short_hop(seconds_left):
                 said.append(
                     f"{name}: not compiled (train.compile=auto and {seconds_left or 0.0:.0f} s left in this hop: "
                     f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
@@ -133,17 +142,36 @@ class Setup:
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
                 said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
-                out = compile_network(out, mode, train.memory_budget, self.task.dynamic_shapes or None)
                 budget = (
                     ""
                     if train.memory_budget is None
                     else f", activation memory budget {train.memory_budget:g}"
                 )
-                said.append(f"{name}: torch.compile mode {mode}{budget}")
+                if background:
+                    self.ahead[name] = mode
+                    said.append(
+                        f"{name}: torch.compile mode {mode}{budget}, compiled in the background (eager until then)"
+                    )
+                else:
+                    out = self.compiled(out, mode)
+                    said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
         if said and self.env.is_main:
             print("networks: " + "; ".join(dict.fromkeys(s for s in said if s)), flush=True)
         return wrapped
+
+    def compiled(self, module: nn.Module, mode: str) -> nn.Module:
+        """`module` under torch.compile as this run compiles it (the activation-memory budget, dynamic sizes for
+        ragged workloads): the same call in the training process and in the background helper, so the helper's
+        cached code is what the training process looks up."""
+        return compile_network(module, mode, self.cfg.train.memory_budget, self.task.dynamic_shapes or None)
+
+    def compile_now(self, modules: dict[str, nn.Module]) -> None:
+        """Switch the networks left eager for the background compile to torch.compile, in place (the update
+        context holds the same dict): their next call compiles, from the kept code when the helper made it."""
+        for name, mode in self.ahead.items():
+            modules[name] = self.compiled(modules[name], mode)
+        self.ahead = {}
 
     def optimizers(
         self, raw: dict[str, nn.Module]

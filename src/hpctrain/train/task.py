@@ -175,6 +175,12 @@ class Task(ABC, Generic[C]):
         """Values worth a histogram (e.g. primaries, multiplicities); empty by default."""
         return {}
 
+    def compile_rehearsals(self) -> list[dict[str, Any]]:
+        """Task states (as `state_dict` gives them) under which the background compile (train/compile_ahead.py)
+        runs one update each, so that it meets every graph the training will. Default: the state now; a task
+        whose updates change with its state (a warm-up phase) adds one state per later phase."""
+        return [self.state_dict()]
+
     def state_dict(self) -> dict[str, Any]:
         """Task state beyond networks and optimizers (e.g. normalisation statistics, EMA)."""
         return {}

@@ -32,6 +32,7 @@ from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
+from hpctrain.train.compile_ahead import CompileAhead
 from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
@@ -109,6 +110,8 @@ class Trainer:
         self._graphs = 0  # torch.compile's graph count after the last update (a change: that update compiled)
         self._compile_updates = 0  # updates of this hop that compiled
         self._compile_before: dict[str, int] = {}  # torch.compile's counts when the hop began
+        self.ahead: CompileAhead | None = None  # the background compile's helper (train.compile_background)
+        self._hop_first = 0  # the update count when this hop's loop began
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -124,7 +127,10 @@ class Trainer:
         # every rank takes rank 0's view of the hop's time (under SLURM only rank 0 asks for the end time)
         left = dist.broadcast_object(self.budget.remaining())
         self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
-        self._compiling = any(is_compiled(m) for m in self.modules.values())
+        if self.setup.ahead:
+            self.ahead = CompileAhead(self.setup.ahead, self.run_dir / "compile-ahead.log")
+            self._closers.append(self.ahead.close)
+        self._compiling = self.ahead is not None or any(is_compiled(m) for m in self.modules.values())
         if self._compiling:
             watch_compiles()
             self._compile_before = compile_stats()
@@ -288,6 +294,7 @@ class Trainer:
         if owed and (reason := self._at_check(owed_eval=True)) is not None:
             return reason
         batches = iter(stream)
+        ahead = self.ahead
         while counters.step < counters.total_updates:
             start = clock()
             before = stream.state_dict()
@@ -298,6 +305,8 @@ class Trainer:
             if votes.empty:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
+            if ahead is not None and ahead.waiting:
+                self._start_compile_ahead(ahead, micro)
             self._set_lr()
             out, end = self._update(micro, start)
             if cadence.log.due(counters.step, end):
@@ -315,6 +324,7 @@ class Trainer:
         self.cadence.log.start(now)
         self.cadence.check.next = self.counters.step + 1
         self._window_first = self.counters.step + 1
+        self._hop_first = self.counters.step
         self._graphs = compiled_graphs() if self._compiling else 0
 
     def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
@@ -391,9 +401,36 @@ class Trainer:
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
+    def _start_compile_ahead(self, ahead: CompileAhead, micro: list[MicroBatch]) -> None:
+        """The hop's first update: hand the helper what it needs to compile as this process will (weights, the
+        task's states to rehearse, this update's batch), then train on eagerly."""
+        ahead.start(
+            {
+                "config": self.cfg.model_dump(),  # a tree: the config's type is built at run time
+                "device": str(self.device),
+                "weights": {name: m.state_dict() for name, m in self.raw_modules.items()},
+                "states": self.task.compile_rehearsals(),
+                "micro": micro,
+            }
+        )
+
+    def _compiled_from_now(self, ahead: CompileAhead) -> None:
+        """The helper finished: the networks go under torch.compile, and their next call compiles from its
+        cached code (booked as compile time). If it failed, this process compiles them itself, as without it."""
+        ahead.eager_updates = self.counters.step - self._hop_first
+        if ahead.outcome != "done":
+            self.console.message(
+                f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); compiling in "
+                "this process"
+            )
+        self.setup.compile_now(self.modules)
+        self._graphs = compiled_graphs()
+
     def _at_check(self, owed_eval: bool = False) -> str | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
         counters, cadence = self.counters, self.cadence
+        if self.ahead is not None and self.ahead.poll():  # one process only (never under DDP)
+            self._compiled_from_now(self.ahead)
         votes = CheckVotes()
         if owed_eval or cadence.eval_.due(counters.step):
             result = self._evaluate()
@@ -552,6 +589,13 @@ class Trainer:
                 summary["compile"], line = compile_summary(
                     self._compile_before, self._compile_updates, seconds
                 )
+                if (ahead := self.ahead) is not None:
+                    if ahead.running:  # the hop is over before the switch: it ran eagerly throughout
+                        ahead.eager_updates = self.counters.step - self._hop_first
+                        if not ahead.poll():
+                            ahead.close()
+                    summary["compile"]["background"] = ahead.record()
+                    line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
                 print(line, flush=True)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
         return RunResult(status, reason, self.counters.step, digest, code, message)

@@ -125,6 +125,13 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
             self._compiled_penalty = torch.compile(functional_penalty, dynamic=True)
         return ctx.raw_modules["critic"], self._compiled_penalty
 
+    def compile_rehearsals(self) -> list[dict[str, Any]]:
+        """The state now and one per later phase of the warm-up (likelihood alone, likelihood and critic, the
+        adversarial updates): each phase runs other graphs."""
+        now, m = self.state_dict(), self.cfg.model
+        later = {u for u in (m.likelihood_warmup - m.critic_warmup, m.likelihood_warmup) if u > self.updates}
+        return [now] + [{**now, "updates": u} for u in sorted(later)]
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
         state["updates"] = self.updates

@@ -1,0 +1,67 @@
+"""The background compile's helper process (train/compile_ahead.py): `python -m hpctrain.commands.compile_ahead`,
+fed by the trainer through stdin. It builds the run's networks with the trainer's weights, compiles them as the
+trainer will (`Setup.wrap`, the same `Setup.compiled` call), and runs one update per rehearsed task state on the
+trainer's first batch: torch.compile's caches (<run.out_dir>/.compile-cache, named by the inherited
+TORCHINDUCTOR_CACHE_DIR) then hold what the trainer's own first compiled call looks up. Nothing else is written."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+
+from hpctrain.config.validation import validate
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.runtime.seeding import seed_everything
+from hpctrain.train.memory import compile_stats, is_compiled
+from hpctrain.train.nonfinite import NonFiniteGuard
+from hpctrain.train.setup import Setup
+from hpctrain.workloads.registry import config_model, make_task
+
+
+def _end_with(parent: int) -> None:
+    """The trainer is gone (killed without closing us): nothing will use what we compile now."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(3)
+
+
+def main() -> int:
+    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
+    start = time.monotonic()
+    payload = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
+    cfg, device = validate(config_model(), payload["config"]), torch.device(payload["device"])
+    cfg.train.compile_background = False  # compile here, in this process
+    env = ClusterEnv()  # one process, whatever the job's variables say
+    task = make_task(cfg, env)
+    setup = Setup(cfg, task, env)
+    setup.device = device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    seed_everything(cfg.run.seed)
+    raw = task.build_modules()
+    for name, module in raw.items():
+        module.to(device)
+        module.load_state_dict(payload["weights"][name])
+    modules = setup.wrap(raw)
+    optimizers, _ = setup.optimizers(raw)
+    ctx = setup.context(modules, raw, optimizers, NonFiniteGuard(cfg.train))
+    for state in payload["states"]:
+        task.load_state_dict(state)
+        task.train_step(payload["micro"], ctx)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    compiled = [name for name, module in modules.items() if is_compiled(module)]
+    print(
+        json.dumps({"compiled": compiled, "seconds": time.monotonic() - start, **compile_stats()}), flush=True
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""torch.compile in a helper process while the hop trains eagerly (train.compile_background).
+
+Compiling the muon networks takes a minute on an H100 (docs/performance.md): in the training process those are a
+minute of no updates, all of a short hop. Instead, at the hop's first update the trainer hands a helper process
+(`python -m hpctrain.commands.compile_ahead`) the config, the networks' weights, the task's states to rehearse
+and that update's batch, through a pipe (the config may hold secrets: nothing of it is written to disk). The
+helper builds the same networks, compiles them with the same call (`Setup.compiled`) and runs one update per
+state, which fills the compile cache (<run.out_dir>/.compile-cache). Meanwhile the hop trains eagerly. At the
+first check step after the helper has finished, the trainer wraps its networks in torch.compile; their first
+call finds the helper's code in the cache (seconds), booked as compile time as before.
+
+If the helper fails (out of memory next to the training, a compiler error), the trainer says so in one line and
+compiles in its own process, as without the helper. The helper leaves its output in <run>/compile-ahead.log; it
+ends with the hop (killed by PID) or on its own when the trainer is gone."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HELPER = "hpctrain.commands.compile_ahead"
+
+
+class CompileAhead:
+    """The helper process of one hop: `start` once (the hop's first update), `poll` at check steps, `close`."""
+
+    def __init__(self, plan: dict[str, str], log_path: Path) -> None:
+        self.plan = dict(plan)  # network -> compile mode
+        self.log_path = log_path.absolute()  # said in lines and summary.json: wherever the command ran
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.seconds = 0.0  # the helper's wall time, once finished
+        self.eager_updates = 0  # updates the hop ran before the switch
+        self.outcome = "not started"  # "running", "done", "failed: <its last line>", "unfinished"
+
+    @property
+    def waiting(self) -> bool:
+        """Not started yet: the hop's first update starts it."""
+        return self.proc is None
+
+    @property
+    def running(self) -> bool:
+        return self.outcome == "running"
+
+    def start(self, payload: dict[str, Any]) -> None:
+        """Start the helper and feed it `payload` (see commands/compile_ahead.py) from a thread: the helper
+        reads it after importing torch, and the hop must not wait for that."""
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", HELPER],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C or a scheduler's signal to the group is the trainer's to handle
+            )
+        self.started, self.outcome = time.monotonic(), "running"
+        threading.Thread(target=_feed, args=(self.proc, buffer.getvalue()), daemon=True).start()
+
+    def poll(self) -> bool:
+        """Whether the helper has just finished (done or failed: `outcome` says which)."""
+        if self.proc is None or not self.running or self.proc.poll() is None:
+            return False
+        self.seconds = time.monotonic() - self.started
+        self.outcome = "done" if self.proc.returncode == 0 else f"failed: {self._last_line()}"
+        return True
+
+    def close(self) -> None:
+        """End the helper if it still runs (the hop is over): what it compiled so far stays cached."""
+        if self.proc is not None and self.running and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            self.seconds = time.monotonic() - self.started
+            self.outcome = "unfinished"
+
+    def record(self) -> dict[str, Any]:
+        """summary.json's `compile.background`."""
+        return {
+            "networks": self.plan,
+            "outcome": self.outcome,
+            "seconds": round(self.seconds, 3),
+            "eager_updates": self.eager_updates,
+            "log": str(self.log_path),
+            "pid": self.proc.pid if self.proc is not None else None,
+        }
+
+    def said(self) -> str:
+        """The start of the hop's compile line."""
+        if self.outcome == "done":
+            return (
+                f"compiled in the background in {self.seconds:.1f} s while {self.eager_updates} update(s) ran "
+                "eagerly; then "
+            )
+        if self.outcome == "unfinished":
+            return (
+                f"the background compile was still running when the hop ended ({self.seconds:.1f} s): all "
+                f"{self.eager_updates} update(s) ran eagerly, and the next hop finds what it cached; "
+            )
+        return f"the background compile {self.outcome} (see {self.log_path}); compiled in this process: "
+
+    def _last_line(self) -> str:
+        try:
+            lines = [
+                ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()
+            ]
+        except OSError:
+            lines = []
+        code = self.proc.returncode if self.proc is not None else None
+        return lines[-1][:300] if lines else f"exit {code}"
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except OSError:  # the helper died before reading: poll() reports its exit
+        pass

@@ -1,0 +1,98 @@
+"""train.compile_background: torch.compile in a helper process while the hop trains eagerly, for real on CPU (the
+default workload's MLP), then the switch to compiled networks that load the helper's code from the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from hpctrain.train.memory import compile_in_background
+from tests.conftest import clean_env, compile_ahead, hpctrain
+
+ARGS = ("train", "train.compile=default", "train.compile_background=true", "train.eval_every=0")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
+
+
+def _summary(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / "logs" / name / "summary.json").read_text())
+
+
+def test_background_compile_is_on_for_one_cuda_process_unless_asked() -> None:
+    assert compile_in_background(None, cuda=True, world_size=1)
+    assert not compile_in_background(None, cuda=False, world_size=1)
+    assert compile_in_background(True, cuda=False, world_size=1)
+    assert not compile_in_background(False, cuda=True, world_size=1)
+    assert not compile_in_background(True, cuda=True, world_size=4)  # under DDP: compiled in each rank
+
+
+def test_the_hop_trains_eagerly_until_the_helper_has_compiled_then_loads_its_code(tmp_path: Path) -> None:
+    """The helper compiles from nothing (its own log: cache misses); the training process, switched at the first
+    check step after the helper ended (the test hook waits for it there, so the switch update is known), makes
+    its graph from the helper's cached code: hits, no misses. The updates before the switch ran eagerly."""
+    env = clean_env(**compile_ahead("wait"))
+    args = (*ARGS, "train.total_updates=30", "logging.log_every=5", "run.name=b")
+    done = hpctrain(*args, cwd=tmp_path, env=env, timeout=600)
+    assert done.code == 0, done.err
+    assert "model: torch.compile mode default, compiled in the background (eager until then)" in done.out
+    made = _summary(tmp_path, "b")["compile"]
+    ahead = made["background"]
+    assert ahead["outcome"] == "done" and ahead["networks"] == {"model": "default"}, ahead
+    assert 1 <= ahead["eager_updates"] <= 5  # the first check step after the hop's first update
+    assert made["graphs"] >= 1 and made["updates"] >= 1
+    assert made["inductor_cache_hits"] >= 1 and made["inductor_cache_misses"] == 0, made
+    helper = [json.loads(x) for x in Path(ahead["log"]).read_text().splitlines() if x.startswith("{")]
+    assert helper and helper[-1]["compiled"] == ["model"] and helper[-1]["inductor_cache_misses"] >= 1
+    line = f"torch.compile: compiled in the background in {ahead['seconds']:.1f} s while {ahead['eager_updates']}"
+    assert line in done.out
+    assert not _alive(ahead["pid"])
+
+
+def test_a_helper_that_fails_leaves_the_compile_to_the_training_process(tmp_path: Path) -> None:
+    env = clean_env(**compile_ahead("fail"))
+    args = (*ARGS, "train.total_updates=12", "logging.log_every=4", "run.name=f")
+    done = hpctrain(*args, cwd=tmp_path, env=env, timeout=600)
+    assert done.code == 0, done.err
+    made = _summary(tmp_path, "f")["compile"]
+    assert made["background"]["outcome"].startswith("failed: "), made
+    assert "no_such_helper" in made["background"]["outcome"]  # its last line, said
+    said = [x for x in (done.out + done.err).splitlines() if "the background compile failed" in x]
+    assert said and "compiling in this process" in said[0]
+    assert made["graphs"] >= 1 and made["inductor_cache_misses"] >= 1  # compiled here, from nothing
+
+
+def test_a_hop_that_ends_first_ran_eagerly_and_ends_the_helper(tmp_path: Path) -> None:
+    """Three updates of a tiny MLP end long before a compile can: every update ran eagerly, nothing was compiled
+    in the training process, and the helper does not outlive the hop."""
+    done = hpctrain(*ARGS, "train.total_updates=3", "run.name=e", cwd=tmp_path, timeout=600)
+    assert done.code == 0, done.err
+    made = _summary(tmp_path, "e")["compile"]
+    ahead = made["background"]
+    assert ahead["eager_updates"] == 3 and made["graphs"] == 0, made
+    assert ahead["outcome"] in ("unfinished", "done")  # "done" only on a machine that compiles in a blink
+    assert not _alive(ahead["pid"])
+
+
+def test_the_muon_gan_rehearses_every_phase_of_its_warm_up() -> None:
+    """The helper runs one update per state: the GAN's warm-up phases run other graphs (likelihood alone, with
+    the critic, adversarial), so a helper that rehearsed only the first would leave the others to compile in the
+    training process later."""
+    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+
+    task = MuonWGANTask.__new__(MuonWGANTask)
+    task.cfg = SimpleNamespace(
+        model=SimpleNamespace(likelihood_warmup=10, critic_warmup=4, adaptive_critic=None)
+    )
+    task.critic_updates, task.critic_steps, task.scaler_ready = 0, 5, False
+    task._rng, task._rng_state = None, None
+    for done, phases in ((0, [0, 6, 10]), (7, [7, 10]), (12, [12])):
+        task.updates = done
+        assert [s["updates"] for s in task.compile_rehearsals()] == phases
