@@ -16,8 +16,9 @@ Parts:
   out), the compile seconds from summary.json.
 - loader: the same training stream alone (same files, batch and workers): events/s it delivers, the share of
   batches in one buffer (one transfer) and page-locked (CUDA), and the main process's CPU per batch.
-- hop: one hop with budget.time_limit (60 s; tiny: 25 s) and train.compile=auto (on on CUDA): updates done, and the share of the updates
-  the steady compiled rate would have done in the hop's training time without the first call's compile.
+- hop: two hops (cold, then warm from the kept cache) with budget.time_limit (60 s; tiny: 25 s) and
+  train.compile=auto (on CUDA: compiled in the background while the hop trains eagerly): updates done, and their
+  share of what the steady compiled rate (after the switch) would have done in the hop's training and compile time.
 Last line: one JSON object with every figure.
 """
 
@@ -200,6 +201,9 @@ def bench_e2e(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
     updates, every = (15, 5) if args.tiny else (400, 20)
     for mode in ("off", "auto"):
         extra = [f"train.total_updates={updates}", f"train.compile={mode}", f"logging.log_every={every}"]
+        # the steady compiled rate: compiled in the training process from the first update (in the background,
+        # the first ~40 s would run eagerly, most of these updates)
+        extra.append("train.compile_background=false")
         done = hpctrain(train_args(root, f"e2e-{mode}", device, args.tiny, extra), env, 900)
         if done.returncode:
             raise SystemExit(f"e2e compile={mode} failed: {done.stderr[-3000:]}")
@@ -252,11 +256,16 @@ def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     """Two hops of one run with budget.time_limit and compile on: the first compiles from nothing, the second
-    (resumed) finds the compiled code in <run.out_dir>/.compile-cache."""
+    (resumed) finds the compiled code in <run.out_dir>/.compile-cache. On CUDA the networks compile in the
+    background (train.compile_background) while the hop trains eagerly; `updates_ratio` is the hop's updates over
+    what the steady compiled rate (its log windows after the switch) would have done in the hop's training and
+    compile time: goal 4 asks >= 0.7."""
     seconds = 25 if args.tiny else 60
     extra = ["train.total_updates=1000000", "train.compile=auto",
              f"budget.time_limit={seconds // 60}:{seconds % 60:02d}", "budget.margin_seconds=5",
              "logging.log_every=50"]  # fmt: skip
+    if device == "cpu":  # the default is CUDA only; the CPU run checks the same code
+        extra += ["train.compile=default", "train.compile_background=true"]
     out: dict[str, Any] = {"limit_s": seconds}
     before = 0
     for hop, resume in (("cold", "never"), ("warm", "auto")):
@@ -273,21 +282,24 @@ def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
         compile_s = float(timing.get("compile", 0.0))
         training = float(timing.get("data", 0.0)) + float(timing.get("step", 0.0))
         updates = int(summary.get("step") or 0) - before
+        made = summary.get("compile") or {}
+        switched = before + int((made.get("background") or {}).get("eager_updates", 0))
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        # log windows of this hop after the switch to compiled networks (the first one holds the switch)
+        after = [r["updates_per_s"] for r in rows if "updates_per_s" in r and r["step"] > switched + 50]
+        compiled_rate = statistics.median(after) if after else None
+        ideal = compiled_rate * (training + compile_s) if compiled_rate else None
         before += updates
-        rate = updates / training if training and updates > 1 else 0.0
-        # the updates the hop would have done had its first call cost nothing: its training and compile time at
-        # the hop's own steady rate
-        ideal = rate * (training + compile_s)
         out[hop] = {
             "wall_s": wall,
             "exit": done.returncode,
             "updates": updates,
             "compile_s": compile_s,
             "training_s": training,
-            "steady_updates_per_s": rate,
+            "compiled_updates_per_s": compiled_rate,
             "updates_ratio": updates / ideal if ideal else None,
             "stopped_before_deadline": done.returncode == 75 and wall < seconds + 30,
-            "compile": summary.get("compile"),  # graphs, the caches' hits and misses (warm: all hits)
+            "compile": made,  # graphs, the caches' hits and misses (warm: all hits), the background helper
         }
         print(f"hop {hop}: {json.dumps(out[hop])}", flush=True)
     return out

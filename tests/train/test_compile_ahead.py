@@ -3,11 +3,15 @@ default workload's MLP), then the switch to compiled networks that load the help
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
+from hpctrain.train.compile_ahead import own_tensors
 from hpctrain.train.memory import compile_in_background
 from tests.conftest import clean_env, compile_ahead, hpctrain
 
@@ -96,3 +100,30 @@ def test_the_muon_gan_rehearses_every_phase_of_its_warm_up() -> None:
     for done, phases in ((0, [0, 6, 10]), (7, [7, 10]), (12, [12])):
         task.updates = done
         assert [s["updates"] for s in task.compile_rehearsals()] == phases
+
+
+def test_the_helper_gets_a_batch_laid_out_in_one_buffer_intact() -> None:
+    """A muon batch from the workers lies in one uint8 buffer with int64 and float32 views; torch.load refused it
+    as written by torch.save, so the helper died on every real run with workers. `own_tensors` copies each
+    tensor apart first: the payload comes back equal."""
+    from hpctrain.train.task import MicroBatch
+    from hpctrain.workloads.muons.data_verbs import synthetic_events
+    from hpctrain.workloads.muons.events.batch import MuonBatch, split_by_muon_cap
+
+    ev = synthetic_events(50, 4, 0)
+    whole = MuonBatch.from_numpy(ev.primaries, ev.muons, ev.counts, ev.ids)
+    joined = MuonBatch.concat(split_by_muon_cap(whole, 500))
+    assert joined.buffer() is not None  # one buffer, the layout that broke
+    payload = {
+        "micro": [MicroBatch(joined, 1.0, len(joined))],
+        "states": [{"rng": torch.ones(3)}],
+        "n": (1, 2),
+    }
+    buffer = io.BytesIO()
+    torch.save(own_tensors(payload), buffer)
+    back = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    got = back["micro"][0]
+    assert isinstance(got, MicroBatch) and got.weight == 1.0 and got.samples == len(joined)
+    for name in ("primaries", "muons", "counts", "offsets", "ids", "positions"):
+        assert torch.equal(getattr(got.data, name), getattr(whole, name)), name
+    assert torch.equal(back["states"][0]["rng"], torch.ones(3)) and back["n"] == (1, 2)

@@ -15,6 +15,7 @@ ends with the hop (killed by PID) or on its own when the trainer is gone."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -53,7 +54,7 @@ class CompileAhead:
         """Start the helper and feed it `payload` (see commands/compile_ahead.py) from a thread: the helper
         reads it after importing torch, and the hop must not wait for that."""
         buffer = io.BytesIO()
-        torch.save(payload, buffer)
+        torch.save(own_tensors(payload), buffer)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -116,6 +117,22 @@ class CompileAhead:
             lines = []
         code = self.proc.returncode if self.proc is not None else None
         return lines[-1][:300] if lines else f"exit {code}"
+
+
+def own_tensors(tree: Any) -> Any:
+    """`tree` with every tensor copied into a storage of its own (dicts, lists, tuples and dataclasses walked).
+    A batch laid out in one byte buffer (events/batch.py `packed`) holds int64 and float32 views of one uint8
+    storage, which torch.save writes but torch.load refuses ("record size ... does not match")."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        fields = {f.name: own_tensors(getattr(tree, f.name)) for f in dataclasses.fields(tree) if f.init}
+        return dataclasses.replace(tree, **fields)
+    if isinstance(tree, dict):
+        return {key: own_tensors(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple) and not hasattr(tree, "_fields"):
+        return type(tree)(own_tensors(value) for value in tree)
+    return tree
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
