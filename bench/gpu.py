@@ -264,8 +264,10 @@ def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
     extra = ["train.total_updates=1000000", "train.compile=auto",
              f"budget.time_limit={seconds // 60}:{seconds % 60:02d}", "budget.margin_seconds=5",
              "logging.log_every=50"]  # fmt: skip
-    if device == "cpu":  # the default is CUDA only; the CPU run checks the same code
+    if device == "cpu":  # auto compiles on CUDA only; the CPU run checks the same code
         extra += ["train.compile=default", "train.compile_background=true"]
+    if args.hop_background != "auto":
+        extra.append(f"train.compile_background={args.hop_background}")
     out: dict[str, Any] = {"limit_s": seconds}
     before = 0
     for hop, resume in (("cold", "never"), ("warm", "auto")):
@@ -316,6 +318,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="updates per timed round (step)")
     parser.add_argument("--critic-steps", type=int, default=5)
     parser.add_argument("--cap", type=int, default=2000)
+    parser.add_argument(
+        "--hop-background",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="train.compile_background in the hop part (auto: on CUDA; false: compile in the training process)",
+    )
     parser.add_argument("--workdir", default=None, help="data and runs here (default: a temporary folder)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -127,3 +127,31 @@ def test_the_helper_gets_a_batch_laid_out_in_one_buffer_intact() -> None:
     for name in ("primaries", "muons", "counts", "offsets", "ids", "positions"):
         assert torch.equal(getattr(got.data, name), getattr(whole, name)), name
     assert torch.equal(back["states"][0]["rng"], torch.ones(3)) and back["n"] == (1, 2)
+
+
+def test_a_helper_still_compiling_at_the_hop_end_gets_the_idle_time_then_is_ended(tmp_path: Path) -> None:
+    """After a stop for the time budget the trainer grants the helper the time before the deadline that would
+    pass idle (`close(grace)`): one that finishes in it is not killed, one that does not is. Stand-in helpers:
+    Python processes that sleep."""
+    import subprocess
+    import sys
+
+    from hpctrain.train.compile_ahead import CompileAhead
+
+    def helper(sleep: float) -> CompileAhead:
+        ahead = CompileAhead({"model": "default"}, tmp_path / "log")
+        ahead._begun, ahead.outcome = True, "running"
+        ahead.proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({sleep})"])
+        return ahead
+
+    quick = helper(0.5)
+    quick.hop_ended(eager_updates=7)
+    assert quick.outcome == "unfinished" and quick.eager_updates == 7
+    quick.close(grace=60.0)
+    assert quick.proc is not None and quick.proc.returncode == 0  # finished on its own in the grace
+    slow = helper(60.0)
+    slow.close(grace=0.5)
+    assert slow.proc is not None and slow.proc.returncode == -9  # ended
+    never = helper(60.0)
+    never.close()  # no grace (a finished run, a signal): ended at once
+    assert never.proc is not None and never.proc.returncode == -9

@@ -40,11 +40,13 @@ class CompileAhead:
         self.seconds = 0.0  # the helper's wall time, once finished
         self.eager_updates = 0  # updates the hop ran before the switch
         self.outcome = "not started"  # "running", "done", "failed: <its last line>", "unfinished"
+        self._begun = False
+        self._unsaid = False  # a failure to start, not yet reported by `poll`
 
     @property
     def waiting(self) -> bool:
         """Not started yet: the hop's first update starts it."""
-        return self.proc is None
+        return not self._begun
 
     @property
     def running(self) -> bool:
@@ -53,35 +55,56 @@ class CompileAhead:
     def start(self, payload: dict[str, Any]) -> None:
         """Start the helper and feed it `payload` (see commands/compile_ahead.py) from a thread: the helper
         reads it after importing torch, and the hop must not wait for that."""
+        self._begun = True
         buffer = io.BytesIO()
         torch.save(own_tensors(payload), buffer)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", HELPER],
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C or a scheduler's signal to the group is the trainer's to handle
-            )
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("wb") as out:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", HELPER],
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a Ctrl-C or a scheduler's signal to the group: the trainer's
+                )
+        except OSError as exc:  # no helper: the trainer compiles itself at the next check step
+            self.outcome, self._unsaid = f"failed: could not start it ({exc})", True
+            return
         self.started, self.outcome = time.monotonic(), "running"
         threading.Thread(target=_feed, args=(self.proc, buffer.getvalue()), daemon=True).start()
 
     def poll(self) -> bool:
-        """Whether the helper has just finished (done or failed: `outcome` says which)."""
+        """Whether the helper has finished (done or failed: `outcome` says which) since the last call."""
+        if self._unsaid:
+            self._unsaid = False
+            return True
         if self.proc is None or not self.running or self.proc.poll() is None:
             return False
         self.seconds = time.monotonic() - self.started
         self.outcome = "done" if self.proc.returncode == 0 else f"failed: {self._last_line()}"
         return True
 
-    def close(self) -> None:
-        """End the helper if it still runs (the hop is over): what it compiled so far stays cached."""
-        if self.proc is not None and self.running and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-            self.seconds = time.monotonic() - self.started
-            self.outcome = "unfinished"
+    def hop_ended(self, eager_updates: int) -> None:
+        """The hop is over before the switch: all its updates ran eagerly. A helper still running is
+        `unfinished` (it is ended by `close`)."""
+        self.eager_updates = eager_updates
+        if self.running and not self.poll():
+            self.seconds, self.outcome = time.monotonic() - self.started, "unfinished"
+
+    def close(self, grace: float = 0.0) -> None:
+        """End the helper if it still runs, after up to `grace` seconds for it to finish (time that would pass
+        idle before the deadline): what it compiled by then stays cached for the next hop."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if grace > 0:
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc.kill()
+        self.proc.wait()
 
     def record(self) -> dict[str, Any]:
         """summary.json's `compile.background`."""

@@ -112,6 +112,7 @@ class Trainer:
         self._compile_before: dict[str, int] = {}  # torch.compile's counts when the hop began
         self.ahead: CompileAhead | None = None  # the background compile's helper (train.compile_background)
         self._hop_first = 0  # the update count when this hop's loop began
+        self._stop_reason = ""  # why the hop ended (_result)
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class Trainer:
         self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
         if self.setup.ahead:
             self.ahead = CompileAhead(self.setup.ahead, self.run_dir / "compile-ahead.log")
-            self._closers.append(self.ahead.close)
+            self._closers.append(self._end_compile_ahead)
         self._compiling = self.ahead is not None or any(is_compiled(m) for m in self.modules.values())
         if self._compiling:
             watch_compiles()
@@ -426,6 +427,16 @@ class Trainer:
         self.setup.compile_now(self.modules)
         self._graphs = compiled_graphs()
 
+    def _end_compile_ahead(self) -> None:
+        """(A closer.) End the helper with the hop. After a stop for the time budget the checkpoint is committed
+        and the time left before the deadline, less half the margin, would pass idle: the helper may finish in
+        it, and the next hop loads what it compiled."""
+        if self.ahead is None:
+            return
+        left = self.budget.remaining() if self._stop_reason == "time_budget" else None
+        margin = self.cfg.budget.margin_seconds
+        self.ahead.close(grace=0.0 if left is None else left - max(margin / 2, 2.0))
+
     def _at_check(self, owed_eval: bool = False) -> str | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
         counters, cadence = self.counters, self.cadence
@@ -575,6 +586,7 @@ class Trainer:
 
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
+        self._stop_reason = reason
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
             last = self.counters.step
@@ -591,9 +603,7 @@ class Trainer:
                 )
                 if (ahead := self.ahead) is not None:
                     if ahead.running:  # the hop is over before the switch: it ran eagerly throughout
-                        ahead.eager_updates = self.counters.step - self._hop_first
-                        if not ahead.poll():
-                            ahead.close()
+                        ahead.hop_ended(self.counters.step - self._hop_first)
                     summary["compile"]["background"] = ahead.record()
                     line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
                 print(line, flush=True)
