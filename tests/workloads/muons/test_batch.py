@@ -147,8 +147,9 @@ def test_a_joined_batch_moves_to_a_device_in_one_transfer() -> None:
 def test_the_networks_get_one_layout_whatever_the_batch_lies_in() -> None:
     """torch.compile takes a storage offset of 0 as a constant and any other as a symbol: counts that start
     inside a buffer (a slice, a piece in a worker's larger buffer) in one batch and not in the next made a second
-    graph, a second compile mid-run. `for_networks` gives every tensor the networks read its own start, with the
-    same values; one graph then serves batches of every layout (checked with Dynamo's graph count)."""
+    graph, a second compile mid-run, and so did counts that were a view of a buffer in one batch and not in the
+    next (AOTAutograd guards on the view's base). `for_networks` gives every tensor the networks read a storage of
+    its own, with the same values; one graph then serves batches of every layout (Dynamo's graph count)."""
     import torch._dynamo
 
     from hpctrain.train.memory import compile_network, compiled_graphs
@@ -167,23 +168,34 @@ def test_the_networks_get_one_layout_whatever_the_batch_lies_in() -> None:
     assert inside.counts.storage_offset() and layouts["a slice"].counts.storage_offset()
 
     class Pool(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
         def forward(self, primaries: torch.Tensor, counts: torch.Tensor, muons: torch.Tensor) -> torch.Tensor:
             index = torch.repeat_interleave(torch.arange(len(counts)), counts, output_size=muons.shape[0])
-            per_event = muons.new_zeros(len(counts), 3).index_add_(0, index, muons)
+            per_event = muons.new_zeros(len(counts), 3).index_add_(0, index, muons * self.w)
             return (per_event / counts.clamp_min(1).unsqueeze(1)).sum() + primaries.sum()
 
     torch._dynamo.reset()
-    net = compile_network(Pool(), "default", None, dynamic=True)
-    net = torch.compile(net._orig_mod, backend="eager", dynamic=True)  # Dynamo's graphs only: no code made
+    compile_network(Pool(), "default", None, dynamic=True)  # the run's settings (floats kept constant)
+    # Dynamo's guards and AOTAutograd's handling of inputs that are views; no code generated
+    net = torch.compile(Pool(), backend="aot_eager", dynamic=True)
     before = compiled_graphs()
     for what, b in layouts.items():
         seen = b.for_networks("cpu")
         assert seen.normalized and len(seen) == len(b), what
         for name in ("primaries", "muons", "counts"):
-            assert getattr(seen, name).storage_offset() == 0, (what, name)
+            t = getattr(seen, name)
+            assert t.storage_offset() == 0 and not t._is_view(), (what, name)
         assert torch.equal(seen.counts, b.counts) and torch.equal(seen.muons, b.normalize().muons), what
-        net(seen.primaries, seen.counts, seen.muons)
+        net(seen.primaries, seen.counts, seen.muons).backward()
     assert compiled_graphs() - before == 1
-    # without it, the counts' offset flips the graph: the case the method exists for
-    net(batch.primaries, layouts["a slice"].counts, layouts["a slice"].normalize().muons)
+    # without it: counts that are a view of a buffer (a joined batch's), then counts of their own, make a graph
+    # each (the guard on the view's base fails on the second): the case the method exists for
+    torch._dynamo.reset()
+    net = torch.compile(Pool(), backend="aot_eager", dynamic=True)
+    before = compiled_graphs()
+    for counts in (layouts["joined"].counts, batch.counts):
+        net(batch.primaries, counts, batch.normalize().muons).backward()
     assert compiled_graphs() - before == 2

@@ -157,14 +157,15 @@ class MuonBatch:
 
     def for_networks(self, device: torch.device | str) -> MuonBatch:
         """The batch as the networks take it: on `device`, normalised there (the logarithms are cheap on the
-        device and the loader stays at decode speed), every tensor they read starting its own storage.
-        torch.compile takes a storage offset of 0 as a constant and any other as a symbol, so counts that start
-        inside a buffer (a worker's piece, a view) in one batch and not in the next compiled a second graph."""
+        device and the loader stays at decode speed), every tensor they read in a storage of its own.
+        torch.compile takes a storage offset of 0 as a constant and any other as a symbol, and AOTAutograd
+        guards on a view's base: counts that lay in a buffer (a joined batch, a worker's piece, a slice) in one
+        batch and not in the next compiled a second graph mid-run. The copy is of B int64s."""
         batch = self.to(device).normalize()  # primaries and muons: new tensors unless normalised already
         parts = {
             name: t.clone()
             for name in ("primaries", "muons", "counts")
-            if (t := getattr(batch, name)).storage_offset()
+            if (t := getattr(batch, name))._is_view() or t.storage_offset()
         }
         return replace(batch, **parts) if parts else batch
 
