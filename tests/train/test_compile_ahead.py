@@ -58,6 +58,14 @@ def test_the_hop_trains_eagerly_until_the_helper_has_compiled_then_loads_its_cod
     line = f"torch.compile: compiled in the background in {ahead['seconds']:.1f} s while {ahead['eager_updates']}"
     assert line in done.out
     assert not _alive(ahead["pid"])
+    # the next hop (here a second run in the same folder, as a sweep's) finds these networks compiled into the kept
+    # cache: it loads them in its own process (seconds), no helper, no eager updates
+    again = hpctrain(*args[:-1], "run.name=b2", cwd=tmp_path, env=env, timeout=600)
+    assert again.code == 0, again.err
+    assert "compiled in this process: the kept cache holds these networks' code" in again.out
+    warm = _summary(tmp_path, "b2")["compile"]
+    assert "background" not in warm and warm["graphs"] >= 1 and warm["updates"] >= 1
+    assert warm["inductor_cache_hits"] >= 1 and warm["inductor_cache_misses"] == 0, warm
 
 
 def test_a_helper_that_fails_leaves_the_compile_to_the_training_process(tmp_path: Path) -> None:

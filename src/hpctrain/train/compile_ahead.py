@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -63,6 +64,7 @@ class CompileAhead:
             with self.log_path.open("wb") as out:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", HELPER],
+                    env=helper_environ(),
                     stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -140,6 +142,17 @@ class CompileAhead:
             lines = []
         code = self.proc.returncode if self.proc is not None else None
         return lines[-1][:300] if lines else f"exit {code}"
+
+
+def helper_environ() -> dict[str, str]:
+    """The helper's environment: the trainer's (the compile cache's folder included), with Inductor's parallel
+    compile workers held to half the allocation's cores unless the user set them: the training process and its
+    data workers keep the rest while the hop trains on."""
+    env = dict(os.environ)
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, cores // 2))
+    return env
 
 
 def own_tensors(tree: Any) -> Any:

@@ -66,6 +66,42 @@ def keep_compiled_code(out_dir: Path) -> str:
     return f"compiled code kept in {folder}"
 
 
+def compile_key(raw: Mapping[str, nn.Module], modes: Mapping[str, str], setting: str) -> str:
+    """What the compiled code of these networks depends on, hashed: their structure, the modes, the run's
+    compile-related settings (`setting`: precision, memory budget, dynamic sizes, device) and the versions."""
+    import hashlib
+
+    import hpctrain
+
+    parts = [torch.__version__, hpctrain.__version__, setting]
+    parts += [f"{name}={modes[name]}:{raw[name]!r}" for name in sorted(modes)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _compiled_marker(key: str) -> Path | None:
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return Path(folder) / "hpctrain-compiled" / key if folder else None
+
+
+def compiled_before(key: str) -> bool:
+    """Whether a hop (of this run or another in the same run.out_dir) compiled networks of this `compile_key`
+    into the kept cache: loading them takes seconds, so they compile in the training process."""
+    marker = _compiled_marker(key)
+    return marker is not None and marker.exists()
+
+
+def remember_compiled(key: str) -> None:
+    """This hop compiled networks of this key into the kept cache (see `compiled_before`)."""
+    marker = _compiled_marker(key)
+    if marker is None:
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a read-only cache: the next hop compiles in the background again, nothing worse
+        pass
+
+
 def compiled_graphs() -> int:
     """Graphs torch.compile has made in this process so far: a change across an update means it compiled (or
     recompiled) in it, so that update's time is compile time, not step time."""

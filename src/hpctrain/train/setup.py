@@ -23,7 +23,9 @@ from hpctrain.train.memory import (
     check_compile_names,
     checkpoint_blocks,
     compile_in_background,
+    compile_key,
     compile_network,
+    compiled_before,
     keep_compiled_code,
     recompute_wanted,
 )
@@ -85,6 +87,7 @@ class Setup:
         train = cfg.train
         self.device = pick_device(train.device, env)
         self.ahead: dict[str, str] = {}  # networks to compile in the background (wrap), name -> mode
+        self.compile_key = ""  # what the compiled code depends on (memory.compile_key), when any is compiled
         if train.precision == "fp16" and self.device.type != "cuda":
             raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
         # the allocation's cores, not torch's default of every core on the machine (runtime/threads.py)
@@ -117,11 +120,23 @@ class Setup:
         self.ahead = {}
         wrapped: dict[str, nn.Module] = {}
         said: list[str] = []
+        modes = {name: self.task.compile_mode(name) for name in raw}
+        modes = {name: mode for name, mode in modes.items() if mode != "off"}
+        warm = False
+        if modes:
+            said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
+            setting = f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type}"
+            self.compile_key = compile_key(raw, modes, setting)
+            # compiled before into the kept cache: loading it takes seconds, here, without a helper
+            warm = compiled_before(self.compile_key)
+            if warm and background:
+                said.append("compiled in this process: the kept cache holds these networks' code")
+                background = False
         for name, module in raw.items():
             out: nn.Module = module
             mode = self.task.compile_mode(name)
             auto = self.task.compile_setting(name) == "auto"
-            if mode != "off" and auto and not background and short_hop(seconds_left):
+            if mode != "off" and auto and not background and not warm and short_hop(seconds_left):
                 said.append(
                     f"{name}: not compiled (train.compile=auto and {seconds_left or 0.0:.0f} s left in this hop: "
                     f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
@@ -141,7 +156,6 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
-                said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
                 budget = (
                     ""
                     if train.memory_budget is None

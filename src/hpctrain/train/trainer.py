@@ -37,7 +37,14 @@ from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run
-from hpctrain.train.memory import compile_stats, compile_summary, compiled_graphs, is_compiled, watch_compiles
+from hpctrain.train.memory import (
+    compile_stats,
+    compile_summary,
+    compiled_graphs,
+    is_compiled,
+    remember_compiled,
+    watch_compiles,
+)
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.outcome import (
@@ -601,6 +608,9 @@ class Trainer:
                 summary["compile"], line = compile_summary(
                     self._compile_before, self._compile_updates, seconds
                 )
+                made = summary["compile"]
+                if made["graphs"] and not made["recompile_limit_hits"]:
+                    remember_compiled(self.setup.compile_key)  # the next hop loads it, in its own process
                 if (ahead := self.ahead) is not None:
                     if ahead.running:  # the hop is over before the switch: it ran eagerly throughout
                         ahead.hop_ended(self.counters.step - self._hop_first)
