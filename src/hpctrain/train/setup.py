@@ -122,15 +122,15 @@ class Setup:
         said: list[str] = []
         modes = {name: self.task.compile_mode(name) for name in raw}
         modes = {name: mode for name, mode in modes.items() if mode != "off"}
-        warm = False
+        warm, cache_notes = False, []
         if modes:
-            said.append(keep_compiled_code(Path(self.cfg.run.out_dir)))
+            cache_notes.append(keep_compiled_code(Path(self.cfg.run.out_dir)))  # said with the first network
             setting = f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type}"
             self.compile_key = compile_key(raw, modes, setting)
             # compiled before into the kept cache: loading it takes seconds, here, without a helper
             warm = compiled_before(self.compile_key)
             if warm and background:
-                said.append("compiled in this process: the kept cache holds these networks' code")
+                cache_notes.append("compiled in this process: the kept cache holds these networks' code")
                 background = False
         for name, module in raw.items():
             out: nn.Module = module
@@ -156,6 +156,7 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
+                said += cache_notes
                 budget = (
                     ""
                     if train.memory_budget is None
