@@ -1,9 +1,16 @@
 """The GPU figures of issue 26 in one command: the WGAN step, the default muon model end to end, the loader alone,
 a time-limited hop with compile on, and the per-update syncs and recompiles.
 
-    python bench/gpu.py                        # on a GPU node: every figure, a few minutes
+    python bench/gpu.py                        # on a GPU node: every figure (~10 minutes on an H100, estimated)
     python bench/gpu.py --device cpu --tiny    # the same code paths on CPU in seconds (the test suite runs this)
     python bench/gpu.py --only step            # one part: step | e2e | loader | hop
+    bash bench/gpu_lease.sh hop e2e loader     # on a lent GPU machine: the parts in turn, results kept as they end
+
+Without a visible GPU the default (--device auto) runs the CPU check (--device cpu --tiny) and says so.
+`--out FILE` keeps the figures so far in FILE after each part (a run stopped at a time limit keeps what ended);
+`--merge FILE...` joins such files of separate calls into one JSON line. `--workdir DIR` keeps the generated data
+there for the next call (the hop part starts from an empty compile cache whatever the folder holds). Each part's
+seconds are in `part_seconds`.
 
 Parts:
 - step: the seed-size muon_wgan update (critic_steps 5, default networks) at batch 48000 (tiny: 96), GP off and GP
@@ -29,6 +36,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -155,7 +163,12 @@ def hpctrain(args: list[str], env: dict[str, str], timeout: float) -> subprocess
 
 def make_data(root: Path, tiny: bool, env: dict[str, str]) -> None:
     files, events = (2, 3000) if tiny else (4, 100_000)
+    made = root / "data.json"  # what an earlier call with this --workdir generated
+    wanted = {"files": files, "events_per_file": events}
+    if made.is_file() and json.loads(made.read_text()) == wanted:
+        return
     for split, seed, n in (("train", 1, files), ("val", 2, 1)):
+        shutil.rmtree(root / split, ignore_errors=True)
         done = hpctrain(
             ["data", "generate", "--kind", "muons", "--out", str(root / split), "--files", str(n),
              "--events-per-file", str(events), "--seed", str(seed)],
@@ -163,6 +176,7 @@ def make_data(root: Path, tiny: bool, env: dict[str, str]) -> None:
         )  # fmt: skip
         if done.returncode:
             raise SystemExit(f"data generate failed: {done.stderr[-2000:]}")
+    made.write_text(json.dumps(wanted))
 
 
 def train_args(root: Path, name: str, device: str, tiny: bool, extra: list[str]) -> list[str]:
@@ -278,6 +292,11 @@ def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
         )
     out: dict[str, Any] = {"limit_s": seconds}
     before = {"runs": 0, "runs-in-process": 0}
+    for (
+        folder
+    ) in before:  # cold means cold, whatever an earlier call left in --workdir (the e2e part's cache)
+        shutil.rmtree(root / folder / ".compile-cache", ignore_errors=True)
+        shutil.rmtree(root / folder / "hop", ignore_errors=True)
     for hop, resume, folder, settings in hops:
         start = time.perf_counter()
         argv = train_args(root, "hop", device, args.tiny, settings)
@@ -322,7 +341,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: cuda when a GPU is visible, else the CPU check (cpu, --tiny)",
+    )
     parser.add_argument("--tiny", action="store_true", help="small sizes: the code paths in seconds")
     parser.add_argument("--only", choices=["step", "e2e", "loader", "hop"], action="append")
     parser.add_argument("--repeats", type=int, default=3)
@@ -339,30 +363,88 @@ def main() -> None:
         "--hop-seconds", type=int, default=None, help="the hop's time limit (default 60; tiny 25)"
     )
     parser.add_argument("--workdir", default=None, help="data and runs here (default: a temporary folder)")
+    parser.add_argument(
+        "--out", default=None, help="the figures so far, written to this file after each part"
+    )
+    parser.add_argument("--merge", nargs="+", metavar="FILE", help="join the --out files of separate calls")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA device visible (use --device cpu --tiny)", file=sys.stderr)
         raise SystemExit(2)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if args.device == "cpu" and not args.tiny:
+            print("no CUDA device visible: the CPU check of the same code (--device cpu --tiny)", flush=True)
+            args.tiny = True
     device = torch.device(args.device)
     parts = args.only or ["step", "e2e", "loader", "hop"]
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                              "torch": torch.__version__, "tiny": args.tiny}  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+                              "torch": torch.__version__, "tiny": args.tiny, "part_seconds": {}}  # fmt: skip
+    # the runs' compile caches are the bench's to choose (cold or warm), not an inherited folder's
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
+    out = Path(args.out) if args.out else None
+
+    def run(part: str, measure: Any) -> None:
+        start = time.perf_counter()
+        value = measure()
+        if value is not None:  # the data part makes files, no figures
+            result[part] = value
+        result["part_seconds"][part] = round(time.perf_counter() - start, 1)
+        if out is not None:  # kept as each part ends: a run stopped at a time limit keeps the parts before
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_suffix(".tmp").write_text(json.dumps(result))
+            os.replace(out.with_suffix(".tmp"), out)
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.workdir or tmp)
+        root.mkdir(parents=True, exist_ok=True)
         if "step" in parts:
-            result["step"] = bench_step(device, args)
+            run("step", lambda: bench_step(device, args))
         if {"e2e", "loader", "hop"} & set(parts):
-            make_data(root, args.tiny, env)
-        if "hop" in parts:
-            result["hop"] = bench_hop(root, args.device, args, env)
+            run("data", lambda: make_data(root, args.tiny, env))
+        if "hop" in parts:  # before e2e: its cold hop starts from an empty cache, which e2e then finds warm
+            run("hop", lambda: bench_hop(root, args.device, args, env))
         if "e2e" in parts:
-            result["e2e"] = bench_e2e(root, args.device, args, env)
+            run("e2e", lambda: bench_e2e(root, args.device, args, env))
         if "loader" in parts:
-            result["loader"] = bench_loader(root, args)
-            consumed = result.get("e2e", {}).get("compile_auto", {}).get("events_per_s")
-            if consumed:
-                result["loader_over_consumed_ratio"] = result["loader"]["events_per_s"] / consumed
+            run("loader", lambda: bench_loader(root, args))
+    across_parts(result)
+    if out is not None:
+        out.write_text(json.dumps(result))
+    print(json.dumps(result))
+
+
+def across_parts(result: dict[str, Any]) -> None:
+    """Figures that take two parts: the loader's events/s over what the compiled run consumed (goal 5)."""
+    consumed = result.get("e2e", {}).get("compile_auto", {}).get("events_per_s")
+    if consumed and "loader" in result:
+        result["loader_over_consumed_ratio"] = result["loader"]["events_per_s"] / consumed
+
+
+def merge(files: list[str], out: str | None) -> None:
+    """One JSON of the parts that separate calls wrote with --out (bench/gpu_lease.sh), on one machine."""
+    result: dict[str, Any] = {"part_seconds": {}}
+    for name in files:
+        try:
+            part = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: --merge {name}: not a figures file of bench/gpu.py ({e})", file=sys.stderr)
+            raise SystemExit(2) from None
+        for key in ("device", "torch", "tiny"):
+            if key in result and part.get(key) != result[key]:
+                print(f"error: --merge {name}: {key} {part.get(key)!r}, not {result[key]!r} as in {files[0]}",
+                      file=sys.stderr)  # fmt: skip
+                raise SystemExit(2)
+            result[key] = part.get(key)
+        result["part_seconds"].update(part.get("part_seconds", {}))
+        result.update({k: v for k, v in part.items() if k in ("step", "e2e", "loader", "hop")})
+    across_parts(result)
+    if out is not None:
+        Path(out).write_text(json.dumps(result))
     print(json.dumps(result))
 
 

@@ -215,11 +215,13 @@ def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu", "--tiny", "--repeats", "1",
          "--updates", "1", "--critic-steps", "2", "--only", "step", "--only", "e2e", "--only", "loader",
-         "--workdir", str(tmp_path)],
+         "--workdir", str(tmp_path), "--out", str(tmp_path / "figures.json")],
         capture_output=True, text=True, env=clean_env(), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "figures.json").read_text()) == result  # kept for a call cut off later
+    assert set(result["part_seconds"]) == {"step", "data", "e2e", "loader"}
     step = result["step"]
     for label in ("gp_off", "gp_every_2"):
         eager, compiled = step["eager_fp32"][label], step["compiled_fp32"][label]
@@ -229,6 +231,25 @@ def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     assert step["eager_fp32"]["gp_every_2"]["losses"]["gradient_penalty"] > 0
     assert result["e2e"]["compile_off"]["steps"] == result["e2e"]["compile_auto"]["steps"] > 0
     assert result["loader"]["events_per_s"] > 0 and "loader_over_consumed_ratio" in result
+
+    # the lease runs parts in separate calls: --merge joins their files, and the figure across parts comes back
+    loader, rest = tmp_path / "loader.json", tmp_path / "rest.json"
+    loader.write_text(json.dumps({k: v for k, v in result.items() if k not in ("e2e", "step")}))
+    rest.write_text(json.dumps({k: v for k, v in result.items() if k != "loader"}))
+    merged = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--merge", str(loader), str(rest)],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    assert json.loads(merged.stdout.strip().splitlines()[-1]) == result
+    other = tmp_path / "other.json"  # figures of another machine do not join
+    other.write_text(json.dumps({**result, "device": "NVIDIA H100 80GB HBM3"}))
+    refused = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--merge", str(loader), str(other)],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "device 'NVIDIA H100 80GB HBM3', not 'cpu'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_a_function_past_the_recompile_limit_is_counted() -> None:
@@ -256,3 +277,25 @@ def test_a_function_past_the_recompile_limit_is_counted() -> None:
         compile_stats()["recompile_limit_hits"]
         == before["recompile_limit_hits"] + entry["recompile_limit_hits"]
     )
+
+
+def test_the_lease_script_keeps_each_parts_figures(tmp_path: Path) -> None:
+    """bench/gpu_lease.sh (the GPU machine's command): each part's figures and log land under $OUT as the part
+    ends, the last line joins them; an unknown part is one line and exit 2, before anything runs."""
+    env = {**clean_env(), "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "GPU_WORKDIR": str(tmp_path / "work")}  # fmt: skip
+    script = str(REPO / "bench" / "gpu_lease.sh")
+    done = subprocess.run(
+        ["bash", script, "loader", "--", "--device", "cpu", "--tiny"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    figures = json.loads((out / "gpu-loader.json").read_text())
+    assert figures["loader"]["events_per_s"] > 0 and figures["device"] == "cpu"
+    assert "loader alone:" in (out / "gpu-loader.log").read_text()
+    assert "torch" in (out / "machine.txt").read_text()
+    assert json.loads(done.stdout.strip().splitlines()[-1])["loader"] == figures["loader"]
+    bad = subprocess.run(["bash", script, "loadr"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "unknown part 'loadr'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
