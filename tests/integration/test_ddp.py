@@ -169,3 +169,19 @@ def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Pat
     assert ref.returncode == 0, err[-3000:]
     ours = json.loads((tmp_path / "logs" / "d" / "summary.json").read_text())["params_sha256"]
     assert ours == json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())["params_sha256"]
+
+
+def test_a_short_hop_under_ddp_does_not_compile_cold(tmp_path: Path):
+    """Under DDP every rank would block on its own cold compile, past the deadline of a short hop: an explicit
+    train.compile leaves the networks eager for such a hop, and says so."""
+    proc = torchrun(
+        *COMMON, "run.out_dir=short", "train.compile=default", "budget.time_limit=0:50", "train.total_updates=4",
+        cwd=tmp_path,
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    assert "model: not compiled in this hop (train.compile=default, " in out
+    assert " s left and not in the kept cache" in out
+    assert "a cold compile in every rank could outlast the deadline" in out
+    summary = json.loads((tmp_path / "short" / "d" / "summary.json").read_text())
+    assert summary["step"] == 4 and "compile" not in summary

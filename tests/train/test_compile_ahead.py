@@ -163,3 +163,35 @@ def test_a_helper_still_compiling_at_the_hop_end_gets_the_idle_time_then_is_ende
     never = helper(60.0)
     never.close()  # no grace (a finished run, a signal): ended at once
     assert never.proc is not None and never.proc.returncode == -9
+
+
+def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
+    """Nothing stops a compile at the deadline: in a hop with under 10 minutes left whose networks are not in the
+    kept cache, an explicit train.compile compiles in the background (the helper is ended with the hop); if the
+    helper fails there, the networks stay eager for the hop instead of compiling in the training process. With
+    train.compile_background=false the user keeps the in-process compile, warned."""
+    env = clean_env(**compile_ahead("fail"))
+    short = ("train", "train.compile=default", "train.eval_every=0", "budget.time_limit=0:45")
+    done = hpctrain(
+        *short, "train.total_updates=12", "logging.log_every=4", "run.name=s", cwd=tmp_path, env=env
+    )
+    assert done.code == 0, done.err
+    assert (
+        "compiled in the background: 4" in done.out and "s left in this hop and nothing of these" in done.out
+    )
+    made = _summary(tmp_path, "s")["compile"]
+    assert made["graphs"] == 0 and made["background"]["kept_eager"], made
+    assert made["background"]["eager_updates"] == 12
+    assert "the networks stayed eager for all 12 update(s) of this hop" in done.out
+    asked = hpctrain(
+        *short,
+        "train.compile_background=false",
+        "train.total_updates=2",
+        "run.name=f",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert asked.code in (0, 75), asked.err  # 75: the compile took the time for a second update
+    assert "compiled in this process although only 4" in asked.out
+    assert "train.compile_background=false): a cold compile can outlast the deadline" in asked.out
+    assert _summary(tmp_path, "f")["compile"]["graphs"] >= 1

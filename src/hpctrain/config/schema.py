@@ -329,7 +329,9 @@ class TrainConfig(Section):
         description="Compile in a helper process while the hop trains eagerly, then switch to the compiled "
         "networks (their first call then finds the kept compiled code): the hop trains through the compile. "
         "null = on CUDA with one process (on a few CPU cores the helper and the training compete and it does "
-        "not pay); true also on CPU. Needs memory for one more step on the device; under "
+        "not pay), and anywhere with one process in a hop with under 10 minutes left whose networks are not in "
+        "the kept cache (a cold compile in the training process could outlast the deadline; false keeps it "
+        "there); true also on CPU. Needs memory for one more step on the device; under "
         "DDP the networks compile in the training processes. The eager updates before the switch round "
         "differently from compiled ones, so a resumed hop does not retrace an uninterrupted run bit-exactly.",
         json_schema_extra=MAY_CHANGE,

@@ -41,6 +41,7 @@ class CompileAhead:
         self.seconds = 0.0  # the helper's wall time, once finished
         self.eager_updates = 0  # updates the hop ran before the switch
         self.outcome = "not started"  # "running", "done", "failed: <its last line>", "unfinished"
+        self.kept_eager = False  # failed with under 10 minutes left: the networks stayed eager for the hop
         self._begun = False
         self._unsaid = False  # a failure to start, not yet reported by `poll`
 
@@ -115,6 +116,7 @@ class CompileAhead:
             "outcome": self.outcome,
             "seconds": round(self.seconds, 3),
             "eager_updates": self.eager_updates,
+            "kept_eager": self.kept_eager,
             "log": str(self.log_path),
             "pid": self.proc.pid if self.proc is not None else None,
         }
@@ -130,6 +132,11 @@ class CompileAhead:
             return (
                 f"the background compile was still running when the hop ended ({self.seconds:.1f} s): all "
                 f"{self.eager_updates} update(s) ran eagerly, and the next hop finds what it cached; "
+            )
+        if self.kept_eager:
+            return (
+                f"the background compile {self.outcome} (see {self.log_path}); the networks stayed eager for "
+                f"all {self.eager_updates} update(s) of this hop: "
             )
         return f"the background compile {self.outcome} (see {self.log_path}); compiled in this process: "
 

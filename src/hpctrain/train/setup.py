@@ -109,9 +109,11 @@ class Setup:
 
     def wrap(self, raw: dict[str, nn.Module], seconds_left: float | None = None) -> dict[str, nn.Module]:
         """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
-        `seconds_left`: the hop's time (the same on every rank); under it `auto` does not compile in the training
-        process. Networks to compile in the background are left eager here and kept in `self.ahead` (name ->
-        mode) for `compile_now` at the switch."""
+        `seconds_left`: the hop's time (the same on every rank). Under 10 minutes, networks not in the kept cache
+        are not compiled in the training process, where nothing could stop the compile at the deadline: `auto`
+        leaves them eager, an explicit mode compiles them in the background (one process), not at all (DDP), or
+        here only when train.compile_background=false says so. Networks to compile in the background are left
+        eager here and kept in `self.ahead` (name -> mode) for `compile_now` at the switch."""
         train = self.cfg.train
         check_compile_names(train.compile, list(raw), self.cfg.model.type)
         background = compile_in_background(
@@ -132,6 +134,15 @@ class Setup:
             if warm and background:
                 cache_notes.append("compiled in this process: the kept cache holds these networks' code")
                 background = False
+        # a cold compile blocks the training process for a minute or more, and nothing can stop it at the
+        # deadline: in a short hop it goes to the background helper (killed at the hop's end) where it may
+        cold_short = bool(modes) and not warm and short_hop(seconds_left)
+        if cold_short and not background and train.compile_background is None and self.env.world_size == 1:
+            background = True
+            cache_notes.append(
+                f"compiled in the background: {seconds_left or 0.0:.0f} s left in this hop and nothing of these "
+                "networks in the kept cache (a cold compile here could outlast the deadline)"
+            )
         for name, module in raw.items():
             out: nn.Module = module
             mode = self.task.compile_mode(name)
@@ -142,6 +153,21 @@ class Setup:
                     f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
                 )
                 mode = "off"
+            elif mode != "off" and not background and cold_short:
+                if (
+                    self.env.world_size > 1
+                ):  # every rank would block; seconds_left and the cache are the ranks'
+                    said.append(
+                        f"{name}: not compiled in this hop (train.compile={mode}, {seconds_left or 0.0:.0f} s left "
+                        f"and not in the kept cache: a cold compile in every rank could outlast the deadline; a "
+                        f"hop with {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes or more compiles it)"
+                    )
+                    mode = "off"
+                else:  # train.compile_background=false said so
+                    said.append(
+                        f"{name}: compiled in this process although only {seconds_left or 0.0:.0f} s are left in "
+                        "this hop (train.compile_background=false): a cold compile can outlast the deadline"
+                    )
             if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
                 blocks = self.task.activation_blocks(name, module)
                 if blocks is None:

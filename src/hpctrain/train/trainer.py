@@ -63,7 +63,7 @@ from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
-from hpctrain.train.setup import Setup
+from hpctrain.train.setup import Setup, short_hop
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
 
 log = logging.getLogger(__name__)
@@ -424,9 +424,19 @@ class Trainer:
 
     def _compiled_from_now(self, ahead: CompileAhead) -> None:
         """The helper finished: the networks go under torch.compile, and their next call compiles from its
-        cached code (booked as compile time). If it failed, this process compiles them itself, as without it."""
+        cached code (booked as compile time). If it failed, this process compiles them itself, as without it,
+        unless the hop has less than 10 minutes left: then they stay eager (nothing stops a compile at the
+        deadline)."""
         ahead.eager_updates = self.counters.step - self._hop_first
         if ahead.outcome != "done":
+            left = self.budget.remaining()
+            if short_hop(left):  # a cold compile here could outlast the deadline: this hop stays eager
+                self.console.message(
+                    f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); the networks "
+                    f"stay eager for the {left or 0.0:.0f} s left in this hop"
+                )
+                ahead.kept_eager = True
+                return
             self.console.message(
                 f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); compiling in "
                 "this process"
@@ -612,7 +622,7 @@ class Trainer:
                 if made["graphs"] and not made["recompile_limit_hits"]:
                     remember_compiled(self.setup.compile_key)  # the next hop loads it, in its own process
                 if (ahead := self.ahead) is not None:
-                    if ahead.running:  # the hop is over before the switch: it ran eagerly throughout
+                    if ahead.running or ahead.kept_eager:  # no switch in this hop: it ran eagerly throughout
                         ahead.hop_ended(self.counters.step - self._hop_first)
                     summary["compile"]["background"] = ahead.record()
                     line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
