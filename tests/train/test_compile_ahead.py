@@ -195,3 +195,119 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
     assert "compiled in this process although only 4" in asked.out
     assert "train.compile_background=false): a cold compile can outlast the deadline" in asked.out
     assert _summary(tmp_path, "f")["compile"]["graphs"] >= 1
+
+
+def test_a_helper_done_too_late_to_load_leaves_the_hop_eager_and_the_next_hop_warm(tmp_path: Path) -> None:
+    """The switch's first compiled call loads the helper's code, seconds that no stop can cut: with less than
+    that left before the margin the hop stays eager; the helper's code is marked, so the next hop loads it in its
+    own process. The test hook holds the trainer until the helper ends, which a 25-s margin of a 40-s hop does
+    not leave room after."""
+    env = clean_env(**compile_ahead("wait"))
+    args = (
+        *ARGS,
+        "budget.time_limit=0:40",
+        "budget.margin_seconds=25",
+        "train.total_updates=100000",
+        "run.name=k",
+    )
+    done = hpctrain(*args, cwd=tmp_path, env=env, timeout=600)
+    assert done.code == 75, done.err
+    assert "torch.compile: compiled in the background; the networks stay eager for the" in done.out
+    made = _summary(tmp_path, "k")["compile"]
+    assert made["graphs"] == 0 and made["background"]["outcome"] == "done", made
+    assert made["background"]["kept_eager"] and "too late in the hop to load" in done.out
+    assert list((tmp_path / "logs" / ".compile-cache" / "hpctrain-compiled").iterdir())  # the mark
+    again = hpctrain(*args, cwd=tmp_path, timeout=600)
+    assert again.code in (0, 75), again.err
+    assert "compiled in this process: the kept cache holds these networks' code" in again.out
+
+
+def test_the_helper_ends_with_its_trainer_even_before_it_ran_and_ignores_the_warning_signals() -> None:
+    """The helper's watchdog knows the trainer's PID from its environment: a trainer gone while the helper still
+    imported torch (its parent already another) ends it. SLURM's warning signals reach every process of the job
+    step: the helper ignores them (the trainer acts on them; the helper's grace may still finish the compile)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hpctrain.train.compile_ahead import HELPER, PARENT_VARIABLE, helper_environ
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    env = {**clean_env(), **helper_environ(), PARENT_VARIABLE: gone.stdout.strip()}
+    orphan = subprocess.Popen([sys.executable, "-m", HELPER], env=env, stdin=subprocess.PIPE)
+    assert orphan.wait(timeout=300) == 3  # ended on its own, never fed
+    env[PARENT_VARIABLE] = str(os.getpid())
+    helper = subprocess.Popen([sys.executable, "-m", HELPER], env=env, stdin=subprocess.PIPE)
+    try:
+        usr1 = 1 << (signal.SIGUSR1 - 1)
+        deadline = time.monotonic() + 300
+        while not int(_status(helper.pid, "SigIgn"), 16) & usr1:  # main() has begun
+            assert helper.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        helper.send_signal(signal.SIGUSR1)
+        helper.send_signal(signal.SIGUSR2)
+        time.sleep(1.0)
+        assert helper.poll() is None
+    finally:
+        helper.kill()
+        helper.wait()
+
+
+def _status(pid: int, field: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return line.split()[1]
+    raise AssertionError(field)
+
+
+def test_a_planted_link_or_an_unusable_compile_cache_is_one_line(tmp_path: Path) -> None:
+    """The helper's log is never written through a symbolic link (the file it points at stays whole); a compile
+    cache that cannot hold files (a file in its place, TORCHINDUCTOR_CACHE_DIR under a file) is one line naming
+    it, exit 2, before anything trains."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "logs" / "l").mkdir(parents=True)
+    (tmp_path / "logs" / "l" / "compile-ahead.log").symlink_to(victim)
+    linked = hpctrain(*ARGS, "train.total_updates=3", "run.name=l", cwd=tmp_path)
+    assert linked.code == 2 and victim.read_text() == "precious"
+    assert "compile-ahead.log is a symbolic link" in linked.err and len(linked.err.strip().splitlines()) == 1
+    (tmp_path / "other" / ".compile-cache").parent.mkdir()
+    (tmp_path / "other" / ".compile-cache").write_text("not a folder")
+    filed = hpctrain(*ARGS, "train.total_updates=3", "run.out_dir=other", cwd=tmp_path)
+    assert filed.code == 2 and len(filed.err.strip().splitlines()) == 1, filed.err
+    assert ".compile-cache (run.out_dir) cannot hold files" in filed.err
+    env = clean_env(TORCHINDUCTOR_CACHE_DIR=str(victim / "cache"))
+    under = hpctrain(*ARGS, "train.total_updates=3", "run.name=u", cwd=tmp_path, env=env)
+    assert under.code == 2 and f"{victim / 'cache'} (TORCHINDUCTOR_CACHE_DIR) cannot hold files" in under.err
+    assert victim.read_text() == "precious"
+
+
+def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path: Path) -> None:
+    """A mark says 'these networks' code is in the kept cache': a run of another batch size (other shapes for a
+    network compiled with static ones) or other model settings is not warm from it."""
+    from hpctrain.config.loading import ConfigRequest, load_config
+    from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.setup import Setup
+    from hpctrain.workloads.registry import config_model, fill_default_types, make_task
+
+    def key(*overrides: str) -> str:
+        over = [
+            f"run.out_dir={tmp_path}",
+            "train.compile=default",
+            "train.compile_background=true",
+            *overrides,
+        ]
+        cfg = load_config(ConfigRequest(None, None, over, None), config_model(), {}, fill_default_types)
+        task = make_task(cfg, ClusterEnv())
+        setup = Setup(cfg, task, ClusterEnv())
+        setup.wrap(task.build_modules(), None)
+        return setup.compile_key
+
+    base = key()
+    assert base and key() == base
+    assert key("data.batch_size=64") != base
+    assert key("train.precision=bf16") != base
+    assert key("model.dropout=0.25") != base

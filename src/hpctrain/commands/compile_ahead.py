@@ -6,9 +6,11 @@ TORCHINDUCTOR_CACHE_DIR) then hold what the trainer's own first compiled call lo
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -18,6 +20,7 @@ import torch
 from hpctrain.config.validation import validate
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import seed_everything
+from hpctrain.train.compile_ahead import PARENT_VARIABLE
 from hpctrain.train.memory import compile_stats, is_compiled
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.setup import Setup
@@ -25,14 +28,20 @@ from hpctrain.workloads.registry import config_model, make_task
 
 
 def _end_with(parent: int) -> None:
-    """The trainer is gone (killed without closing us): nothing will use what we compile now."""
+    """The trainer is gone (killed without closing us): nothing will use what we compile now. `parent` is the
+    trainer's PID as it said it (this process's parent may already be another when we get here)."""
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(3)
 
 
 def main() -> int:
-    threading.Thread(target=_end_with, args=(os.getppid(),), daemon=True).start()
+    parent = int(os.environ.get(PARENT_VARIABLE) or os.getppid())
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+    # the scheduler's warning signals reach every process of the job step: the trainer acts on them; here they
+    # would end a compile that the grace after the trainer's stop may still finish for the next hop
+    for name in ("SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     start = time.monotonic()
     payload = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
     cfg, device = validate(config_model(), payload["config"]), torch.device(payload["device"])
@@ -51,9 +60,10 @@ def main() -> int:
     modules = setup.wrap(raw)
     optimizers, _ = setup.optimizers(raw)
     ctx = setup.context(modules, raw, optimizers, NonFiniteGuard(cfg.train))
+    micro = [dataclasses.replace(m, data=task.to_device(m.data, device)) for m in payload["micro"]]
     for state in payload["states"]:
         task.load_state_dict(state)
-        task.train_step(payload["micro"], ctx)
+        task.train_step(micro, ctx)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     compiled = [name for name, module in modules.items() if is_compiled(module)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,12 @@ from typing import Any
 
 import torch
 
+from hpctrain.errors import UserError
+
 HELPER = "hpctrain.commands.compile_ahead"
+PARENT_VARIABLE = "HPCTRAIN_COMPILE_AHEAD_PARENT"  # the trainer's PID, for the helper's watchdog
+# the least time a helper is started with, and a switch to its code is made with (loading takes seconds)
+AHEAD_MIN_SECONDS = 10.0
 
 
 class CompileAhead:
@@ -36,12 +42,18 @@ class CompileAhead:
     def __init__(self, plan: dict[str, str], log_path: Path) -> None:
         self.plan = dict(plan)  # network -> compile mode
         self.log_path = log_path.absolute()  # said in lines and summary.json: wherever the command ran
+        if self.log_path.is_symlink():  # refused before the hop trains, as the run's other files
+            raise UserError(
+                f"{self.log_path} is a symbolic link (to {os.readlink(self.log_path)}); hpctrain never writes "
+                "through one: remove the link (and check who made it)"
+            )
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.seconds = 0.0  # the helper's wall time, once finished
         self.eager_updates = 0  # updates the hop ran before the switch
         self.outcome = "not started"  # "running", "done", "failed: <its last line>", "unfinished"
-        self.kept_eager = False  # failed with under 10 minutes left: the networks stayed eager for the hop
+        self.kept_eager = False  # done or failed too late in the hop to switch: the networks stayed eager
+        self.switched = False  # the networks went under torch.compile in this hop
         self._begun = False
         self._unsaid = False  # a failure to start, not yet reported by `poll`
 
@@ -54,15 +66,23 @@ class CompileAhead:
     def running(self) -> bool:
         return self.outcome == "running"
 
+    def skip(self, why: str) -> None:
+        """Never start the helper in this hop (`why`: too little time left for it to be of use)."""
+        self._begun, self.outcome = True, f"not started ({why})"
+
     def start(self, payload: dict[str, Any]) -> None:
         """Start the helper and feed it `payload` (see commands/compile_ahead.py) from a thread: the helper
-        reads it after importing torch, and the hop must not wait for that."""
+        reads it after importing torch, and the hop must not wait for that. The payload's tensors are copied to
+        the host here (no second copy of the weights and the batch on the training device); serialising them
+        is the thread's work."""
         self._begun = True
-        buffer = io.BytesIO()
-        torch.save(own_tensors(payload), buffer)
+        payload = own_tensors(payload)
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("wb") as out:
+            fd = os.open(
+                self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+            )
+            with os.fdopen(fd, "wb") as out:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", HELPER],
                     env=helper_environ(),
@@ -75,7 +95,7 @@ class CompileAhead:
             self.outcome, self._unsaid = f"failed: could not start it ({exc})", True
             return
         self.started, self.outcome = time.monotonic(), "running"
-        threading.Thread(target=_feed, args=(self.proc, buffer.getvalue()), daemon=True).start()
+        threading.Thread(target=_feed, args=(self.proc, payload), daemon=True).start()
 
     def poll(self) -> bool:
         """Whether the helper has finished (done or failed: `outcome` says which) since the last call."""
@@ -123,10 +143,19 @@ class CompileAhead:
 
     def said(self) -> str:
         """The start of the hop's compile line."""
+        if self.kept_eager and self.outcome == "done":
+            return (
+                f"compiled in the background in {self.seconds:.1f} s, too late in the hop to load: the networks "
+                f"stayed eager for all {self.eager_updates} update(s) of this hop, the next hop loads them; "
+            )
         if self.outcome == "done":
             return (
                 f"compiled in the background in {self.seconds:.1f} s while {self.eager_updates} update(s) ran "
                 "eagerly; then "
+            )
+        if self.outcome.startswith("not started"):
+            return (
+                f"the background compile was {self.outcome}: all {self.eager_updates} update(s) ran eagerly; "
             )
         if self.outcome == "unfinished":
             return (
@@ -139,6 +168,17 @@ class CompileAhead:
                 f"all {self.eager_updates} update(s) of this hop: "
             )
         return f"the background compile {self.outcome} (see {self.log_path}); compiled in this process: "
+
+    def compiled_all(self) -> bool:
+        """The helper ended well, compiled every network of its plan and hit no recompile limit: the kept cache
+        holds their code (its last line, commands/compile_ahead.py)."""
+        if self.outcome != "done":
+            return False
+        try:
+            last = json.loads(self._last_line())
+        except ValueError:
+            return False
+        return set(last.get("compiled", ())) == set(self.plan) and not last.get("recompile_limit_hits")
 
     def _last_line(self) -> str:
         try:
@@ -156,6 +196,9 @@ def helper_environ() -> dict[str, str]:
     compile workers held to half the allocation's cores unless the user set them: the training process and its
     data workers keep the rest while the hop trains on."""
     env = dict(os.environ)
+    env[PARENT_VARIABLE] = str(
+        os.getpid()
+    )  # the helper ends when this process is gone, even during its imports
     if "TORCHINDUCTOR_COMPILE_THREADS" not in env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, cores // 2))
@@ -163,25 +206,30 @@ def helper_environ() -> dict[str, str]:
 
 
 def own_tensors(tree: Any) -> Any:
-    """`tree` with every tensor copied into a storage of its own (dicts, lists, tuples and dataclasses walked).
+    """`tree` with every tensor copied to the host into a storage of its own (dicts, lists, tuples, named
+    tuples and dataclasses walked).
     A batch laid out in one byte buffer (events/batch.py `packed`) holds int64 and float32 views of one uint8
     storage, which torch.save writes but torch.load refuses ("record size ... does not match")."""
     if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
+        return tree.detach().to("cpu", copy=True)
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         fields = {f.name: own_tensors(getattr(tree, f.name)) for f in dataclasses.fields(tree) if f.init}
         return dataclasses.replace(tree, **fields)
     if isinstance(tree, dict):
         return {key: own_tensors(value) for key, value in tree.items()}
-    if isinstance(tree, list | tuple) and not hasattr(tree, "_fields"):
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple
+        return type(tree)(*(own_tensors(value) for value in tree))
+    if isinstance(tree, list | tuple):
         return type(tree)(own_tensors(value) for value in tree)
     return tree
 
 
-def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+def _feed(proc: subprocess.Popen[bytes], payload: dict[str, Any]) -> None:
     assert proc.stdin is not None
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
     try:
-        proc.stdin.write(data)
+        proc.stdin.write(buffer.getvalue())
         proc.stdin.close()
     except OSError:  # the helper died before reading: poll() reports its exit
         pass

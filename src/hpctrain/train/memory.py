@@ -59,11 +59,29 @@ def keep_compiled_code(out_dir: Path) -> str:
     .compile-cache` unless TORCHINDUCTOR_CACHE_DIR is set: /tmp is node-local, so every hop of a chain (and every
     run of a sweep) compiled from nothing, a minute each; on the shared run folder's file system the next hop
     loads what the first compiled. Returns what to say at start (empty when the user chose the folder)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    folder = Path(chosen) if chosen else (out_dir / ".compile-cache").absolute()  # workers run elsewhere
+    usable_cache(folder, "TORCHINDUCTOR_CACHE_DIR" if chosen else "run.out_dir")
+    if chosen:
         return ""
-    folder = (out_dir / ".compile-cache").absolute()  # the compiler's workers may run in another folder
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     return f"compiled code kept in {folder}"
+
+
+def usable_cache(folder: Path, setting: str) -> None:
+    """The compile cache's folder exists (made if missing) and takes files: otherwise one line naming it, before
+    torch.compile fails deep inside with a traceback (a file in its place, a read-only folder)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"the compile cache {folder} ({setting}) cannot hold files: {exc.strerror or exc}; point "
+            "TORCHINDUCTOR_CACHE_DIR at a folder you can write, or set train.compile=off"
+        ) from None
 
 
 def compile_key(raw: Mapping[str, nn.Module], modes: Mapping[str, str], setting: str) -> str:
@@ -87,7 +105,10 @@ def compiled_before(key: str) -> bool:
     """Whether a hop (of this run or another in the same run.out_dir) compiled networks of this `compile_key`
     into the kept cache: loading them takes seconds, so they compile in the training process."""
     marker = _compiled_marker(key)
-    return marker is not None and marker.exists()
+    try:
+        return marker is not None and marker.is_file()
+    except OSError:  # a marker folder we may not read: as if never compiled (the safe side: the background)
+        return False
 
 
 def remember_compiled(key: str) -> None:

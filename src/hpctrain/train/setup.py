@@ -127,7 +127,13 @@ class Setup:
         warm, cache_notes = False, []
         if modes:
             cache_notes.append(keep_compiled_code(Path(self.cfg.run.out_dir)))  # said with the first network
-            setting = f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type}"
+            # what the code also depends on beyond the networks' repr: their hyperparameters, the batch's shapes
+            # (static for most workloads), the card (Triton's binaries): a marker of another shape is not warm
+            card = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+            setting = (
+                f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type} {card} "
+                f"batch {self.cfg.data.batch_size} model {self.cfg.model.model_dump_json()}"
+            )
             self.compile_key = compile_key(raw, modes, setting)
             # compiled before into the kept cache: loading it takes seconds, here, without a helper
             warm = compiled_before(self.compile_key)
@@ -197,6 +203,12 @@ class Setup:
                     out = self.compiled(out, mode)
                     said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
+        if (
+            train.compile_background and not modes
+        ):  # asked for, and ignored: said (config never silently dropped)
+            said.append(
+                "train.compile_background=true: nothing is compiled (train.compile is off here), no helper"
+            )
         if said and self.env.is_main:
             print("networks: " + "; ".join(dict.fromkeys(s for s in said if s)), flush=True)
         return wrapped

@@ -32,7 +32,7 @@ from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
-from hpctrain.train.compile_ahead import CompileAhead
+from hpctrain.train.compile_ahead import AHEAD_MIN_SECONDS, CompileAhead
 from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
@@ -137,7 +137,6 @@ class Trainer:
         self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
         if self.setup.ahead:
             self.ahead = CompileAhead(self.setup.ahead, self.run_dir / "compile-ahead.log")
-            self._closers.append(self._end_compile_ahead)
         self._compiling = self.ahead is not None or any(is_compiled(m) for m in self.modules.values())
         if self._compiling:
             watch_compiles()
@@ -411,7 +410,12 @@ class Trainer:
 
     def _start_compile_ahead(self, ahead: CompileAhead, micro: list[MicroBatch]) -> None:
         """The hop's first update: hand the helper what it needs to compile as this process will (weights, the
-        task's states to rehearse, this update's batch), then train on eagerly."""
+        task's states to rehearse, this update's batch), then train on eagerly. Not with so little time left that
+        the helper could not finish by the deadline (less half the margin: its grace after a stop)."""
+        left = self.budget.remaining()
+        if left is not None and left - max(self.cfg.budget.margin_seconds / 2, 2.0) < AHEAD_MIN_SECONDS:
+            ahead.skip(f"{left:.0f} s left in this hop")
+            return
         ahead.start(
             {
                 "config": self.cfg.model_dump(),  # a tree: the config's type is built at run time
@@ -428,8 +432,20 @@ class Trainer:
         unless the hop has less than 10 minutes left: then they stay eager (nothing stops a compile at the
         deadline)."""
         ahead.eager_updates = self.counters.step - self._hop_first
+        left = self.budget.remaining()
+        if ahead.outcome == "done" and left is not None:
+            # the switch's first call loads the helper's code, seconds to tens of seconds that no stop can cut
+            need = max(AHEAD_MIN_SECONDS, 0.25 * ahead.seconds)
+            if left - self.cfg.budget.margin_seconds < need:
+                self.console.message(
+                    f"torch.compile: compiled in the background; the networks stay eager for the {left:.0f} s "
+                    f"left in this hop (loading the compiled code may take ~{need:.0f} s), the next hop loads it"
+                )
+                ahead.kept_eager = True
+                if ahead.compiled_all():
+                    remember_compiled(self.setup.compile_key)  # the next hop loads it in its own process
+                return
         if ahead.outcome != "done":
-            left = self.budget.remaining()
             if short_hop(left):  # a cold compile here could outlast the deadline: this hop stays eager
                 self.console.message(
                     f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); the networks "
@@ -442,10 +458,11 @@ class Trainer:
                 "this process"
             )
         self.setup.compile_now(self.modules)
+        ahead.switched = True
         self._graphs = compiled_graphs()
 
     def _end_compile_ahead(self) -> None:
-        """(A closer.) End the helper with the hop. After a stop for the time budget the checkpoint is committed
+        """End the helper with the hop (last in `close`, after the trackers). After a stop for the time budget the checkpoint is committed
         and the time left before the deadline, less half the margin, would pass idle: the helper may finish in
         it, and the next hop loads what it compiled."""
         if self.ahead is None:
@@ -622,7 +639,7 @@ class Trainer:
                 if made["graphs"] and not made["recompile_limit_hits"]:
                     remember_compiled(self.setup.compile_key)  # the next hop loads it, in its own process
                 if (ahead := self.ahead) is not None:
-                    if ahead.running or ahead.kept_eager:  # no switch in this hop: it ran eagerly throughout
+                    if not ahead.switched:  # the hop ran eagerly throughout
                         ahead.hop_ended(self.counters.step - self._hop_first)
                     summary["compile"]["background"] = ahead.record()
                     line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
@@ -639,5 +656,8 @@ class Trainer:
             self.trackers.close()
             self.console.close()
         finally:
-            if self.lock is not None:
-                self.lock.release()  # last: everything above may still write into the run folder
+            try:  # the helper's grace is time that would pass idle: after the trackers' own shutdown
+                self._end_compile_ahead()
+            finally:
+                if self.lock is not None:
+                    self.lock.release()  # last: everything above may still write into the run folder
