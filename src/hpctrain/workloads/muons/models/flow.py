@@ -149,16 +149,21 @@ class MuonFlow(nn.Module):
     def _params(
         self, context: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per muon: energy spline, loc, log scale; lateral spline; and the lateral net's context part."""
+        """Per muon: energy spline, loc, log scale; lateral spline; and the lateral net's context part. The spline
+        parameters leave in fp32 whatever the autocast precision: the spline's softmax, cumsum, divisions and
+        logs in bf16 made a NaN loss after ~1100 updates of the default muon_flow (knot gaps rounded to 0); the
+        gather stays in the networks' dtype (half the bytes), the cast is exact."""
         n = self.n_spline
-        per_event = self.event_net(context).index_select(0, index)  # (M, 2n + 2)
+        per_event = self.event_net(context).index_select(0, index).float()  # (M, 2n + 2)
         lateral_ctx = self.lateral_context(context).index_select(0, index)  # (M, half)
         return per_event[:, :n], per_event[:, n], per_event[:, n + 1], per_event[:, n + 2 :], lateral_ctx
 
     def _lateral_affine(
         self, lateral_ctx: torch.Tensor, a: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.lateral_net(lateral_ctx + self.lateral_energy(a.unsqueeze(1)))  # (M, 2)
+        out = self.lateral_net(
+            lateral_ctx + self.lateral_energy(a.unsqueeze(1))
+        ).float()  # (M, 2), fp32 as above
         return out[:, 0], out[:, 1].clamp(-5.0, 5.0)
 
     def sample(self, context: torch.Tensor, index: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
