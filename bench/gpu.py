@@ -287,9 +287,9 @@ def bench_hop(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
         extra.append(f"train.compile_background={args.hop_background}")
     hops = [("cold", "never", "runs", extra), ("warm", "auto", "runs", extra)]
     if args.hop_background != "false":
-        hops.append(
-            ("cold_in_process", "never", "runs-in-process", [*extra, "train.compile_background=false"])
-        )
+        # compile asked explicitly: `auto` would not compile in a hop under 10 minutes outside the background
+        baseline = [*extra, "train.compile=default", "train.compile_background=false"]
+        hops.append(("cold_in_process", "never", "runs-in-process", baseline))
     out: dict[str, Any] = {"limit_s": seconds}
     before = {"runs": 0, "runs-in-process": 0}
     for (
@@ -432,8 +432,11 @@ def merge(files: list[str], out: str | None) -> None:
         try:
             part = json.loads(Path(name).read_text())
         except (OSError, ValueError) as e:
-            print(f"error: --merge {name}: not a figures file of bench/gpu.py ({e})", file=sys.stderr)
-            raise SystemExit(2) from None
+            part = f"{e}"
+        if not isinstance(part, dict):
+            why = part if isinstance(part, str) else f"a JSON {type(part).__name__}, not an object"
+            print(f"error: --merge {name}: not a figures file of bench/gpu.py ({why})", file=sys.stderr)
+            raise SystemExit(2)
         for key in ("device", "torch", "tiny"):
             if key in result and part.get(key) != result[key]:
                 print(f"error: --merge {name}: {key} {part.get(key)!r}, not {result[key]!r} as in {files[0]}",
@@ -444,7 +447,11 @@ def merge(files: list[str], out: str | None) -> None:
         result.update({k: v for k, v in part.items() if k in ("step", "e2e", "loader", "hop")})
     across_parts(result)
     if out is not None:
-        Path(out).write_text(json.dumps(result))
+        try:
+            Path(out).write_text(json.dumps(result))
+        except OSError as e:
+            print(f"error: --out {out}: {e.strerror or e}", file=sys.stderr)
+            raise SystemExit(2) from None
     print(json.dumps(result))
 
 

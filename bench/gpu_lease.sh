@@ -32,13 +32,14 @@ done
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}  # installed by an earlier call
 if ! "$PY" -c "import pydantic, pydantic_settings, dotenv, submitit" 2>/dev/null; then
     if ! ls .whl/*.whl >/dev/null 2>&1; then
         echo "error: hpctrain's dependencies are missing here and no wheels were carried in .whl/ (bench/gpu_wheels.sh)" >&2
         exit 2
     fi
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 2
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 
@@ -52,10 +53,13 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 status=0
 for part in "${parts[@]}"; do
     echo "== $part ($(date -u +%T))"
+    rm -f "$OUT/gpu-$part.json"  # a failed part leaves no older figures to be merged as its own
     "$PY" bench/gpu.py --only "$part" --workdir "$WORK" --out "$OUT/gpu-$part.json" "$@" 2>&1 | tee "$OUT/gpu-$part.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" -ne 0 ] && echo "== $part failed (exit $rc): $OUT/gpu-$part.log" && status=1
 done
 # one JSON line of the parts that ended (a later call's files join them here: python bench/gpu.py --merge ...)
-ls "$OUT"/gpu-*.json >/dev/null 2>&1 && "$PY" bench/gpu.py --merge "$OUT"/gpu-*.json
+if ls "$OUT"/gpu-*.json >/dev/null 2>&1; then
+    "$PY" bench/gpu.py --merge "$OUT"/gpu-*.json || status=1
+fi
 exit $status

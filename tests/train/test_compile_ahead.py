@@ -182,7 +182,7 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
     made = _summary(tmp_path, "s")["compile"]
     assert made["graphs"] == 0 and made["background"]["kept_eager"], made
     assert made["background"]["eager_updates"] == 12
-    assert "the networks stayed eager for all 12 update(s) of this hop" in done.out
+    assert "compile-ahead.log): all 12 update(s) ran eagerly" in done.out
     asked = hpctrain(
         *short,
         "train.compile_background=false",
@@ -311,3 +311,36 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
     assert key("data.batch_size=64") != base
     assert key("train.precision=bf16") != base
     assert key("model.dropout=0.25") != base
+
+
+def test_the_compile_line_says_whether_the_networks_were_switched(tmp_path: Path) -> None:
+    """A helper that ends after the hop's last check step (or in the grace after it) was never switched to: the
+    line says every update ran eagerly, not 'compiled in this process'; one that compiled every network marks
+    nothing by itself but says so (`compiled_all`), which the trainer's close turns into the mark."""
+    import subprocess
+    import sys
+
+    from hpctrain.train.compile_ahead import CompileAhead
+
+    def ended(code: int, last: str) -> CompileAhead:
+        ahead = CompileAhead({"model": "default"}, tmp_path / f"log{code}")
+        ahead.log_path.write_text(last + "\n")
+        ahead._begun, ahead.outcome, ahead.started = True, "running", 0.0
+        ahead.proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        ahead.proc.wait()
+        ahead.hop_ended(eager_updates=42)
+        return ahead
+
+    failed = ended(1, "RuntimeError: boom")
+    assert failed.outcome == "failed: RuntimeError: boom" and not failed.compiled_all()
+    assert "all 42 update(s) ran eagerly" in failed.said() and "compiled in this process" not in failed.said()
+    done = ended(0, json.dumps({"compiled": ["model"], "recompile_limit_hits": 0}))
+    assert done.outcome == "done" and done.compiled_all()
+    assert "too late in the hop to load: the networks stayed eager for all 42 update(s)" in done.said()
+    done.switched = True
+    assert (
+        done.said().startswith("compiled in the background in")
+        and "while 42 update(s) ran eagerly" in done.said()
+    )
+    partial = ended(0, json.dumps({"compiled": [], "recompile_limit_hits": 0}))
+    assert not partial.compiled_all()  # nothing compiled: no mark

@@ -250,6 +250,14 @@ def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2 and "device 'NVIDIA H100 80GB HBM3', not 'cpu'" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+    listed = tmp_path / "list.json"  # JSON, but not figures
+    listed.write_text("[1, 2]")
+    odd = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu.py"), "--merge", str(listed)],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert odd.returncode == 2 and "a JSON list, not an object" in odd.stderr
+    assert len(odd.stderr.strip().splitlines()) == 1
 
 
 def test_a_function_past_the_recompile_limit_is_counted() -> None:

@@ -29,10 +29,16 @@ from hpctrain.workloads.registry import config_model, make_task
 
 def _end_with(parent: int) -> None:
     """The trainer is gone (killed without closing us): nothing will use what we compile now. `parent` is the
-    trainer's PID as it said it (this process's parent may already be another when we get here)."""
-    while os.getppid() == parent:
+    trainer's PID as it said it: this process's parent may already be another when we get here, or a launcher
+    between the two."""
+    while True:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except PermissionError:  # another user's process under that PID: ours (the trainer) is gone
+            os._exit(3)
         time.sleep(1.0)
-    os._exit(3)
 
 
 def main() -> int:

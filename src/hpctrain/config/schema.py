@@ -331,7 +331,7 @@ class TrainConfig(Section):
         "null = on CUDA with one process (on a few CPU cores the helper and the training compete and it does "
         "not pay), and anywhere with one process in a hop with under 10 minutes left whose networks are not in "
         "the kept cache (a cold compile in the training process could outlast the deadline; false keeps it "
-        "there); true also on CPU. Needs memory for one more step on the device; under "
+        "there, with one process); true also on CPU. Needs memory for one more step on the device; under "
         "DDP the networks compile in the training processes. The eager updates before the switch round "
         "differently from compiled ones, so a resumed hop does not retrace an uninterrupted run bit-exactly.",
         json_schema_extra=MAY_CHANGE,

@@ -15,10 +15,12 @@ ends with the hop (killed by PID) or on its own when the trainer is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -126,8 +128,13 @@ class CompileAhead:
                 return
             except subprocess.TimeoutExpired:
                 pass
-        self.proc.kill()
-        self.proc.wait()
+        try:  # its own session: the group holds Inductor's compile workers too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            self.proc.kill()
+        # one stuck in the kernel (a hung file system) is not worth holding the run lock for
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)
 
     def record(self) -> dict[str, Any]:
         """summary.json's `compile.background`."""
@@ -143,15 +150,18 @@ class CompileAhead:
 
     def said(self) -> str:
         """The start of the hop's compile line."""
-        if self.kept_eager and self.outcome == "done":
+        log = f"(see {self.log_path})"
+        if self.switched:
+            if self.outcome == "done":
+                return (
+                    f"compiled in the background in {self.seconds:.1f} s while {self.eager_updates} update(s) "
+                    "ran eagerly; then "
+                )
+            return f"the background compile {self.outcome} {log}; compiled in this process: "
+        if self.outcome == "done":  # finished, but too late in the hop to load (or after its last check step)
             return (
                 f"compiled in the background in {self.seconds:.1f} s, too late in the hop to load: the networks "
                 f"stayed eager for all {self.eager_updates} update(s) of this hop, the next hop loads them; "
-            )
-        if self.outcome == "done":
-            return (
-                f"compiled in the background in {self.seconds:.1f} s while {self.eager_updates} update(s) ran "
-                "eagerly; then "
             )
         if self.outcome.startswith("not started"):
             return (
@@ -162,17 +172,14 @@ class CompileAhead:
                 f"the background compile was still running when the hop ended ({self.seconds:.1f} s): all "
                 f"{self.eager_updates} update(s) ran eagerly, and the next hop finds what it cached; "
             )
-        if self.kept_eager:
-            return (
-                f"the background compile {self.outcome} (see {self.log_path}); the networks stayed eager for "
-                f"all {self.eager_updates} update(s) of this hop: "
-            )
-        return f"the background compile {self.outcome} (see {self.log_path}); compiled in this process: "
+        return (
+            f"the background compile {self.outcome} {log}: all {self.eager_updates} update(s) ran eagerly; "
+        )
 
     def compiled_all(self) -> bool:
         """The helper ended well, compiled every network of its plan and hit no recompile limit: the kept cache
         holds their code (its last line, commands/compile_ahead.py)."""
-        if self.outcome != "done":
+        if self.proc is None or self.proc.poll() != 0:  # also one that finished in the grace after the hop
             return False
         try:
             last = json.loads(self._last_line())

@@ -127,16 +127,18 @@ class Setup:
         warm, cache_notes = False, []
         if modes:
             cache_notes.append(keep_compiled_code(Path(self.cfg.run.out_dir)))  # said with the first network
-            # what the code also depends on beyond the networks' repr: their hyperparameters, the batch's shapes
-            # (static for most workloads), the card (Triton's binaries): a marker of another shape is not warm
+            # what the code also depends on beyond the networks' repr: their hyperparameters, the data settings
+            # (the batch's shapes, static for most workloads), the card (Triton's binaries). More than needed
+            # only costs a helper (a hop that is not warm compiles in the background); less costs a cold compile
             card = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
             setting = (
                 f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type} {card} "
-                f"batch {self.cfg.data.batch_size} model {self.cfg.model.model_dump_json()}"
+                f"data {self.cfg.data.model_dump_json()} model {self.cfg.model.model_dump_json()}"
             )
             self.compile_key = compile_key(raw, modes, setting)
             # compiled before into the kept cache: loading it takes seconds, here, without a helper
-            warm = compiled_before(self.compile_key)
+            # rank 0's view on every rank (a node-local cache may differ): they must compile alike
+            warm = bool(dist.broadcast_object(compiled_before(self.compile_key)))
             if warm and background:
                 cache_notes.append("compiled in this process: the kept cache holds these networks' code")
                 background = False

@@ -462,14 +462,17 @@ class Trainer:
         self._graphs = compiled_graphs()
 
     def _end_compile_ahead(self) -> None:
-        """End the helper with the hop (last in `close`, after the trackers). After a stop for the time budget the checkpoint is committed
-        and the time left before the deadline, less half the margin, would pass idle: the helper may finish in
-        it, and the next hop loads what it compiled."""
+        """End the helper with the hop (last in `close`, after the trackers). After a stop for the time budget the
+        checkpoint is committed and the time left before the deadline, less half the margin, would pass idle: the
+        helper may finish in it. A helper that compiled everything without a switch in this hop (it ended after
+        the last check step, or in the grace) marks its code: the next hop loads it in its own process."""
         if self.ahead is None:
             return
         left = self.budget.remaining() if self._stop_reason == "time_budget" else None
         margin = self.cfg.budget.margin_seconds
         self.ahead.close(grace=0.0 if left is None else left - max(margin / 2, 2.0))
+        if not self.ahead.switched and self.ahead.compiled_all():
+            remember_compiled(self.setup.compile_key)
 
     def _at_check(self, owed_eval: bool = False) -> str | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
