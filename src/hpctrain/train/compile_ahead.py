@@ -54,7 +54,6 @@ class CompileAhead:
         self.seconds = 0.0  # the helper's wall time, once finished
         self.eager_updates = 0  # updates the hop ran before the switch
         self.outcome = "not started"  # "running", "done", "failed: <its last line>", "unfinished"
-        self.kept_eager = False  # done or failed too late in the hop to switch: the networks stayed eager
         self.switched = False  # the networks went under torch.compile in this hop
         self._begun = False
         self._unsaid = False  # a failure to start, not yet reported by `poll`
@@ -143,7 +142,8 @@ class CompileAhead:
             "outcome": self.outcome,
             "seconds": round(self.seconds, 3),
             "eager_updates": self.eager_updates,
-            "kept_eager": self.kept_eager,
+            # the helper ended (well or not) and the networks stayed eager for the whole hop
+            "kept_eager": not self.switched and (self.outcome == "done" or self.outcome.startswith("failed")),
             "log": str(self.log_path),
             "pid": self.proc.pid if self.proc is not None else None,
         }
@@ -203,9 +203,8 @@ def helper_environ() -> dict[str, str]:
     compile workers held to half the allocation's cores unless the user set them: the training process and its
     data workers keep the rest while the hop trains on."""
     env = dict(os.environ)
-    env[PARENT_VARIABLE] = str(
-        os.getpid()
-    )  # the helper ends when this process is gone, even during its imports
+    # the helper ends when this process is gone, even during its imports
+    env[PARENT_VARIABLE] = str(os.getpid())
     if "TORCHINDUCTOR_COMPILE_THREADS" not in env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, cores // 2))

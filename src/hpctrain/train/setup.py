@@ -143,7 +143,7 @@ class Setup:
                 cache_notes.append("compiled in this process: the kept cache holds these networks' code")
                 background = False
         # a cold compile blocks the training process for a minute or more, and nothing can stop it at the
-        # deadline: in a short hop it goes to the background helper (killed at the hop's end) where it may
+        # deadline: in a short hop it goes to the background helper, which is ended with the hop
         cold_short = bool(modes) and not warm and short_hop(seconds_left)
         if cold_short and not background and train.compile_background is None and self.env.world_size == 1:
             background = True
@@ -162,9 +162,7 @@ class Setup:
                 )
                 mode = "off"
             elif mode != "off" and not background and cold_short:
-                if (
-                    self.env.world_size > 1
-                ):  # every rank would block; seconds_left and the cache are the ranks'
+                if self.env.world_size > 1:  # every rank would block on its own cold compile
                     said.append(
                         f"{name}: not compiled in this hop (train.compile={mode}, {seconds_left or 0.0:.0f} s left "
                         f"and not in the kept cache: a cold compile in every rank could outlast the deadline; a "
@@ -205,9 +203,7 @@ class Setup:
                     out = self.compiled(out, mode)
                     said.append(f"{name}: torch.compile mode {mode}{budget}")
             wrapped[name] = out
-        if (
-            train.compile_background and not modes
-        ):  # asked for, and ignored: said (config never silently dropped)
+        if train.compile_background and not modes:  # asked for and ignored: said, never silently dropped
             said.append(
                 "train.compile_background=true: nothing is compiled (train.compile is off here), no helper"
             )

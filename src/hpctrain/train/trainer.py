@@ -441,17 +441,13 @@ class Trainer:
                     f"torch.compile: compiled in the background; the networks stay eager for the {left:.0f} s "
                     f"left in this hop (loading the compiled code may take ~{need:.0f} s), the next hop loads it"
                 )
-                ahead.kept_eager = True
-                if ahead.compiled_all():
-                    remember_compiled(self.setup.compile_key)  # the next hop loads it in its own process
-                return
+                return  # _end_compile_ahead marks the helper's code for the next hop
         if ahead.outcome != "done":
             if short_hop(left):  # a cold compile here could outlast the deadline: this hop stays eager
                 self.console.message(
                     f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); the networks "
                     f"stay eager for the {left or 0.0:.0f} s left in this hop"
                 )
-                ahead.kept_eager = True
                 return
             self.console.message(
                 f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); compiling in "
