@@ -313,6 +313,46 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
     assert key("model.dropout=0.25") != base
 
 
+def test_the_compile_mark_changes_with_the_networks_source(tmp_path: Path) -> None:
+    """A scientist edits the forward of their own network in place (no version bump, same repr): the code in
+    the kept cache is not that network's any more, so the mark of the old source must not count as warm."""
+    import importlib.util
+
+    from torch import nn
+
+    from hpctrain.train.memory import compile_key
+
+    def network(forward: str) -> nn.Module:
+        path = tmp_path / "my_net.py"
+        path.write_text(
+            "from torch import nn\n\n"
+            "class Net(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.lin = nn.Linear(3, 3)\n\n"
+            f"    def forward(self, x):\n        return {forward}\n"
+        )
+        spec = importlib.util.spec_from_file_location("my_net", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.Net()
+
+    def key(net: nn.Module) -> str:
+        return compile_key({"model": net}, {"model": "default"}, "fp32")
+
+    original = network("self.lin(x)")
+    before = key(original)
+    assert key(network("self.lin(x)")) == before  # the same source: the same key, in any process
+    edited = network("self.lin(x).relu()")
+    assert repr(edited) == repr(original)  # what the key held before could not tell them apart
+    assert key(edited) != before
+    plain = nn.Sequential(
+        nn.Linear(3, 3), nn.ReLU()
+    )  # torch's own classes: the torch version stands for them
+    assert key(plain) == key(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+
+
 def test_the_compile_line_says_whether_the_networks_were_switched(tmp_path: Path) -> None:
     """A helper that ends after the hop's last check step (or in the grace after it) was never switched to: the
     line says every update ran eagerly, not 'compiled in this process'; one that compiled every network marks

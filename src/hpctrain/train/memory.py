@@ -86,14 +86,42 @@ def usable_cache(folder: Path, setting: str) -> None:
 
 def compile_key(raw: Mapping[str, nn.Module], modes: Mapping[str, str], setting: str) -> str:
     """What the compiled code of these networks depends on, hashed: their structure, the modes, the run's
-    compile-related settings (`setting`: precision, memory budget, dynamic sizes, device) and the versions."""
+    compile-related settings (`setting`: precision, memory budget, dynamic sizes, device), the versions, and the
+    source files that define the networks' classes (a model edited in place, as scientists do with their own
+    workload, is not warm from the code of the version before: same repr, other forward)."""
     import hashlib
 
     import hpctrain
 
     parts = [torch.__version__, hpctrain.__version__, setting]
     parts += [f"{name}={modes[name]}:{raw[name]!r}" for name in sorted(modes)]
+    parts += [_source_digest(raw[name]) for name in sorted(modes)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _source_digest(net: nn.Module) -> str:
+    """The bytes of the files defining the classes of `net` and its submodules, hashed (torch's own classes
+    left out: the torch version stands for them); a class without a readable file counts by its name."""
+    import hashlib
+    import inspect
+
+    files: set[str] = set()
+    nameless: set[str] = set()
+    for cls in {type(m) for m in net.modules()}:
+        if cls.__module__.split(".")[0] == "torch":
+            continue
+        code = [f.__code__.co_filename for f in vars(cls).values() if inspect.isfunction(f)]
+        if code:  # where its methods were written (also for a module not in sys.modules)
+            files.update(code)
+        else:
+            nameless.add(f"{cls.__module__}.{cls.__qualname__}")
+    digest = hashlib.sha256("\n".join(sorted(nameless)).encode())
+    for file in sorted(files):
+        try:
+            digest.update(Path(file).read_bytes())
+        except OSError:
+            digest.update(file.encode())
+    return digest.hexdigest()
 
 
 def _compiled_marker(key: str) -> Path | None:
