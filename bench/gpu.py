@@ -368,6 +368,7 @@ def main() -> None:
     )
     parser.add_argument("--merge", nargs="+", metavar="FILE", help="join the --out files of separate calls")
     args = parser.parse_args()
+    check_args(args)
     if args.merge:
         merge(args.merge, args.out)
         return
@@ -418,6 +419,24 @@ def main() -> None:
     print(json.dumps(result))
 
 
+def refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag a user can get wrong: one line, exit 2, before a minute of data and compiling is spent."""
+    for flag in ("repeats", "updates", "critic_steps", "cap"):
+        if getattr(args, flag) < 1:
+            refuse(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.hop_seconds is not None and args.hop_seconds < 15:  # the hop's stop margin is 5 s
+        refuse(f"--hop-seconds must be at least 15, not {args.hop_seconds}")
+    if args.workdir is not None and Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+        refuse(f"--workdir {args.workdir} is not a folder")
+    if args.out is not None and Path(args.out).is_dir():
+        refuse(f"--out {args.out} is a folder: name the JSON file to write")
+
+
 def across_parts(result: dict[str, Any]) -> None:
     """Figures that take two parts: the loader's events/s over what the compiled run consumed (goal 5)."""
     consumed = result.get("e2e", {}).get("compile_auto", {}).get("events_per_s")
@@ -433,8 +452,9 @@ def merge(files: list[str], out: str | None) -> None:
             part = json.loads(Path(name).read_text())
         except (OSError, ValueError) as e:
             part = f"{e}"
-        if not isinstance(part, dict):
+        if not isinstance(part, dict) or not {"device", "torch", "part_seconds"} <= part.keys():
             why = part if isinstance(part, str) else f"a JSON {type(part).__name__}, not an object"
+            why = "not its keys device, torch, part_seconds" if isinstance(part, dict) else why
             print(f"error: --merge {name}: not a figures file of bench/gpu.py ({why})", file=sys.stderr)
             raise SystemExit(2)
         for key in ("device", "torch", "tiny"):

@@ -53,6 +53,28 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+# Verbs that build optimizers or load compiled models: they import torch._dynamo, which makes the folder
+# TORCHINDUCTOR_CACHE_DIR names, compile on or off.
+_COMPILER_VERBS = ("train", "submit", "sample", "evaluate", "export")
+
+
+def _inductor_cache_problem() -> str | None:
+    """TORCHINDUCTOR_CACHE_DIR naming a file, a path under one or a folder that cannot be made: torch's import
+    of its compiler makes that folder (the optimizer's constructor imports it, compile off too), so the run ended
+    in a traceback there. Made here as torch would make it, or one line naming the variable."""
+    value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not value:
+        return None
+    try:
+        os.makedirs(value, exist_ok=True)
+    except OSError as exc:
+        return (
+            f"TORCHINDUCTOR_CACHE_DIR={value}: cannot be a folder ({exc.strerror or exc}); point it at a folder "
+            "you can write, or unset it (the compile cache then goes to <run.out_dir>/.compile-cache)"
+        )
+    return None
+
+
 def _main(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--version"]:
@@ -79,6 +101,9 @@ def _main(argv: list[str] | None) -> int:
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
         # a death (runtime/signals.py).
         install_early()
+    if verb in _COMPILER_VERBS and (problem := _inductor_cache_problem()):
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     module = importlib.import_module(f"hpctrain.commands.{verb}")
     try:
         return int(module.main(rest))
@@ -89,6 +114,20 @@ def _main(argv: list[str] | None) -> int:
     except RunError as exc:
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+    except (
+        FileExistsError,
+        FileNotFoundError,
+        IsADirectoryError,
+        NotADirectoryError,
+        PermissionError,
+    ) as exc:
+        if exc.filename is None:
+            raise
+        # A path the user gave that a verb could not write or read where no check of its own named it (an --out
+        # that is a file, a folder under a file, a read-only place): one line naming the path, as any mistake.
+        other = f" -> {exc.filename2}" if exc.filename2 else ""
+        print(f"error: {exc.filename}{other}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         # A second Ctrl-C (the first asks for a save and a stop): the last committed checkpoint stays.
         print(

@@ -18,6 +18,27 @@ def show(tmp_path: Path, *args: str, **env: str):
     return yaml.safe_load(done.out), done
 
 
+def test_a_setting_spelt_with_one_underscore_is_refused_naming_the_right_name(tmp_path: Path) -> None:
+    """HPCTRAIN_OPTIM_LR looks like a setting and set nothing: the run went on at the old learning rate."""
+    cases = {
+        ("HPCTRAIN_OPTIM_LR", "5"): "environment variable HPCTRAIN_OPTIM_LR sets nothing: write "
+        "HPCTRAIN_OPTIM__LR for optim.lr (two underscores between section and key)",
+        ("HPCTRAIN_TRAIN_TOTAL_UPDATES", "9"): "write HPCTRAIN_TRAIN__TOTAL_UPDATES for train.total_updates",
+        ("HPCTRAIN_DATA_PELICAN_TOKEN_FILE", "t"): "write HPCTRAIN_DATA__PELICAN__TOKEN_FILE for "
+        "data.pelican.token_file",
+    }
+    for (name, value), message in cases.items():
+        done = hpctrain("config", "show", cwd=tmp_path, env=clean_env(**{name: value}))
+        assert done.code == 2 and len(done.err.strip().splitlines()) == 1 and message in done.err, done.err
+    (tmp_path / ".env").write_text("HPCTRAIN_OPTIM_LR=5\n")
+    done = hpctrain("config", "show", cwd=tmp_path, env=clean_env())
+    assert done.code == 2 and ".env variable HPCTRAIN_OPTIM_LR sets nothing" in done.err
+    (tmp_path / ".env").unlink()
+    # names that spell no key are the scripts' own (slurm/common.sh, the templates): left alone
+    cfg, _ = show(tmp_path, HPCTRAIN_HOME=str(tmp_path), HPCTRAIN_ORIGINAL_ARGS="x", HPCTRAIN_OPTIM__LR="0.5")
+    assert cfg["optim"]["lr"] == 0.5
+
+
 def test_command_line_beats_environment_beats_dotenv_and_says_so(tmp_path: Path) -> None:
     cfg, done = show(tmp_path, "train.total_updates=9", TOTAL_UPDATES="7")
     assert cfg["train"]["total_updates"] == 9
@@ -137,6 +158,13 @@ def test_values_are_typed_by_their_field(tmp_path: Path) -> None:
     assert cfg["checkpoint"]["restart"] is False
     assert (cfg["slurm"]["time"], cfg["budget"]["time_limit"], cfg["slurm"]["mem"]) == ("30", "2-12:00", None)
     assert cfg["optim"]["lr"] == pytest.approx(2e-5)
+    # an optional boolean takes `null` back (the default's rule), from the command line and the environment
+    cfg, _ = show(tmp_path, "train.compile_background=true", "train.compile_background=null")
+    assert cfg["train"]["compile_background"] is None
+    cfg, _ = show(tmp_path, "train.compile_background=~")
+    assert cfg["train"]["compile_background"] is None
+    cfg, _ = show(tmp_path, HPCTRAIN_TRAIN__COMPILE_BACKGROUND="null")
+    assert cfg["train"]["compile_background"] is None
     # a YAML file: numbers where the field is text, and times YAML 1.1 would read as base-60 integers
     (tmp_path / "exp.yaml").write_text(
         "run:\n  name: 2024\nslurm:\n  time: 1:00:00\nbudget:\n  time_limit: 30\n"

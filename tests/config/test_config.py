@@ -260,9 +260,19 @@ def test_unreadable_config_and_env_files_and_infinite_values_are_one_line(tmp_pa
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00garbage")
     (tmp_path / "badenv").write_bytes(b"BEARER_TOKEN\n\xff=1\n")
     (tmp_path / "configs").mkdir()
+    # a line dotenv cannot parse would drop its setting with a warning naming neither file nor line
+    (tmp_path / "openquote.env").write_text('TOTAL_UPDATES=5\nBEARER_TOKEN="tok-123-secret\n')
+    (tmp_path / "prose.env").write_text("# paths\nthis is not a setting\n")
     cases = {
         ("--config", "bin.yaml"): "error: config file 'bin.yaml' is not UTF-8 text (byte 0)",
         ("--env-file", "badenv"): "error: env file 'badenv' is not UTF-8 text",
+        ("--env-file", "missing.env"): "error: env file 'missing.env' does not exist",
+        ("--env-file", "configs"): "error: env file 'configs' is a folder",
+        (
+            "--env-file",
+            "openquote.env",
+        ): "error: env file 'openquote.env' line 2 (setting BEARER_TOKEN) is not",
+        ("--env-file", "prose.env"): "error: env file 'prose.env' line 2 is not NAME=value",
         ("--config", "configs"): "error: config file 'configs' is a folder",
         ("optim.lr=inf",): "error: optim.lr='inf': Input should be a finite number",
         ("optim.lr=-inf",): "error: optim.lr='-inf': Input should be a finite number",
@@ -271,3 +281,7 @@ def test_unreadable_config_and_env_files_and_infinite_values_are_one_line(tmp_pa
         done = hpctrain("config", "show", *args, cwd=tmp_path)
         assert done.code == 2, (args, done.err)
         assert done.err.startswith(start) and len(done.err.strip().splitlines()) == 1, (args, done.err)
+        assert "tok-123-secret" not in done.err
+    # the default .env may be missing or a folder (a virtualenv named .env): nothing is read, nothing refused
+    (tmp_path / ".env").mkdir()
+    assert hpctrain("config", "show", cwd=tmp_path).code == 0

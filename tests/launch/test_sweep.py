@@ -168,7 +168,7 @@ def test_queueing_writes_the_plan_and_the_script_then_one_sbatch(tmp_path: Path)
     assert [e["name"] for e in record["elements"]] == NAMES
     assert record["elements"][3]["args"] == [
         "--env-file",
-        str(tmp_path / ".env"),
+        "",  # no .env where it was submitted: the job reads none either (not the one of the folder it runs in)
         "train.total_updates=50",
         "optim.lr=2e-5",
         "model.hidden=[128,128]",

@@ -281,7 +281,22 @@ def test_a_planted_link_or_an_unusable_compile_cache_is_one_line(tmp_path: Path)
     assert ".compile-cache (run.out_dir) cannot hold files" in filed.err
     env = clean_env(TORCHINDUCTOR_CACHE_DIR=str(victim / "cache"))
     under = hpctrain(*ARGS, "train.total_updates=3", "run.name=u", cwd=tmp_path, env=env)
-    assert under.code == 2 and f"{victim / 'cache'} (TORCHINDUCTOR_CACHE_DIR) cannot hold files" in under.err
+    assert under.code == 2 and len(under.err.strip().splitlines()) == 1, under.err
+    assert f"TORCHINDUCTOR_CACHE_DIR={victim / 'cache'}: cannot be a folder" in under.err
+    assert victim.read_text() == "precious"
+    # compile off too: torch makes that folder when the optimizer imports its compiler (a traceback before)
+    for value in (victim, victim / "cache"):
+        off = hpctrain(
+            "train",
+            "train.compile=off",
+            "train.total_updates=3",
+            "run.name=off",
+            cwd=tmp_path,
+            env=clean_env(TORCHINDUCTOR_CACHE_DIR=str(value)),
+        )
+        assert off.code == 2 and len(off.err.strip().splitlines()) == 1, off.err
+        assert f"error: TORCHINDUCTOR_CACHE_DIR={value}: cannot be a folder" in off.err
+        assert not (tmp_path / "logs" / "off").exists()  # refused before anything was made
     assert victim.read_text() == "precious"
 
 

@@ -260,6 +260,31 @@ def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     assert len(odd.stderr.strip().splitlines()) == 1
 
 
+def test_the_gpu_benchs_flags_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    """A flag a user gets wrong is one line, exit 2, before data or compiling are spent (a traceback before, or
+    figures computed and then lost to an --out that is a folder)."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "stranger.json").write_text('{"a": 1}')
+    cases = {
+        ("--repeats", "0"): "error: --repeats must be at least 1, not 0",
+        ("--updates", "-1"): "error: --updates must be at least 1, not -1",
+        ("--critic-steps", "0"): "error: --critic-steps must be at least 1, not 0",
+        ("--cap", "-3"): "error: --cap must be at least 1, not -3",
+        ("--hop-seconds", "-5"): "error: --hop-seconds must be at least 15, not -5",
+        ("--workdir", str(tmp_path / "afile")): f"error: --workdir {tmp_path / 'afile'} is not a folder",
+        ("--out", str(tmp_path)): f"error: --out {tmp_path} is a folder: name the JSON file to write",
+        ("--merge", str(tmp_path / "stranger.json")): "not its keys device, torch, part_seconds",
+    }
+    for flags, message in cases.items():
+        done = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "gpu.py"), "--device", "cpu", "--tiny", *flags],
+            capture_output=True, text=True, env=clean_env(), timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (flags, done.stderr)
+        assert message in done.stderr, (flags, done.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "stranger.json"]  # nothing made
+
+
 def test_a_function_past_the_recompile_limit_is_counted() -> None:
     """Past torch's recompile limit a function runs eagerly for the rest of the process, which torch only warns
     about: the hop's compile line counts it (compile_stats)."""

@@ -79,7 +79,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset", help="debug | single_gpu | multi_gpu | multi_node | none (names the run folder too)"
     )
-    parser.add_argument("--env-file", default=".env", help="file with paths and secrets (default .env)")
+    parser.add_argument(
+        "--env-file",
+        default=None,
+        help="file with paths and secrets (default .env, where there is one; '' for none)",
+    )
     parser.add_argument(
         "--gpus",
         type=int,
@@ -98,7 +102,19 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_from_args(args: argparse.Namespace) -> tuple[Any, Provenance]:
-    return resolve(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
+    return resolve(config_request(args))
+
+
+def config_request(args: argparse.Namespace) -> ConfigRequest:
+    """What the command line asks for; an --env-file it names must exist (the default .env need not)."""
+    named = args.env_file is not None
+    return ConfigRequest(
+        args.config,
+        args.preset,
+        list(args.overrides),
+        args.env_file if named else ".env",
+        env_file_named=named,
+    )
 
 
 def config_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:

@@ -25,7 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain.commands.common import ArgParser, add_config_arguments, announce, resolve_from_args
+from hpctrain.commands.common import (
+    ArgParser,
+    add_config_arguments,
+    announce,
+    config_request,
+    resolve_from_args,
+)
 from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
@@ -161,8 +167,11 @@ def shell_settings(cfg: ConfigBase, run_dir: Path, shape: sbatch.JobShape | None
 def _absolute(request: ConfigRequest) -> ConfigRequest:
     """The job may start in another folder than the submitter's shell: make file paths absolute."""
     config = str(Path(request.config_path).resolve()) if request.config_path else None
-    env_file = str(Path(request.env_file).resolve()) if request.env_file else None
-    return ConfigRequest(config, request.preset, list(request.overrides), env_file)
+    # the file the submitter's shell reads, or "" (none) where the default .env is missing: never the job
+    # folder's .env; a named file stays named (missing, it is refused when the request is resolved)
+    env = request.env_file
+    env_file = str(Path(env).resolve()) if env and (request.env_file_named or Path(env).is_file()) else ""
+    return replace(request, config_path=config, overrides=list(request.overrides), env_file=env_file)
 
 
 def main(argv: list[str]) -> int:
@@ -187,7 +196,7 @@ def main(argv: list[str]) -> int:
     from hpctrain.train.remote_ckpt import prepare_tokens
 
     prepare_tokens(cfg)  # data.pelican.auto_token: the device login happens here, where someone can type
-    request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
+    request = _absolute(config_request(args))
     job = _submit(cfg, folder, args.local, TrainJob(request, registry.resolve, registry.make_task))
     print(f"job {job.job_id}; run folder {run_dir.resolve()}", flush=True)
     if args.local:
@@ -211,7 +220,7 @@ def _sweep(args: Any) -> int:
             raise UserError(f"--sweep {key}: also in --sweep-file {args.sweep_file}; give it once")
         axes[key] = values
     sweep.check_axes(axes, registry.config_model(), list(args.overrides), args.yes)
-    request = _absolute(ConfigRequest(args.config, args.preset, list(args.overrides), args.env_file))
+    request = _absolute(config_request(args))
     elements, cfg = sweep.build_plan(
         request, axes, registry.resolve, lambda cfg, sources: check(cfg, args, sources)[0]
     )

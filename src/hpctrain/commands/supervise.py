@@ -90,7 +90,8 @@ def supervise_training(args: argparse.Namespace, cfg: Any) -> int:
             "--until-done supervises one training process, not each rank of one: run "
             "`hpctrain supervise -- torchrun ... -m hpctrain train ...` instead"
         )
-    command = [sys.executable, "-m", "hpctrain", "train", "--env-file", args.env_file]
+    command = [sys.executable, "-m", "hpctrain", "train"]
+    command += ["--env-file", args.env_file] if args.env_file is not None else []
     command += ["--config", args.config] if args.config else []
     command += ["--preset", args.preset] if args.preset else []
     command += ["--verbose"] if args.verbose else []

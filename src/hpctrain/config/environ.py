@@ -53,16 +53,37 @@ class DotEnv(BaseSettings):
     BEARER_TOKEN: SecretStr | None = None  # the Pelican/OSDF token (data.pelican.token)
 
 
-def dotenv_file(path: str | None) -> dict[str, str | None]:
-    """The variables of a `.env` file ({} when there is none)."""
-    if not path or not Path(path).is_file():
+def dotenv_file(path: str | None, required: bool = False) -> dict[str, str | None]:
+    """The variables of a `.env` file ({} when there is none, unless the user named it: `required`). A line
+    python-dotenv cannot parse is refused naming the file and line (dotenv alone would drop the setting with
+    a warning that names neither, and the run would go on without it); its text is not shown (secrets)."""
+    import io
+
+    from dotenv.parser import parse_stream
+
+    if not path:
+        return {}
+    where = Path(path)
+    if not where.is_file():
+        if required:  # the default .env may be missing, or a folder (a virtualenv is often named .env)
+            what = "is a folder" if where.is_dir() else "does not exist"
+            raise UserError(f"env file {path!r} {what}: name a file of NAME=value lines (--env-file)")
         return {}
     try:
-        return dict(dotenv_values(path, encoding="utf-8"))
+        text = where.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"env file {path!r} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise UserError(f"env file {path!r} cannot be read: {exc.strerror or exc}") from None
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            name = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=", binding.original.string)
+            which = f" (setting {name.group(1)})" if name else ""
+            raise UserError(
+                f"env file {path!r} line {binding.original.line}{which} is not NAME=value (an unclosed quote?): "
+                "nothing was run; fix or remove the line"
+            )
+    return dict(dotenv_values(stream=io.StringIO(text)))
 
 
 def env_overrides(
@@ -82,6 +103,22 @@ def env_overrides(
         elif name in ENV_KEYS and value != "":
             found.append((ENV_KEYS[name], value, f"{where} {name}"))
     return found
+
+
+def refuse_misspelt(environ: Mapping[str, str | None], where: str, keys: list[str]) -> None:
+    """HPCTRAIN_OPTIM_LR (one underscore where the section ends) names a key but sets nothing: only
+    SECTION__KEY names are config (other HPCTRAIN_ names are the scripts'), so it was ignored and the run
+    trained with the value it was meant to replace. A name that spells a key with single underscores is refused,
+    naming the right spelling; a name that matches no key stays the scripts' business."""
+    spelt = {key.replace(".", "_"): key for key in keys}
+    for name in sorted(environ):
+        rest = name[len(ENV_PREFIX) :].lower() if name.startswith(ENV_PREFIX) else ""
+        if rest and "__" not in rest and rest in spelt:
+            right = ENV_PREFIX + spelt[rest].upper().replace(".", "__")
+            raise UserError(
+                f"{where} variable {name} sets nothing: write {right} for {spelt[rest]} (two underscores "
+                "between section and key)"
+            )
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -18,15 +18,15 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from hpctrain.config import presets
-from hpctrain.config.environ import ENV_PREFIX, dotenv_file, env_overrides, interpolate
-from hpctrain.config.keys import secret_keys
+from hpctrain.config.environ import ENV_PREFIX, dotenv_file, env_overrides, interpolate, refuse_misspelt
+from hpctrain.config.keys import all_keys, secret_keys
 from hpctrain.config.messages import error_line, quote
 from hpctrain.config.naming import default_run_name, name_run
 from hpctrain.config.overrides import coerce_text, parse_override, parse_typed, set_dotted
@@ -46,7 +46,8 @@ class ConfigRequest:
     config_path: str | None = None
     preset: str | None = None
     overrides: list[str] = field(default_factory=list)
-    env_file: str | None = ".env"
+    env_file: str | None = ".env"  # "" or None: no file
+    env_file_named: bool = False  # the user named env_file (--env-file): a missing one is then a mistake
 
 
 def load_config(
@@ -81,11 +82,11 @@ def _resolve(
     prepare: Callable[[dict[str, Any]], None] | None,
 ) -> tuple[Any, Provenance]:
     environ = dict(os.environ if environ is None else environ)
-    file_vars = dotenv_file(request.env_file)
+    file_vars = dotenv_file(request.env_file, required=request.env_file_named)
     variables = {k: v for k, v in file_vars.items() if v is not None}
     variables.update(environ)
     if not request.config_path and request.preset is None:
-        request = ConfigRequest(None, "debug", request.overrides, request.env_file)
+        request = replace(request, config_path=None, preset="debug")
 
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -101,6 +102,7 @@ def _resolve(
     base_tree, base_origins = copy.deepcopy(tree), dict(origins)
     secrets = secret_keys(cls)
     for where, found in ((".env", file_vars), ("environment", environ)):
+        refuse_misspelt(found, where, all_keys(cls))
         for key, raw, source in env_overrides(found, where):
             value = parse_typed(cls, key, raw)
             if where == "environment" and source.split()[-1].startswith(ENV_PREFIX):

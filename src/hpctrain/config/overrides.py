@@ -32,10 +32,11 @@ def parse_typed(cls: type[BaseModel] | None, key: str, raw: str) -> Any:
     `1e3` as written (`null` is None where allowed); a boolean gets the text, which pydantic reads as
     true/false/yes/no/on/off/1/0 in any case; anything else is a YAML scalar or list."""
     kind = keys.kind(cls, key) if cls is not None else None
+    null = raw.strip() in ("null", "~") and cls is not None and keys.optional(cls, key)
     if kind == "text":
-        return None if raw.strip() in ("null", "~") and keys.optional(cls, key) else raw  # type: ignore[arg-type]
+        return None if null else raw
     if kind == "bool":
-        return raw.strip()
+        return None if null else raw.strip()  # train.compile_background=null: back to the default's rule
     return parse_value(raw, f"the value of {quote(key)}")
 
 

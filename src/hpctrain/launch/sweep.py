@@ -20,7 +20,7 @@ import math
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +166,7 @@ def build_plan(
     for index, overrides in enumerate(grid(axes)):
         what = f"sweep element {index} ({' '.join(overrides)})"
         try:
-            element_request = ConfigRequest(
-                request.config_path, request.preset, [*request.overrides, *overrides], request.env_file
-            )
+            element_request = replace(request, overrides=[*request.overrides, *overrides])
             cfg, sources = resolve(element_request)
             run_dir = check(cfg, sources).resolve()
         except UserError as exc:
@@ -223,7 +221,7 @@ def plan_record(
 def train_args(request: ConfigRequest, overrides: list[str]) -> list[str]:
     args = ["--config", request.config_path] if request.config_path else []
     args += ["--preset", request.preset] if request.preset else []
-    args += ["--env-file", request.env_file] if request.env_file else []
+    args += ["--env-file", request.env_file] if request.env_file is not None else []  # "": none
     return [*args, *request.overrides, *overrides]
 
 

@@ -56,3 +56,14 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["data"]) == 2
     err = capsys.readouterr().err
     assert "--files must be at least 1" in err and "mounted" in err and "invalid choice: 'csv'" in err
+    # an --out that cannot be a folder: one line naming it, for the muon files and (through the command's own
+    # net for a path the verb did not check) the fields splits
+    (tmp_path / "afile").write_text("precious")
+    assert main(["data", "generate", "--out", str(tmp_path / "afile"), "--events-per-file", "5"]) == 2
+    assert main(["data", "generate", "--kind", "fields", "--out", str(tmp_path / "afile"), "--n", "2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"error: --out {tmp_path / 'afile'}: cannot be the folder for the files (File exists)",
+        f"error: {tmp_path / 'afile' / 'train'}: Not a directory",
+    ]
+    assert (tmp_path / "afile").read_text() == "precious"

@@ -113,6 +113,24 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
     nowhere = tmp_path / "nope" / "x.parquet"
     bad = hpctrain("sample", str(reference), "--events", "5", "--out", str(nowhere), cwd=tmp_path)
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "no such folder" in bad.err, bad.err
+    # an existing --out (here a copy of a checkpoint) is never replaced unless --overwrite says so
+    kept = tmp_path / "kept.pt"
+    kept.write_bytes(ckpt.read_bytes())
+    bad = hpctrain("sample", str(reference), "--events", "5", "--out", str(kept), cwd=tmp_path)
+    assert (
+        bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "exists: nothing was written" in bad.err
+    )
+    assert kept.read_bytes() == ckpt.read_bytes()
+    bad = hpctrain("sample", str(reference), "--events", "5", "--out", str(tmp_path), cwd=tmp_path)
+    assert (
+        bad.code == 2
+        and bad.err.strip() == f"error: --out {tmp_path} is a folder: name the Parquet file to write"
+    )
+    done = hpctrain(
+        "sample", str(reference), "--events", "5", "--out", str(again), "--overwrite", cwd=tmp_path
+    )
+    assert done.code == 0, done.err
+    assert len(layouts.read_all(str(again))[1]) == 5
 
 
 def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):

@@ -57,7 +57,12 @@ def generate(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.seed < 0 or args.first_file < 0:
         raise UserError(f"--seed and --first-file must be non-negative, not {args.seed}, {args.first_file}")
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"--out {args.out}: cannot be the folder for the files ({exc.strerror or exc})"
+        ) from None
     start = time.perf_counter()
     events = muons = 0
     for i in range(args.first_file, args.first_file + args.files):

@@ -39,7 +39,10 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="draw this many primaries from the synthetic truth",
     )
-    g.add_argument("--out", required=True, help="output Parquet file (the current layout)")
+    g.add_argument(
+        "--out", required=True, help="output Parquet file (the current layout); not replaced if it exists"
+    )
+    g.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     g.add_argument("--seed", type=int, default=0, help="seed of the primaries and the generation")
     g.add_argument(
         "--batch-size",
@@ -74,7 +77,14 @@ def sample(args: argparse.Namespace, found: Found) -> int:
         raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.seed < 0:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
-    folder = Path(args.out).expanduser().absolute().parent
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise UserError(f"--out {args.out} is a folder: name the Parquet file to write")
+    if (out.exists() or out.is_symlink()) and not args.overwrite:  # a checkpoint, a data file: kept
+        raise UserError(
+            f"--out {args.out} exists: nothing was written; choose another file, or add --overwrite to replace it"
+        )
+    folder = out.absolute().parent
     if not folder.is_dir():  # checked before the model loads: no traceback from the writer after minutes
         raise UserError(
             f"--out {args.out}: no such folder {folder} (nearest existing folder: {nearest_existing_folder(folder)})"
