@@ -87,6 +87,12 @@ def test_status_never_imports_torch_and_shows_hops(tmp_path: Path) -> None:
     assert "updates 60 of 100 (60.0%)" in text.out and "#1 job 7 on c1" in text.out
     assert "-> killed:" in text.out and "step_00000060.pt (update 60" in text.out
     assert hpctrain("status", str(tmp_path / "nope"), cwd=tmp_path).code == 2
+    (tmp_path / "afile").write_text("x")
+    filed = hpctrain("status", str(tmp_path / "afile"), cwd=tmp_path)
+    assert (
+        filed.code == 2
+        and filed.err.strip() == f"error: run folder '{tmp_path / 'afile'}' is a file, not a run folder"
+    )
 
 
 # ---- submit: what can be caught before queueing, and a failing sbatch ---------------------------------------

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.train.checkpoint import CheckpointStore, load_verified, strip_prefixes
+from hpctrain.errors import UserError
+from hpctrain.train.checkpoint import CheckpointStore, find_checkpoint, load_verified, strip_prefixes
 from tests.conftest import clean_env, hpctrain, save_pause
 
 
@@ -66,7 +67,10 @@ def test_weights_only_refuses_pickled_code(tmp_path: Path):
 
     path = tmp_path / "step_00000001.pt"
     torch.save({"modules": {}, "x": Evil()}, path)
-    assert load_verified(path) is None
+    with pytest.raises(
+        UserError, match=r"step_00000001.pt: not a readable hpctrain checkpoint \(unreadable \("
+    ):
+        load_verified(path)
 
 
 def test_prefixes_from_ddp_and_compile_are_accepted():
@@ -244,6 +248,31 @@ def test_a_named_file_without_its_sidecar_loads_with_a_warning(
     with caplog.at_level(logging.WARNING):
         assert load_verified(tmp_path / "weights.pt")["counters"]["step"] == 3
     assert "has no weights.json: its SHA-256 cannot be checked" in caplog.text
+    # a named file that is no checkpoint at all: one reason, and no warning about a hash it never needed
+    caplog.clear()
+    (tmp_path / "notes.pt").write_text("junk\n")
+    with caplog.at_level(logging.WARNING), pytest.raises(UserError) as refused:
+        load_verified(tmp_path / "notes.pt")
+    assert str(refused.value) == (
+        f"{tmp_path / 'notes.pt'}: not a readable hpctrain checkpoint (not a checkpoint: not the zip archive "
+        "torch.save writes)"
+    )
+    assert caplog.text == ""
+
+
+def test_a_model_verb_on_a_folder_of_damaged_checkpoints_is_a_user_line(tmp_path: Path):
+    """`hpctrain sample|evaluate RUN` where every checkpoint is damaged: one line (exit 2, as export), naming
+    each file's reason, without training's advice to start afresh (checkpoint.resume means nothing there)."""
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=2)
+    store.save(fake_state(1), 1)
+    store.save(fake_state(2), 2)
+    for file in (tmp_path / "checkpoints").glob("step_*.pt"):
+        file.write_bytes(file.read_bytes()[:100])
+    with pytest.raises(UserError) as refused:
+        find_checkpoint(tmp_path)
+    assert str(refused.value).startswith(f"no checkpoint in {tmp_path / 'checkpoints'} can be used (")
+    assert "step_00000002.pt: its SHA-256 does not match" in str(refused.value)
+    assert "resume=never" not in str(refused.value)
 
 
 def test_a_best_save_is_whole_before_the_step_file_and_latest(

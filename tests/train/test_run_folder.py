@@ -393,7 +393,10 @@ def test_missing_and_unexpected_keys_and_unreadable_resume_paths(tmp_path: Path)
         )
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match=r"checkpoint.resume=.*garbage.pt: cannot be used: unreadable"):
+    with pytest.raises(
+        UserError,
+        match=r"checkpoint.resume=.*garbage.pt: cannot be used: not a checkpoint: not the zip archive torch.save writes",
+    ):
         run(cfg_for(tmp_path / "b", f"checkpoint.resume={garbage}"), ClusterEnv())
     # A run folder works as checkpoint.resume too (its latest checkpoint).
     cfg = cfg_for(tmp_path / "c", f"checkpoint.resume={tmp_path / 't'}", "model.hidden=[8]")

@@ -138,7 +138,8 @@ def hop_estimate(
 def collect(run_dir: Path) -> dict[str, Any]:
     """Everything the status shows, as plain data (also printed with --json)."""
     if not run_dir.is_dir():
-        raise UserError(f"run folder {str(run_dir)!r} does not exist")
+        what = "is a file, not a run folder" if run_dir.exists() else "does not exist"
+        raise UserError(f"run folder {str(run_dir)!r} {what}")
     chain = read_chain(run_dir / "chain.json")
     hops = chain.hops
     summary = _read(run_dir / "summary.json", {}) or {}

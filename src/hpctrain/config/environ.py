@@ -7,12 +7,14 @@ routes). Everything else in the environment is left alone.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -57,10 +59,6 @@ def dotenv_file(path: str | None, required: bool = False) -> dict[str, str | Non
     """The variables of a `.env` file ({} when there is none, unless the user named it: `required`). A line
     python-dotenv cannot parse is refused naming the file and line (dotenv alone would drop the setting with
     a warning that names neither, and the run would go on without it); its text is not shown (secrets)."""
-    import io
-
-    from dotenv.parser import parse_stream
-
     if not path:
         return {}
     where = Path(path)

@@ -279,9 +279,10 @@ def _accepted_hashes(path: Path) -> list[str]:
     return [str(h) for h in hashes]
 
 
-def _read_bytes(path: Path, named: bool) -> bytes:
-    """The file's bytes, matching its sidecar hash; transient I/O errors and mismatches are read again. Without
-    a sidecar: Unreadable, or for a file the user `named`, the bytes unchecked (said in a warning)."""
+def _read_bytes(path: Path, named: bool) -> tuple[bytes, bool]:
+    """The file's bytes, matching its sidecar hash, and whether they were checked; transient I/O errors and
+    mismatches are read again. Without a sidecar: Unreadable, or for a file the user `named`, the bytes
+    unchecked (the caller warns once they prove a checkpoint: a file that is none gets its error alone)."""
     delays = [*READ_RETRY_DELAYS, None]
     for attempt, delay in enumerate(delays):
         accepted = _accepted_hashes(path)
@@ -298,14 +299,9 @@ def _read_bytes(path: Path, named: bool) -> bytes:
             time.sleep(delay)
             continue
         if not accepted:
-            log.warning(
-                "%s has no %s: its SHA-256 cannot be checked; loading it as named",
-                path,
-                path.with_suffix(".json").name,
-            )
-            return data
+            return data, False
         if hashlib.sha256(data).hexdigest() in accepted:
-            return data
+            return data, True
         if attempt > 0 or delay is None:  # a mismatch is read once more only: a corrupt file stays corrupt
             raise Unreadable(f"its SHA-256 does not match {path.with_suffix('.json').name}")
         time.sleep(delay)
@@ -317,7 +313,11 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     UserError when it was written by a newer hpctrain (falling back to an older one would silently rewind).
     A checkpoint without its sidecar is Unreadable, except a file the user `named` (checkpoint.resume=FILE,
     `hpctrain sample FILE`): copied alone on purpose, it is loaded with a warning that it cannot be checked."""
-    data = _read_bytes(path, named)
+    data, checked = _read_bytes(path, named)
+    if not data.startswith(
+        b"PK\x03\x04"
+    ):  # torch.save writes a zip archive: torch's own error would be cryptic
+        raise Unreadable("not a checkpoint: not the zip archive torch.save writes")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling/format error means: not usable
@@ -326,6 +326,12 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or "modules" not in state:
         raise Unreadable("not an hpctrain checkpoint")
+    if not checked:
+        log.warning(
+            "%s has no %s: its SHA-256 cannot be checked; loading it as named",
+            path,
+            path.with_suffix(".json").name,
+        )
     version = state.get("format", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise UserError(
@@ -335,14 +341,13 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     return state
 
 
-def load_verified(path: Path) -> dict[str, Any] | None:
+def load_verified(path: Path) -> dict[str, Any]:
     """Read a checkpoint file the user named, checking its sidecar hash when there is one (warned when there is
-    none); None (with a warning) if it is bad."""
+    none); a bad one is one line saying why (UserError)."""
     try:
         return read_checkpoint(path, named=True)
     except Unreadable as exc:
-        log.warning("skipping checkpoint %s: %s", path.name, exc)
-        return None
+        raise UserError(f"{path}: not a readable hpctrain checkpoint ({exc})") from None
 
 
 def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None]:
@@ -351,7 +356,12 @@ def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None
     target = Path(path)
     if target.is_dir():
         folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-        loaded = CheckpointStore(folder, keep_last=1).load_latest()
+        try:
+            loaded = CheckpointStore(folder, keep_last=1).load_latest()
+        except (
+            RunError
+        ) as exc:  # some there, none usable: what training says, less the advice to train afresh
+            raise UserError(str(exc).split("; nothing was changed")[0]) from None
         if loaded is None:
             raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
         state, file = loaded
@@ -359,7 +369,5 @@ def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None
     if not target.is_file():
         raise UserError(f"{path}: no such run folder or checkpoint file")
     verified = load_verified(target)
-    if verified is None:
-        raise UserError(f"{path}: not a readable hpctrain checkpoint")
     run_dir = target.parent.parent if target.parent.name == "checkpoints" else None
     return verified, target, run_dir

@@ -87,8 +87,6 @@ def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
         held = [f"step_{step}" for step in steps] + (["best"] if (folder / "best.pt").exists() else [])
         raise UserError(f"{path}: no {name} in {folder} (it holds: {', '.join(held) or 'nothing'})")
     state = load_verified(file)
-    if state is None:
-        raise UserError(f"{file}: not a readable hpctrain checkpoint")
     return state, file, folder.parent if folder.name == "checkpoints" else None
 
 
