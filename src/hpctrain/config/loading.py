@@ -101,8 +101,9 @@ def _resolve(
     # The config file and preset alone: what automatic names compare with.
     base_tree, base_origins = copy.deepcopy(tree), dict(origins)
     secrets = secret_keys(cls)
+    known = all_keys(cls)
     for where, found in ((".env", file_vars), ("environment", environ)):
-        refuse_misspelt(found, where, all_keys(cls))
+        refuse_misspelt(found, where, known)
         for key, raw, source in env_overrides(found, where):
             value = parse_typed(cls, key, raw)
             if where == "environment" and source.split()[-1].startswith(ENV_PREFIX):

@@ -58,6 +58,17 @@ class Unreadable(Exception):
     """A checkpoint file that cannot be used; the message says why (for one line naming every file)."""
 
 
+class NoUsableCheckpoint(RunError):
+    """Checkpoints there, none usable: `what` names each file's reason; the message adds training's advice."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(
+            f"{what}; nothing was changed: restore them (e.g. from checkpoint.mirror_to) and run again, or start "
+            "afresh with checkpoint.resume=never (the old run is moved aside)"
+        )
+
+
 class CheckpointStore:
     """The checkpoints of one run folder.
 
@@ -232,11 +243,7 @@ class CheckpointStore:
                 failures.append((best, str(exc)))
         if not failures:
             return None
-        raise RunError(
-            f"no checkpoint in {self.folder} can be used ({_reasons(failures)}); nothing was changed: restore "
-            "them (e.g. from checkpoint.mirror_to) and run again, or start afresh with checkpoint.resume=never "
-            "(the old run is moved aside)"
-        )
+        raise NoUsableCheckpoint(f"no checkpoint in {self.folder} can be used ({_reasons(failures)})")
 
 
 def _reasons(failures: list[tuple[Path, str]], shown: int = 4) -> str:
@@ -314,9 +321,8 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     A checkpoint without its sidecar is Unreadable, except a file the user `named` (checkpoint.resume=FILE,
     `hpctrain sample FILE`): copied alone on purpose, it is loaded with a warning that it cannot be checked."""
     data, checked = _read_bytes(path, named)
-    if not data.startswith(
-        b"PK\x03\x04"
-    ):  # torch.save writes a zip archive: torch's own error would be cryptic
+    # torch.save writes a zip archive: for anything else torch's own error is cryptic (a bare number)
+    if not data.startswith(b"PK\x03\x04"):
         raise Unreadable("not a checkpoint: not the zip archive torch.save writes")
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -358,10 +364,9 @@ def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None
         folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
         try:
             loaded = CheckpointStore(folder, keep_last=1).load_latest()
-        except (
-            RunError
-        ) as exc:  # some there, none usable: what training says, less the advice to train afresh
-            raise UserError(str(exc).split("; nothing was changed")[0]) from None
+        except NoUsableCheckpoint as exc:
+            # what training says, less its advice to train afresh (checkpoint.resume means nothing here)
+            raise UserError(exc.what) from None
         if loaded is None:
             raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
         state, file = loaded
