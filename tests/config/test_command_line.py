@@ -35,7 +35,13 @@ def test_a_setting_spelt_with_one_underscore_is_refused_naming_the_right_name(tm
     assert done.code == 2 and ".env variable HPCTRAIN_OPTIM_LR sets nothing" in done.err
     (tmp_path / ".env").unlink()
     # names that spell no key are the scripts' own (slurm/common.sh, the templates): left alone
-    cfg, _ = show(tmp_path, HPCTRAIN_HOME=str(tmp_path), HPCTRAIN_ORIGINAL_ARGS="x", HPCTRAIN_OPTIM__LR="0.5")
+    cfg, _ = show(
+        tmp_path,
+        HPCTRAIN_HOME=str(tmp_path),
+        HPCTRAIN_ORIGINAL_ARGS="x",
+        HPCTRAIN_TRAIN="1",  # a section's name alone spells no key either
+        HPCTRAIN_OPTIM__LR="0.5",
+    )
     assert cfg["optim"]["lr"] == 0.5
 
 

@@ -108,7 +108,9 @@ def refuse_misspelt(environ: Mapping[str, str | None], where: str, keys: list[st
     SECTION__KEY names are config (other HPCTRAIN_ names are the scripts'), so it was ignored and the run
     trained with the value it was meant to replace. A name that spells a key with single underscores is refused,
     naming the right spelling; a name that matches no key stays the scripts' business."""
-    spelt = {key.replace(".", "_"): key for key in keys}
+    spelt = {
+        key.replace(".", "_"): key for key in keys if "." in key
+    }  # a section alone has no other spelling
     for name in sorted(environ):
         rest = name[len(ENV_PREFIX) :].lower() if name.startswith(ENV_PREFIX) else ""
         if rest and "__" not in rest and rest in spelt:
