@@ -1,13 +1,19 @@
-"""Sampling speed of a muon generator on CPU against the synthetic-truth process (a stand-in for simulation).
+"""Sampling speed of a muon generator on CPU against the synthetic-truth process (a stand-in for simulation), and
+of the default muon model against the one before it (independent muons given the primary and N).
 
     python bench/muon_sample.py [--model RUN_DIR] [--events 65536] [--batch-sizes 1024,4096,16384,65536]
+                                [--previous RUN_DIR | --no-previous]
 
 Without --model, trains configs/muons.yaml for --updates updates on fresh truth data first (realistic
-multiplicities matter: time goes with the muons). For each batch size, `hpctrain sample RUN --n-events N
---batch-size B` runs as its own process (streamed to Parquet), timed end to end and for the generation alone
-(the line the command prints), with its peak resident memory. The truth process draws the same number of events
-(`hpctrain data generate --kind muons`, one file) in its own process. Figures: bundles/s and muons/s. Last line:
-one JSON object; `ratio` = the best bundles/s of the sampler / the truth process's bundles/s.
+multiplicities matter: time goes with the muons), and (unless --no-previous) the previous default, the same
+config with `model.latent=0 model.leading_muon=false`, on the same data. For each batch size, `hpctrain sample
+RUN --n-events N --batch-size B` runs as its own process (streamed to Parquet), timed end to end and for the
+generation alone (the line the command prints), with its peak resident memory. The truth process draws the same
+number of events (`hpctrain data generate --kind muons`, one file) in its own process. In this process, the
+milliseconds per event of `Sampler.generate` at batch 1, 100 and 10,000 (the model loaded once). Figures:
+bundles/s and muons/s. Last line: one JSON object; `ratio` = the best bundles/s of the sampler / the truth
+process's bundles/s; `previous_ratio` = the model's bundles/s at batch 1,024 (or the first batch size) / the
+previous default's (higher is better: >= 1 is no slower); `ms_per_event` {batch: ms} for each model.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PREVIOUS = ["model.latent=0", "model.leading_muon=false"]  # the default muon model before 2026-11-28
 PEAK = """
 import resource, sys
 from hpctrain.cli import main
@@ -58,25 +65,39 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1024,4096,16384,65536", help="comma-separated batch sizes")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (OMP/MKL)")
     parser.add_argument("--keep", help="work in this folder (kept) instead of a temporary one")
+    parser.add_argument(
+        "--previous", help="run folder of the previous default to compare (default: train one)"
+    )
+    parser.add_argument("--no-previous", action="store_true", help="no comparison with the previous default")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per batch size (the median is kept)"
+    )
     args = parser.parse_args()
+    if args.events < 1 or args.updates < 1 or args.threads < 1 or args.repeats < 1:
+        raise SystemExit("--events, --updates, --threads and --repeats must be at least 1")
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="muon_sample_"))
     work.mkdir(parents=True, exist_ok=True)
     hp = [sys.executable, "-m", "hpctrain"]
-    model = args.model
-    if model is None:
-        if not (work / "train").is_dir():
-            subprocess.run(
-                [*hp, "data", "generate", "--kind", "muons", "--out", str(work / "train"), "--files", "1",
-                 "--events-per-file", "20000", "--seed", "1"], check=True, capture_output=True,
-            )  # fmt: skip
+    if (args.model is None or (args.previous is None and not args.no_previous)) and not (
+        work / "train"
+    ).is_dir():
         subprocess.run(
-            [*hp, "train", "-c", str(REPO / "configs" / "muons.yaml"), f"run.out_dir={work}", "run.name=model",
+            [*hp, "data", "generate", "--kind", "muons", "--out", str(work / "train"), "--files", "1",
+             "--events-per-file", "20000", "--seed", "1"], check=True, capture_output=True,
+        )  # fmt: skip
+
+    def train(name: str, extra: list[str]) -> str:
+        subprocess.run(
+            [*hp, "train", "-c", str(REPO / "configs" / "muons.yaml"), f"run.out_dir={work}", f"run.name={name}",
              f"data.paths=[{work / 'train'}]", "data.val_paths=[]", f"train.total_updates={args.updates}",
-             "train.eval_every=0", "checkpoint.every=0", f"train.threads={args.threads}"],
+             "train.eval_every=0", "checkpoint.every=0", f"train.threads={args.threads}", *extra],
             check=True, capture_output=True, cwd=work,
         )  # fmt: skip
-        model = str(work / "model")
+        return str(work / name)
+
+    model = args.model or train("model", [])
+    previous = None if args.no_previous else args.previous or train("previous", PREVIOUS)
 
     truth_s, truth_kb, _ = timed(
         ["data", "generate", "--kind", "muons", "--out", str(work / "truth"), "--files", "1",
@@ -89,34 +110,83 @@ def main() -> None:
         f"{'truth process':<22}{truth_s:>9.1f}{args.events / truth_s:>12.0f}{truth_muons / truth_s:>12.0f}"
         f"{truth_kb / 1024:>9.0f}"
     )
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        out = work / f"gen_{batch}.parquet"
-        seconds, kb, text = timed(
-            ["sample", model, "--n-events", str(args.events), "--batch-size", str(batch), "--out", str(out),
-             "--device", "cpu", "--seed", "1"], args.threads,
-        )  # fmt: skip
-        match = re.search(r"wrote (\d+) events, (\d+) muons .*, ([\d.]+) s\)", text)
-        assert match is not None, text
-        muons, inner = int(match.group(2)), float(match.group(3))
-        row = {
-            "batch_size": batch,
-            "seconds": round(seconds, 2),
-            "generate_seconds": inner,
-            "bundles_per_s": args.events / seconds,
-            "muons_per_s": muons / seconds,
-            "peak_mb": kb / 1024,
-        }
-        rows.append(row)
-        print(
-            f"{f'sample batch {batch}':<22}{seconds:>9.1f}{row['bundles_per_s']:>12.0f}{row['muons_per_s']:>12.0f}"
-            f"{row['peak_mb']:>9.0f}"
-        )
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    for batch in batches:
+        rows.append(sample_row(model, work, batch, args))
+    previous_rows = [sample_row(previous, work, b, args, "previous") for b in batches[:1]] if previous else []
     best = max(rows, key=lambda r: r["bundles_per_s"])
     truth = {"seconds": round(truth_s, 2), "bundles_per_s": args.events / truth_s, "peak_mb": truth_kb / 1024}
     truth["muons_per_s"] = truth_muons / truth_s
     ratio = best["bundles_per_s"] / truth["bundles_per_s"]
     print(f"best sampler / truth process (bundles/s, whole process incl. start-up) = {ratio:.2f}")
-    print(json.dumps({"events": args.events, "model": model, "truth": truth, "sample": rows, "ratio": ratio}))
+    figures: dict[str, object] = {"events": args.events, "model": model, "truth": truth, "sample": rows}
+    figures["ratio"] = ratio
+    figures["ms_per_event"] = {"model": per_event_ms(model, args.threads)}
+    if previous is not None:
+        figures["previous"] = previous_rows
+        figures["previous_ratio"] = rows[0]["bundles_per_s"] / previous_rows[0]["bundles_per_s"]
+        figures["ms_per_event"]["previous"] = per_event_ms(previous, args.threads)  # type: ignore[index]
+        print(
+            f"model / previous default at batch {batches[0]} (bundles/s, median of {args.repeats}) = "
+            f"{figures['previous_ratio']:.2f}"
+        )
+    for who, ms in figures["ms_per_event"].items():  # type: ignore[attr-defined]
+        print(f"{who}: ms per event " + ", ".join(f"batch {b}: {v:.3f}" for b, v in ms.items()))
+    print(json.dumps(figures))
+
+
+def sample_row(model: str, work: Path, batch: int, args: argparse.Namespace, who: str = "sample") -> dict:
+    """The median of `args.repeats` `hpctrain sample` processes at this batch size."""
+    out = work / f"gen_{who}_{batch}.parquet"
+    runs = []
+    for _ in range(args.repeats):
+        seconds, kb, text = timed(
+            ["sample", model, "--n-events", str(args.events), "--batch-size", str(batch), "--out", str(out),
+             "--device", "cpu", "--seed", "1", "--overwrite"], args.threads,
+        )  # fmt: skip
+        match = re.search(r"wrote (\d+) events, (\d+) muons .*, ([\d.]+) s\)", text)
+        assert match is not None, text
+        runs.append((seconds, kb, int(match.group(2)), float(match.group(3))))
+    seconds, kb, muons, inner = sorted(runs)[len(runs) // 2]
+    row = {
+        "batch_size": batch,
+        "seconds": round(seconds, 2),
+        "seconds_min_max": [round(min(r[0] for r in runs), 2), round(max(r[0] for r in runs), 2)],
+        "generate_seconds": inner,
+        "bundles_per_s": args.events / seconds,
+        "muons_per_s": muons / seconds,
+        "peak_mb": kb / 1024,
+    }
+    label = f"{who} batch {batch}"
+    print(
+        f"{label:<22}{seconds:>9.1f}{row['bundles_per_s']:>12.0f}{row['muons_per_s']:>12.0f}{row['peak_mb']:>9.0f}"
+    )
+    return row
+
+
+def per_event_ms(model: str, threads: int) -> dict[int, float]:
+    """Milliseconds per event of Sampler.generate in this process, at batch 1, 100 and 10,000 (median of 3)."""
+    import numpy as np
+    import torch
+
+    import hpctrain
+    from hpctrain.workloads.muons import truth
+
+    torch.set_num_threads(threads)
+    sampler = hpctrain.load(model, device="cpu").sampler
+    rng = np.random.default_rng(3)
+    out = {}
+    for batch, calls in ((1, 200), (100, 20), (10_000, 2)):
+        primaries = truth.sample_primaries(batch, rng)
+        sampler.generate(primaries, seed=0, batch_size=batch)  # warm
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            for i in range(calls):
+                sampler.generate(primaries, seed=i, batch_size=batch)
+            times.append((time.perf_counter() - start) / (calls * batch) * 1000.0)
+        out[batch] = float(sorted(times)[1])
+    return out
 
 
 if __name__ == "__main__":

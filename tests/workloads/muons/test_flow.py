@@ -11,9 +11,17 @@ import torch
 
 from hpctrain.workloads.muons import physics, truth
 from hpctrain.workloads.muons.evaluation.quality import wasserstein_1d
-from hpctrain.workloads.muons.models.flow import TAIL, MuonFlow, _log_prob, _transform, rq_spline
+from hpctrain.workloads.muons.models.flow import (
+    TAIL,
+    MuonFlow,
+    _log_prob,
+    _transform,
+    first_of_events,
+    leading_of_events,
+    rq_spline,
+)
 from hpctrain.workloads.muons.models.losses import likelihood_losses
-from hpctrain.workloads.muons.models.networks import Generator, event_index
+from hpctrain.workloads.muons.models.networks import Generator, event_index, gaussian_kl
 
 
 def spline_params(n: int, bins: int, seed: int, spread: float = 1.5) -> torch.Tensor:
@@ -200,3 +208,123 @@ def test_the_latent_encoder_lets_likelihood_learn_what_a_bundle_shares(encoder: 
         assert 0.25 < spread < 0.5, spread
     else:
         assert spread < 0.15, spread
+
+
+def _away_from_identity(flow: MuonFlow, seed: int) -> None:
+    """Random last layers: the flow is no longer a standard normal in every conditional."""
+    g = torch.Generator().manual_seed(seed)
+    for net in (flow.event_net, flow.lateral_net, flow.gap_net):
+        assert net is not None
+        with torch.no_grad():
+            net[-1].weight.copy_(torch.randn(net[-1].weight.shape, generator=g) * 0.3)
+            net[-1].bias.copy_(torch.randn(net[-1].bias.shape, generator=g) * 0.3)
+
+
+def test_a_generated_bundle_leads_with_its_most_energetic_muon():
+    """With `leading`, each generated event lists its leading muon first and every other muon under it; the
+    leading muon of real events is found by energy (the first of equals), wherever the file put it."""
+    torch.manual_seed(0)
+    flow = MuonFlow(context=6, hidden=16, bins=4, leading=True)
+    _away_from_identity(flow, 1)
+    counts = torch.tensor([0, 300, 1, 2, 40, 0])
+    index = event_index(counts, int(counts.sum()))
+    with torch.no_grad():
+        muons = flow.sample(torch.randn(6, 6), index, torch.randn(len(index), MuonFlow.NOISE))
+    assert torch.isfinite(muons).all()
+    first = first_of_events(index)
+    top = torch.zeros(6).scatter_reduce(0, index, muons[:, 0], reduce="amax", include_self=False)
+    assert torch.equal(muons[first, 0], top[counts > 0])
+    energies = torch.tensor([1.0, 3.0, 3.0, 2.0, 5.0, -1.0])
+    events = torch.tensor([0, 0, 0, 0, 1, 1])
+    lead = leading_of_events(energies, events, 2)
+    assert lead.tolist() == [False, True, False, False, True, False]
+
+
+def test_the_leading_flow_is_a_normalised_density_of_the_muons_under_the_leader():
+    """The other muons' density (the gap below the leading muon, with its Jacobian) and the lateral distance's
+    integrate to 1 over the standardised (energy, log distance) plane below a fixed leading muon."""
+    torch.manual_seed(0)
+    flow = MuonFlow(context=6, hidden=16, bins=4, leading=True)
+    _away_from_identity(flow, 2)
+    with torch.no_grad():
+        flow.gap_center.fill_(-0.5)
+        flow.gap_scale.fill_(0.8)
+    a_lead = 1.3
+    gaps = torch.logspace(-5, 2.2, 900, dtype=torch.float64)  # a = a_lead + floor - gap
+    a = (a_lead + 1e-3 - gaps).flip(0)
+    b = torch.linspace(-14.0, 14.0, 700, dtype=torch.float64)
+    aa, bb = torch.meshgrid(a, b, indexing="ij")
+    # normalised muons at those standardised values (centre 0, scale 1): log10 E = a, r = 10^b on the x axis
+    grid = torch.stack([aa.flatten(), 10.0 ** bb.flatten(), torch.zeros(aa.numel(), dtype=torch.float64)], 1)
+    leader = torch.tensor([[a_lead, 1.0, 0.0]], dtype=torch.float64)
+    muons = torch.cat([leader, grid]).float()
+    flow.polar = lambda m: torch.stack([m[:, 0], torch.log10(torch.hypot(m[:, 1], m[:, 2]))], 1)  # type: ignore[method-assign]
+    index = torch.zeros(len(muons), dtype=torch.int64)
+    with torch.no_grad():
+        density = flow.log_prob(muons, torch.randn(1, 6), index)[1:].double().exp().reshape(aa.shape)
+    total = torch.trapezoid(torch.trapezoid(density, b, dim=1), a)
+    assert float(total) == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_latent_prior_given_n_sets_where_generated_latents_come_from():
+    """With a conditional prior, the KL is against it (checked against torch.distributions) and generated
+    events draw their latent from it: a prior moved for large N moves what the decoder sees."""
+    mean, log_var = torch.randn(5, 3), torch.randn(5, 3) * 0.3
+    p_mean, p_log_var = torch.randn(5, 3), torch.randn(5, 3) * 0.3
+    q = torch.distributions.Normal(mean, (0.5 * log_var).exp())
+    p = torch.distributions.Normal(p_mean, (0.5 * p_log_var).exp())
+    expected = torch.distributions.kl_divergence(q, p).sum(1)
+    assert torch.allclose(gaussian_kl(mean, log_var, (p_mean, p_log_var)), expected, atol=1e-5)
+    assert torch.allclose(
+        gaussian_kl(mean, log_var, None),
+        torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 1.0)).sum(1),
+        atol=1e-5,
+    )
+    gen = Generator(2, 1, 16, [8], cap=100, head="flow", flow_bins=4, latent_encoder=True, latent_prior=True)
+    assert gen.prior is not None
+    seen: list[torch.Tensor] = []
+    gen.global_net.register_forward_hook(lambda _m, inputs, _o: seen.append(inputs[0][:, :2].clone()))
+    prim = torch.zeros(2, 4)
+    counts = torch.tensor([3, 3])
+    index = event_index(counts, 6)
+    z = torch.zeros(2, 2)
+    with torch.no_grad():
+        gen.prior.net[-1].bias.copy_(torch.tensor([2.0, -1.0, 0.0, 0.0]))  # mean (2, -1), variance 1
+        gen(prim, counts, index, z, torch.randn(6, 3))
+    assert torch.allclose(seen[-1], torch.tensor([[2.0, -1.0], [2.0, -1.0]]))
+
+
+@pytest.mark.parametrize("leading", [False, True])
+def test_a_leading_muon_with_a_harder_spectrum_is_learned(leading: bool):
+    """Bundles of 6 muons, one of them from a harder spectrum: one density for every muon draws 0, 1 or more
+    hard muons per bundle (a third of bundles have none), so the bundles' most energetic muon is off; the
+    leading-muon flow learns it."""
+    g = torch.Generator().manual_seed(4)
+    events, per = 300, 6
+    hard = -2.0 + 0.25 * torch.randn(events, 1, generator=g)
+    soft = -3.5 + 0.3 * torch.randn(events, per - 1, generator=g)
+    log_e = torch.cat([soft, hard], 1).flatten()  # the leader last: found by energy, not by place
+    r = 10 ** (-1.5 + 0.2 * torch.randn(events * per, generator=g))
+    phi = 2 * math.pi * torch.rand(events * per, generator=g)
+    muons = torch.stack([log_e, r * torch.cos(phi), r * torch.sin(phi)], 1)
+    prim, counts = torch.tensor([[0.5, 0.2, -0.1, 0.3]]).repeat(events, 1), torch.full((events,), per)
+    index = event_index(counts, events * per)
+    torch.manual_seed(0)
+    gen = Generator(0, 1, 32, [8], cap=100, head="flow", flow_bins=8, leading=leading)
+    gen.fit_scalers(muons, counts)
+    opt = torch.optim.Adam(gen.parameters(), lr=1e-2)
+    none = prim.new_zeros((events, 0))
+    for _ in range(100):
+        _, loss = likelihood_losses(gen, prim, counts, index, muons, none)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        fake = gen.scaler.inverse(gen(prim, counts, index).muons)
+    top_fake = torch.zeros(events).scatter_reduce(0, index, fake[:, 0], reduce="amax", include_self=False)
+    top_true = hard.squeeze(1)
+    w1 = wasserstein_1d(top_fake.numpy(), top_true.numpy())
+    if leading:
+        assert w1 < 0.1, w1
+    else:
+        assert w1 > 0.2, w1

@@ -295,12 +295,25 @@ class MuonWGANConfig(ModelConfigBase):
 
 
 class MuonFlowConfig(ModelConfigBase):
-    """Muon bundles by likelihood: the negative-binomial multiplicity and a conditional spline flow for each
-    muon given the primary and the multiplicity (the WGAN's flow head, trained by maximum likelihood)."""
+    """Muon bundles by likelihood: the negative-binomial multiplicity given the primary, an event latent given
+    (primary, multiplicity) that the bundle's muons share, and a conditional spline flow for the leading muon
+    and the others under it (a conditional VAE with a flow decoder, trained on its ELBO; docs/muons.md)."""
 
     type: Literal["muon_flow"] = "muon_flow"
     hidden: int = Field(64, ge=4, description="Width of the event context and the flow's conditioner.")
     flow_bins: int = Field(8, ge=2, le=64, description="Spline bins per muon feature.")
+    latent: int = Field(
+        8,
+        ge=0,
+        description="Size of the event latent that a bundle's muons share (what a shower's history gives all "
+        "its muons: height, age), learned through an encoder's posterior with a prior given (primary, N). "
+        "0 = the muons are independent given the primary and N (the model before 2026-11-28).",
+    )
+    leading_muon: bool = Field(
+        True,
+        description="Model the most energetic muon of a bundle by a density of its own and the others' energies "
+        "below it (false = every muon from one density).",
+    )
     multiplicity: MultiplicitySettings = Field(default_factory=MultiplicitySettings)
     multiplicity_weight: float = Field(
         1.0, ge=0, description="Weight of the multiplicity negative log-likelihood (per event) in the loss."

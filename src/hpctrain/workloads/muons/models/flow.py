@@ -10,6 +10,12 @@ Each factor is an affine map (loc, log scale) after a monotone rational-quadrati
 spline parameters come from the event's context (per event, gathered to its muons); the lateral distance's
 loc and scale also see the muon's energy (a small per-muon net), since r ~ p_T H / E at production.
 
+With `leading` the event's most energetic muon (the leading one) has a density of its own, and every other
+muon's energy is modelled below it, as the gap u = log(a_lead - a + GAP_FLOOR) given (context, a_lead): a
+bundle is then "one leading muon, and the rest under it", which is how the maximum of a bundle and its energy
+share come out right when the leading muon has a harder spectrum than the others (truth v2, real showers). The
+leading muon is found by energy, whatever the order of the file; a generated event lists it first.
+
 Both directions are closed-form, so the same module samples (differentiably: the WGAN's generator) and gives
 log densities (the likelihood-trained generator, and the WGAN's optional likelihood term).
 """
@@ -25,6 +31,7 @@ from torch import nn
 TAIL = 5.0  # standardised units
 MIN_WIDTH = MIN_HEIGHT = MIN_SLOPE = 1e-3
 R_MIN = 1e-7  # normalised lateral distance floor (0.05 mm): log10(0) is not a number
+GAP_FLOOR = 1e-3  # standardised units: a muon's energy gap below the leading one is at least this (log of 0)
 # softplus(_ONE) + MIN_SLOPE == 1: the spline's end slopes match the identity tails
 _ONE = math.log(math.expm1(1.0 - MIN_SLOPE))
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -97,6 +104,22 @@ def _log_prob(
     return -0.5 * z * z - LOG_SQRT_2PI + log_det - log_scale
 
 
+def first_of_events(index: torch.Tensor) -> torch.Tensor:
+    """(M,) bool: the first muon of each event, for muons grouped by event (index (M,) non-decreasing)."""
+    before = torch.cat([index.new_full((1,), -1), index[:-1]])
+    return index != before
+
+
+def leading_of_events(a: torch.Tensor, index: torch.Tensor, events: int) -> torch.Tensor:
+    """(M,) bool: the most energetic muon of each event (the first of equals), from energies a (M,); no
+    host synchronisation (segment maxima and minima by scatter_reduce)."""
+    top = a.new_zeros(events).scatter_reduce(0, index, a, reduce="amax", include_self=False)
+    position = torch.arange(a.shape[0], device=a.device)
+    candidate = torch.where(a == top[index], position, a.shape[0])
+    first = position.new_full((events,), a.shape[0]).scatter_reduce(0, index, candidate, reduce="amin")
+    return position == first[index]
+
+
 class MuonFlow(nn.Module):
     """p(muons | event context): (M, 3) normalised muons from (B, C) contexts and 3 normal latents per muon."""
 
@@ -104,24 +127,36 @@ class MuonFlow(nn.Module):
 
     center: torch.Tensor
     scale: torch.Tensor
+    gap_center: torch.Tensor
+    gap_scale: torch.Tensor
 
-    def __init__(self, context: int, hidden: int, bins: int = 8) -> None:
+    def __init__(self, context: int, hidden: int, bins: int = 8, leading: bool = False) -> None:
         super().__init__()
         self.bins = bins
+        self.leading = leading
         n_spline = 3 * bins - 1
         self.n_spline = n_spline
-        # per event: energy spline + loc + log scale, lateral spline
+        # per event: energy spline + loc + log scale (with `leading`: the leading muon's), lateral spline
         self.event_net = nn.Sequential(
             nn.Linear(context, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
             nn.Linear(hidden, 2 * n_spline + 2),
         )  # fmt: skip
-        # per muon: the lateral distance's loc and log scale from (event context, the muon's energy a);
-        # first layer split so the context part runs per event
+        # per muon: the lateral distance's loc and log scale from (event context, the muon's energy a, and
+        # whether it leads); first layer split so the context part runs per event
         half = max(hidden // 2, 4)
         self.lateral_context = nn.Linear(context, half)
-        self.lateral_energy = nn.Linear(1, half, bias=False)
+        self.lateral_energy = nn.Linear(2 if leading else 1, half, bias=False)
         self.lateral_net = nn.Sequential(nn.SiLU(), nn.Linear(half, half), nn.SiLU(), nn.Linear(half, 2))
-        for net in (self.event_net, self.lateral_net):
+        # with `leading`: per event, the other muons' gap below the leading one from (context, a_lead)
+        self.gap_net: nn.Sequential | None = None
+        if leading:
+            self.gap_net = nn.Sequential(
+                nn.Linear(context + 1, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
+                nn.Linear(hidden, n_spline + 2),
+            )  # fmt: skip
+        for net in (self.event_net, self.lateral_net, self.gap_net):
+            if net is None:
+                continue
             # start at the identity (standard normals in the standardised space): a sensible first model
             last = net[-1]
             assert isinstance(last, nn.Linear)
@@ -129,6 +164,9 @@ class MuonFlow(nn.Module):
             nn.init.zeros_(last.bias)
         self.register_buffer("center", torch.zeros(2))
         self.register_buffer("scale", torch.ones(2))
+        if leading:
+            self.register_buffer("gap_center", torch.zeros(()))
+            self.register_buffer("gap_scale", torch.ones(()))
 
     @staticmethod
     def polar(muons: torch.Tensor) -> torch.Tensor:
@@ -137,14 +175,24 @@ class MuonFlow(nn.Module):
         return torch.stack([muons[:, 0], torch.log10(r)], 1)
 
     @torch.no_grad()
-    def fit(self, muons: torch.Tensor) -> None:
-        """Standardisation from normalised muons (M, 3): median and 1.4826 x MAD (floored); no-op if M < 2."""
+    def fit(self, muons: torch.Tensor, index: torch.Tensor | None = None, events: int = 0) -> None:
+        """Standardisation from normalised muons (M, 3): median and 1.4826 x MAD (floored); no-op if M < 2.
+        With `leading`, also the gaps' from the muons' events (index (M,), `events` of them)."""
         if muons.shape[0] < 2:
             return
         v = self.polar(muons.float())
         center = v.median(0).values
         self.center.copy_(center)
         self.scale.copy_(((v - center).abs().median(0).values * 1.4826).clamp_min(1e-3))
+        if self.leading and index is not None:
+            a = (v[:, 0] - self.center[0]) / self.scale[0]
+            lead = leading_of_events(a, index, events)
+            top = a.new_zeros(events).scatter_reduce(0, index, a, reduce="amax", include_self=False)
+            gaps = torch.log(top[index][~lead] - a[~lead] + GAP_FLOOR)
+            if gaps.shape[0] >= 2:
+                middle = gaps.median()
+                self.gap_center.copy_(middle)
+                self.gap_scale.copy_(((gaps - middle).abs().median() * 1.4826).clamp_min(1e-3))
 
     def _params(
         self, context: torch.Tensor, index: torch.Tensor
@@ -158,20 +206,44 @@ class MuonFlow(nn.Module):
         lateral_ctx = self.lateral_context(context).index_select(0, index)  # (M, half)
         return per_event[:, :n], per_event[:, n], per_event[:, n + 1], per_event[:, n + 2 :], lateral_ctx
 
+    def _gap_params(
+        self, context: torch.Tensor, a_lead: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per muon (M,): the gap's spline, loc and log scale from its event's (context, a_lead (B,))."""
+        assert self.gap_net is not None
+        n = self.n_spline
+        net_in = torch.cat([context, a_lead.to(context.dtype).unsqueeze(1)], 1)
+        out = self.gap_net(net_in).index_select(0, index).float()  # (M, n + 2)
+        return out[:, :n], out[:, n], out[:, n + 1].clamp(-5.0, 5.0)
+
     def _lateral_affine(
-        self, lateral_ctx: torch.Tensor, a: torch.Tensor
+        self, lateral_ctx: torch.Tensor, a: torch.Tensor, lead: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        muon_in = a.unsqueeze(1) if lead is None else torch.stack([a, lead.to(a.dtype)], 1)
         out = self.lateral_net(
-            lateral_ctx + self.lateral_energy(a.unsqueeze(1))
+            lateral_ctx + self.lateral_energy(muon_in.to(lateral_ctx.dtype))
         ).float()  # (M, 2), fp32 as above
         return out[:, 0], out[:, 1].clamp(-5.0, 5.0)
 
+    def _below_lead(self, u: torch.Tensor, a_lead: torch.Tensor) -> torch.Tensor:
+        """Energies a under the leading a_lead from standardised gaps u (M,)."""
+        return a_lead + GAP_FLOOR - torch.exp((self.gap_center + self.gap_scale * u).clamp(max=8.0))
+
     def sample(self, context: torch.Tensor, index: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """(M, 3) normalised muons for events with contexts (B, C); index (M,) event of each muon; noise
-        (M, 3) standard normals. Differentiable in the parameters (a generator's forward)."""
+        """(M, 3) normalised muons for events with contexts (B, C); index (M,) event of each muon, grouped by
+        event (with `leading`, the first of each event leads); noise (M, 3) standard normals. Differentiable
+        in the parameters (a generator's forward)."""
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
         a = _transform(noise[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
-        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a)
+        lead = None
+        if self.leading:
+            lead = first_of_events(index)
+            # the leading energies per event (0 for events without muons), then every other muon under it
+            a_lead = a.new_zeros(context.shape[0]).index_add(0, index, torch.where(lead, a, 0.0))
+            g_spline, g_loc, g_log_scale = self._gap_params(context, a_lead, index)
+            u = _transform(noise[:, 0], g_spline, g_loc, g_log_scale)
+            a = torch.where(lead, a, self._below_lead(u, a_lead[index]))
+        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a, lead)
         b = _transform(noise[:, 1], l_spline, l_loc, l_log_scale)
         log10_e = self.center[0] + self.scale[0] * a
         r = torch.pow(10.0, (self.center[1] + self.scale[1] * b).clamp(max=2.0))  # r <= 100 x 500 m
@@ -182,7 +254,19 @@ class MuonFlow(nn.Module):
         """(M,) log density of normalised muons (M, 3) in the standardised (a, b) space (the azimuth's and the
         standardisation's constants left out: they do not depend on the parameters)."""
         v = (self.polar(muons) - self.center) / self.scale  # (M, 2)
+        a = v[:, 0]
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
-        log_p = _log_prob(v[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
-        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, v[:, 0])
+        log_p = _log_prob(a, e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
+        lead = None
+        if self.leading:
+            events = context.shape[0]
+            lead = leading_of_events(a, index, events)
+            a_lead = a.new_zeros(events).scatter_reduce(0, index, a, reduce="amax", include_self=False)
+            gap = (a_lead[index] - a).clamp_min(0.0) + GAP_FLOOR
+            u = (torch.log(gap) - self.gap_center) / self.gap_scale
+            g_spline, g_loc, g_log_scale = self._gap_params(context, a_lead, index)
+            # density of a: that of u times |du/da| = 1 / (gap_scale * gap)
+            log_gap = _log_prob(u, g_spline, g_loc, g_log_scale) - torch.log(gap) - torch.log(self.gap_scale)
+            log_p = torch.where(lead, log_p, log_gap)
+        l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a, lead)
         return log_p + _log_prob(v[:, 1], l_spline, l_loc, l_log_scale)

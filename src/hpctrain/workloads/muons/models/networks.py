@@ -177,6 +177,38 @@ class LatentEncoder(nn.Module):
         return mean, log_var.clamp(-12.0, 6.0)  # a bounded variance: exp() neither vanishes nor overflows
 
 
+class LatentPrior(nn.Module):
+    """p(z | primary, N): a diagonal normal over the event latent given what is known before the muons (a
+    conditional VAE's prior). The multiplicity carries news of the shower (a bundle with more muons than its
+    primary's mean came from an early, deep-developing shower), so the latent's prior is the one that N
+    implies, not N(0, 1): sampling draws N first, then z from here, then the muons."""
+
+    def __init__(self, hidden: int, latent: int) -> None:
+        super().__init__()
+        self.net = mlp([PRIMARY_DIM + 1, hidden, hidden, 2 * latent], nn.LeakyReLU)
+        last = self.net[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)  # starts as N(0, 1)
+        nn.init.zeros_(last.bias)
+
+    def forward(self, primaries: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log variance), each (B, latent)."""
+        mean, log_var = self.net(torch.cat([primaries, multiplicity_feature(counts)], 1)).chunk(2, 1)
+        return mean, log_var.clamp(-12.0, 6.0)
+
+
+def gaussian_kl(
+    mean: torch.Tensor, log_var: torch.Tensor, prior: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """(B,) KL(N(mean, exp(log_var)) || prior) summed over the latent; prior (mean, log variance) or None =
+    N(0, 1)."""
+    if prior is None:
+        return 0.5 * (mean.square() + log_var.exp() - log_var - 1.0).sum(1)
+    p_mean, p_log_var = prior
+    ratio = (log_var.exp() + (mean - p_mean).square()) * torch.exp(-p_log_var)
+    return 0.5 * (ratio + p_log_var - log_var - 1.0).sum(1)
+
+
 class Generator(nn.Module):
     """Multiplicity head, event context from (global latent, primary, multiplicity), then per-muon features
     from (context of the muon's event, per-muon latent)."""
@@ -192,6 +224,8 @@ class Generator(nn.Module):
         head: str = "mlp",
         flow_bins: int = 8,
         latent_encoder: bool = False,
+        latent_prior: bool = False,
+        leading: bool = False,
     ) -> None:
         super().__init__()
         self.latent_global, self.latent_local = latent_global, latent_local
@@ -204,12 +238,15 @@ class Generator(nn.Module):
         self.global_net = mlp([latent_global + PRIMARY_DIM + 1, half, hidden], nn.LeakyReLU, True, True)
         # head "flow": the muons of an event from a conditional spline flow on the event context (flow.py):
         # log energy, log lateral distance given it, uniform azimuth; else an MLP on (context, latent)
-        self.flow = MuonFlow(hidden, hidden, flow_bins) if head == "flow" else None
+        self.flow = MuonFlow(hidden, hidden, flow_bins, leading) if head == "flow" else None
         # training only: the real muons' density is taken under latents from this posterior (sampling draws
-        # the latent from the prior N(0, 1) and never runs it)
+        # the latent from the prior and never runs it)
         self.encoder = (
             LatentEncoder(hidden, latent_global) if latent_encoder and self.flow is not None else None
         )
+        # the latent's prior given (primary, N) (else N(0, 1)): sampling turns the standard normal latents
+        # into draws from it
+        self.prior = LatentPrior(hidden, latent_global) if latent_prior and self.encoder is not None else None
         if self.flow is None:
             # local_net's first layer on cat(context[index], z_local), split in two so the context part runs
             # per EVENT (B rows) and only its (B, half) result is gathered to the muons: fewer FLOPs
@@ -220,11 +257,13 @@ class Generator(nn.Module):
             )
 
     @torch.no_grad()
-    def fit_scalers(self, muons: torch.Tensor) -> None:
-        """Set the scalers' statistics from normalised muons (M, 3) of a training batch."""
+    def fit_scalers(self, muons: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        """Set the scalers' statistics from normalised muons (M, 3) of a training batch (counts (B,): its
+        events' multiplicities, for the leading muon's gaps)."""
         self.scaler.fit(muons)
         if self.flow is not None:
-            self.flow.fit(muons)
+            index = None if counts is None else event_index(counts, muons.shape[0])
+            self.flow.fit(muons, index, 0 if counts is None else counts.shape[0])
 
     def context(self, primaries: torch.Tensor, counts: torch.Tensor, z_global: torch.Tensor) -> torch.Tensor:
         """(B, hidden) event contexts from (global latent, primary, log10(N + 1))."""
@@ -260,14 +299,19 @@ class Generator(nn.Module):
         given (the trainer passes its own, from a checkpointed generator). `sample=False` (flow head, with
         `real`): no muons are generated (an empty (0, 3) tensor): likelihood training needs none. With the
         latent encoder, the real muons' density is taken under z = mean + sd * eps of their posterior, eps =
-        `z_posterior` (default: `z_global` when nothing is sampled, else drawn), and its KL is returned."""
+        `z_posterior` (default: `z_global` when nothing is sampled, else drawn), and its KL from the prior is
+        returned. `z_global` is standard normal: with a conditional prior, generated events take
+        z = prior mean + prior sd * z_global."""
         if not sample and (self.flow is None or real is None):
             raise ValueError("sample=False needs the flow head and real muons")
         if z_global is None or z_local is None:
             z_global, z_local = self.noise(
                 primaries.shape[0], index.shape[0] if sample else 0, primaries.device
             )
-        context = self.context(primaries, counts, z_global)  # (B, H)
+        prior = self.prior(primaries, counts) if self.prior is not None else None
+        z_drawn = z_global if prior is None else prior[0] + torch.exp(0.5 * prior[1]) * z_global
+        # (B, H); not needed when only the real muons' posterior density is asked for
+        context = self.context(primaries, counts, z_drawn) if sample or self.encoder is None else z_drawn
         log_mu, log_r = self.multiplicity(primaries)
         if self.flow is not None:
             muons = (
@@ -284,7 +328,7 @@ class Generator(nn.Module):
                 eps = torch.randn_like(z_global) if sample else z_global
             mean, log_var = self.encoder(self.scaler(real), index, primaries, counts)
             z_real = mean + torch.exp(0.5 * log_var) * eps
-            kl = 0.5 * (mean.square() + log_var.exp() - log_var - 1.0).sum(1)  # (B,) KL(q || N(0, 1))
+            kl = gaussian_kl(mean, log_var, prior)  # (B,) KL(q || the prior)
             real_context = self.context(primaries, counts, z_real)
             return GeneratorOutput(muons, log_mu, log_r, self.flow.log_prob(real, real_context, index), kl)
         if real is not None:

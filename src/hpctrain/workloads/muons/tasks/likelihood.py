@@ -1,6 +1,6 @@
-"""The muon models trained by likelihood alone: the flow (`muon_flow`) and the multiplicity alone
-(`muon_multiplicity`). Nothing random in their steps: an exact resume needs no task state beyond the flag that
-the standardisation was set."""
+"""The muon models trained by likelihood alone: the bundle model (`muon_flow`) and the multiplicity alone
+(`muon_multiplicity`). muon_flow's step draws its latents' noise from the task's own generator (StepRng, saved
+in the checkpoint with the flag that the standardisation was set): an exact resume."""
 
 from __future__ import annotations
 
@@ -16,25 +16,34 @@ from hpctrain.workloads.muons.events.batch import MuonBatch
 from hpctrain.workloads.muons.models.losses import likelihood_losses
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, muon_cap
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase, StepRng
+
+EVAL_SEED = 7_654_321  # the evaluation's latent noise: its own fixed stream, the same at every evaluation
 
 
 class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
-    """Bundles by likelihood: NB multiplicity given the primary, each muon from the conditional spline flow
-    given (primary, multiplicity); one optimizer ("main"). Loss = multiplicity_weight x NB NLL per event + the
-    muons' NLL per muon. Nothing random in the step: an exact resume needs no task state."""
+    """Bundles by likelihood: NB multiplicity given the primary; with `model.latent`, an event latent from a
+    prior given (primary, N), learned through an encoder's posterior; the muons from the conditional spline
+    flow given (primary, N, latent), the leading muon first (`model.leading_muon`). One optimizer ("main").
+    Loss = multiplicity_weight x NB NLL per event + the muons' negative ELBO per muon (their NLL and the
+    events' KL from the prior, spread over the batch's muons; without a latent, their NLL)."""
 
     def __init__(self, cfg: MuonFlowRun, env: ClusterEnv) -> None:
         super().__init__(cfg, env)
         self.scaler_ready = False  # the flow's standardisation was set (checkpointed)
+        self._rng = StepRng(cfg.run.seed, env.rank)
+        self._eval_rng: torch.Generator | None = None
 
     def network_settings(self) -> dict[str, dict[str, Any]]:
         m = self.cfg.model
-        # no global latent: muons are independent given (primary, multiplicity); latent_local is unused
+        latent = m.latent
+        # without a latent the muons are independent given (primary, multiplicity); latent_local is unused
         generator = {
-            "latent_global": 0, "latent_local": 1, "hidden": m.hidden, "mult_hidden": list(m.multiplicity.hidden),
+            "latent_global": latent, "latent_local": 1, "hidden": m.hidden, "mult_hidden": list(m.multiplicity.hidden),
             "cap": muon_cap(self.cfg), "isotropic": False, "head": "flow", "flow_bins": m.flow_bins,
         }  # fmt: skip
+        if latent or m.leading_muon:  # keys only where set: runs of the older model keep their settings
+            generator.update(latent_encoder=latent > 0, latent_prior=latent > 0, leading=m.leading_muon)
         return {"generator": generator}
 
     def build_modules(self) -> dict[str, nn.Module]:
@@ -45,29 +54,41 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
         return super().compile_setting(name) if own is None else own
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scaler_ready": self.scaler_ready}
+        state: dict[str, Any] = {"scaler_ready": self.scaler_ready}
+        rng = self._rng.state()
+        if rng is not None:
+            state["rng"] = rng
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scaler_ready = bool(state.get("scaler_ready", False))
+        self._rng.load(state.get("rng"))
 
-    def _losses(self, generator: nn.Module, b: MuonBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(NB NLL per event, muon NLL per muon), each a mean over the batch."""
+    def _losses(
+        self, generator: nn.Module, b: MuonBatch, rng: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(NB NLL per event, muon NLL per muon (with a latent: the negative ELBO)), each a mean over the batch;
+        the posterior's noise from `rng`."""
         index = event_index(b.counts, b.num_muons)
-        no_latent = b.primaries.new_zeros((len(b), 0))
-        return likelihood_losses(generator, b.primaries, b.counts, index, b.muons, no_latent)
+        noise = torch.randn((len(b), self.cfg.model.latent), device=b.primaries.device, generator=rng).to(
+            b.primaries.dtype
+        )
+        return likelihood_losses(generator, b.primaries, b.counts, index, b.muons, noise)
 
     def train_step(self, micro_batches: list[MicroBatch], ctx: UpdateContext) -> StepOutput:
         raw: Generator = ctx.raw_modules["generator"]  # type: ignore[assignment]
         if not self.scaler_ready:
-            raw.fit_scalers(micro_batches[0].data.muons)  # once; saved with the generator's buffers
-            self.scaler_ready = micro_batches[0].data.num_muons >= 2
+            first = micro_batches[0].data
+            raw.fit_scalers(first.muons, first.counts)  # once; saved with the generator's buffers
+            self.scaler_ready = first.num_muons >= 2
         generator = ctx.modules["generator"]
+        rng = self._rng.get(ctx.device)
         zero = torch.zeros((), device=ctx.device)
         total, mult_total, muon_total = zero, zero, zero
         for i, mb in enumerate(micro_batches):
             with ctx.no_sync("generator", last=i == len(micro_batches) - 1):
                 with ctx.autocast():
-                    mult, muon = self._losses(generator, mb.data)
+                    mult, muon = self._losses(generator, mb.data, rng)
                 loss = self.cfg.model.multiplicity_weight * mult + muon
                 ctx.backward(loss * mb.weight)
             total = total + loss.detach() * mb.weight
@@ -80,7 +101,12 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
         return StepOutput(total, metrics, samples, extra_counts={"events": samples, "muons": muons})
 
     def eval_step(self, batch: MuonBatch, ctx: UpdateContext) -> dict[str, torch.Tensor]:
-        mult, muon = self._losses(ctx.raw_modules["generator"], batch)
+        if self._eval_rng is None or self._eval_rng.device != ctx.device:
+            self._eval_rng = torch.Generator(device=ctx.device)
+        self._eval_rng.manual_seed(
+            EVAL_SEED + len(batch)
+        )  # the same noise for the same batch, every evaluation
+        mult, muon = self._losses(ctx.raw_modules["generator"], batch, self._eval_rng)
         n, m = float(len(batch)), float(batch.num_muons)
         return {
             "multiplicity_nll_sum": mult.double() * n,

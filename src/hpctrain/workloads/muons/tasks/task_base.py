@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.task import MicroBatch, Task
 from hpctrain.workloads.muons.events import file_cache, first_batch
 from hpctrain.workloads.muons.events.batch import MuonBatch, split_by_muon_cap
@@ -70,3 +71,31 @@ class MuonTaskBase(Task[M]):
         if batch.num_muons:
             out.update(muon_log10E_PeV=batch.muons[:, 0], muon_x=batch.muons[:, 1], muon_y=batch.muons[:, 2])
         return out
+
+
+class StepRng:
+    """A task's own torch.Generator for the randomness of its step (latents, penalty draws), seeded from
+    run.seed and the rank, its state saved in the checkpoint: the global RNG is also drawn by data loaders and
+    evaluations, which must not shift training (an exact resume)."""
+
+    def __init__(self, seed: int, rank: int) -> None:
+        self._seed = derive(seed, TASK_STREAM, rank)
+        self._rng: torch.Generator | None = None
+        self._state: torch.Tensor | None = None
+
+    def get(self, device: torch.device) -> torch.Generator:
+        """The generator on `device` (made at the first call: from the checkpoint's state, else the seed)."""
+        if self._rng is None:
+            self._rng = torch.Generator(device=device)
+            self._rng.manual_seed(self._seed)
+            if self._state is not None:
+                self._rng.set_state(self._state)
+        return self._rng
+
+    def state(self) -> torch.Tensor | None:
+        return self._rng.get_state() if self._rng is not None else self._state
+
+    def load(self, state: torch.Tensor | None) -> None:
+        self._state = state
+        if self._rng is not None and state is not None:
+            self._rng.set_state(state)
