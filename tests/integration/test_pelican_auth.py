@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.remote.mirror import CLAIM
 from tests.conftest import FAULT_HOOK, clean_env
 from tests.integration.oidc_issuer import Issuer
 from tests.integration.pelican_server import Federation, Namespace
@@ -180,8 +181,12 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
     assert done.returncode == 0, done.stderr[-3000:]
     remote = s.root / "ns" / "runs" / "r"
     assert remote_latest_is_complete(remote) == "step_00000060.pt"
-    assert not [p for p in remote.iterdir() if p.name.startswith(".")], "a temporary was left"
-    assert remote_latest_is_complete(s.root / "ns" / "runs" / "copy" / "checkpoints") == "step_00000060.pt"
+    # no temporary left; the claim names the run whose checkpoints the folder holds
+    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == [CLAIM], "a temporary was left"
+    assert json.loads((remote / CLAIM).read_text())["run"] == "r"
+    assert (
+        remote_latest_is_complete(s.root / "ns" / "runs" / "copy" / "r" / "checkpoints") == "step_00000060.pt"
+    )
     events = list((s.root / "ns" / "runs" / "tb" / "tb1").glob("events.out.tfevents.*"))
     local = list((s.tmp / "tb" / "tb1").glob("events.out.tfevents.*"))
     assert events and events[0].read_bytes() == local[0].read_bytes()

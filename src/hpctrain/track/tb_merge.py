@@ -108,10 +108,11 @@ def _only_event_files(folder: Path) -> bool:
     )
 
 
-def _shown_through_link(dst: Path, name: str) -> bool:
-    """Whether a folder above `dst/name` is a link to a run: the run `name` is shown through it already."""
+def _shown_through_link(dst: Path, name: str, made: set[str]) -> bool:
+    """Whether a folder above `dst/name` is a link an earlier merge made to a run: `name` is shown through it."""
     parts = name.split("/")
-    return any((dst / "/".join(parts[:i])).is_symlink() for i in range(1, len(parts)))
+    above = ["/".join(parts[:i]) for i in range(1, len(parts))]
+    return any(rel in made and (dst / rel).is_symlink() for rel in above)
 
 
 def _blocked(dst: Path, name: str, mode: str, made: set[str]) -> str | None:
@@ -193,7 +194,7 @@ def merge(
     names = {run.name for run in runs}
     if mode == "symlink":  # a run inside another selected run is shown through that run's link
         runs = [r for r in runs if not any(r.name.startswith(n + "/") for n in names)]
-        runs = [r for r in runs if not _shown_through_link(dst, r.name)]
+        runs = [r for r in runs if not _shown_through_link(dst, r.name, made)]
     problems = [p for p in (_blocked(dst, run.name, mode, made) for run in runs) if p]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.errors import UserError
-from hpctrain.fsutil import atomic_write_text
+from hpctrain.fsutil import atomic_write_text, make_folders, private_folder
 from hpctrain.remote.mirror import CLAIM, claim_local, claim_text, claimed_by, run_mirror
 from hpctrain.remote.oidc import ensure_login
 from hpctrain.remote.pelican_write import (
@@ -180,12 +181,17 @@ def local_resume_path(cfg: Any, env: ClusterEnv, run_dir: Path, given: str) -> s
     node's scratch is its own)."""
     if not is_pelican(given):
         return given
-    digest = hashlib.sha256(given.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(mask_secrets(given).encode()).hexdigest()[:12]  # a renewed token: the same file
     if env.world_size > env.local_world_size:
-        dest = run_dir / "resume-staged" / digest
+        dest = make_folders(run_dir / "resume-staged" / digest)
     else:
         scratch = cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-        dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
+        # a shared /tmp: someone else could have made the folder first, or a link there (data/staging's rule)
+        dest = private_folder(
+            Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}",
+            "checkpoint.resume's staging folder",
+            "set data.staging.dir to a folder of your own",
+        )
     try:
         got = fetch_checkpoint(given, dest, cfg.data.pelican, log.info)
     except RemoteWriteError as exc:
