@@ -122,7 +122,7 @@ class FileList:
     def shown(self) -> list[str]:
         """The names as a checkpoint keeps and compares them: a token in a URI's query masked (`?authz=***`),
         so it is never stored, and a renewed token names the same file."""
-        return [mask_secrets(n) for n in self.names]
+        return [mask_secrets(n) if "?" in n or "@" in n else n for n in self.names]  # a query, a user part
 
     def state(self) -> dict[str, Any]:
         names = self.shown()
