@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import faulthandler
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -15,7 +16,7 @@ from types import TracebackType
 
 from hpctrain import __version__
 from hpctrain.config.messages import error_line
-from hpctrain.config.secrets import mask_secrets
+from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
 from hpctrain.fsutil import PRIVATE_MODE, make_folders
 from hpctrain.runtime.signals import install_early
@@ -99,6 +100,8 @@ def _masked_tracebacks() -> None:
         sys.stderr.write(mask_secrets(f"Exception in thread {name}:\n{text}"))
 
     sys.excepthook, threading.excepthook = main_thread, other_thread
+    if logging.lastResort is not None:  # a verb's warnings without a handler of its own (train masks its own)
+        mask_handlers(logging.lastResort)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -105,3 +107,18 @@ def test_log_lines_and_said_lines_mask_tokens_in_uris(tmp_path: Path, capsys) ->
     assert mask_secrets("s3://b/k?X-Amz-Signature=abc&X-Amz-Credential=def") == (
         "s3://b/k?X-Amz-Signature=***&X-Amz-Credential=***"
     )
+
+
+def test_the_programs_tracebacks_and_stray_warnings_mask_tokens() -> None:
+    """A crash (exit 1) prints its traceback masked, as every error line is; so is a warning of a verb that set up
+    no logging of its own."""
+    code = (
+        "import logging\n"
+        "from hpctrain import cli\n"
+        "cli._masked_tracebacks()\n"
+        f"logging.getLogger('x').warning('to https://h/x?authz={TOKENS[0]}')\n"
+        f"raise OSError('pelican://f/x?sig={TOKENS[2]}')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "OSError: pelican://f/x?sig=***" in done.stderr, done.stderr
+    assert "to https://h/x?authz=***" in done.stderr and not any(t in done.stderr for t in TOKENS)
