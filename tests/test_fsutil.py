@@ -145,10 +145,13 @@ def test_a_private_folder_of_another_user_or_behind_their_link_is_refused(tmp_pa
     cache.chmod(0o755)
     with pytest.raises(UserError, match=r"planted.pkl belongs to"):
         fsutil.private_folder(cache, "the cache", "remove it")
-    # a link named like the folder, made by someone else, to a folder of ours: never followed
-    ours = tmp_path / "ours"
+    # a link named like the folder, made by someone else in a folder others may write (a shared run.out_dir,
+    # /tmp), to a folder of ours: never followed
+    ours, shared = tmp_path / "ours", tmp_path / "shared"
     ours.mkdir(mode=0o700)
-    link = tmp_path / "linked"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    link = shared / "linked"
     link.symlink_to(ours)
     os.lchown(link, 65534, 65534)
     with pytest.raises(UserError, match=r"linked is a symbolic link made by (user \w+ \()?uid 65534"):
@@ -156,6 +159,11 @@ def test_a_private_folder_of_another_user_or_behind_their_link_is_refused(tmp_pa
     assert fsutil.not_yours(link / "sub", "run folder") is not None  # a link anywhere on the way
     os.lchown(link, 0, 0)  # our own link to our own folder: fine (a cache kept on scratch)
     assert fsutil.private_folder(link, "the cache", "remove it") == link
+    # their link in a folder only they write is their folder's structure (a project's link): followed
+    trusted = tmp_path / "project"
+    trusted.symlink_to(ours)
+    os.lchown(trusted, 65534, 65534)
+    assert fsutil.foreign_link(trusted / "sub") is None
 
 
 def test_refuse_replacing_names_the_files_already_there(tmp_path: Path) -> None:

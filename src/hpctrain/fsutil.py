@@ -154,25 +154,33 @@ def not_yours(path: Path, what: str = "folder") -> str | None:
 
 
 def foreign_link(path: Path) -> str | None:
-    """What is wrong with the symbolic links on the way to `path` (None: none, or only ours and root's): a link
-    made by another user, anywhere from the root down to `path` itself, as `path/to is a symbolic link made by
-    user X (to TARGET)`. root's links are the system's (/scratch -> /lustre/scratch)."""
-    current = Path(os.path.abspath(path))
-    parts = current.parts
-    here = Path(parts[0])
-    for part in parts[1:]:
-        here = here / part
+    """A symbolic link on the way to `path` (`path` itself included) that another user may have planted: made by
+    someone other than us or root, in a folder that group or others may write (a shared run.out_dir, /tmp), as
+    `path/to is a symbolic link made by user X (to TARGET)`; None when there is none. A link in a folder only its
+    owner writes (a project's link made by its owner, root's /scratch -> /lustre/scratch) is as trusted as that
+    folder and followed."""
+    here = Path(Path(os.path.abspath(path)).parts[0])
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        folder, here = here, here / part
         try:
             st = here.lstat()
         except OSError:
             return None  # missing from here on: nothing below it can be a link yet
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()):
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()) and _shared(folder):
             try:
                 target = os.readlink(here)
             except OSError:
                 target = "?"
             return f"{here} is a symbolic link made by {_user(st.st_uid)} (to {target})"
     return None
+
+
+def _shared(folder: Path) -> bool:
+    """Whether users besides its owner may add entries to `folder` (its group or others may write it)."""
+    try:
+        return bool(folder.stat().st_mode & 0o022)
+    except OSError:
+        return True
 
 
 def _user(uid: int) -> str:

@@ -174,28 +174,30 @@ def test_hosts_named_in_temporaries_are_ours() -> None:
 
 @as_root
 def test_a_link_planted_as_the_run_folder_or_on_its_way_is_refused_never_followed(tmp_path: Path) -> None:
-    """Another user's symbolic link named like the run in a shared run.out_dir (or as run.out_dir itself), to a
-    folder of ours: refused before anything is written there; the same link made by the user is followed."""
-    victim = tmp_path / "victim"
+    """Another user's symbolic link named like the run in a shared run.out_dir (drwxrwsr-x), or as run.out_dir
+    itself, to a folder of ours: refused before anything is written there; the same link made by the user is
+    followed."""
+    victim, group = tmp_path / "victim", tmp_path / "group"
     victim.mkdir(mode=0o755)
     (victim / "thesis.tex").write_text("precious\n")
-    link = tmp_path / "t"
+    group.mkdir()
+    group.chmod(0o2775)  # a group's shared folder: its members may add entries
+    link = group / "t"
     link.symlink_to(victim)
     os.lchown(link, 65534, 65534)
     with pytest.raises(
         UserError, match=r"run folder .*/t: .*/t is a symbolic link made by .*65534.* follows one"
     ):
-        run(cfg_for(tmp_path, "train.total_updates=2"), ClusterEnv())
+        run(cfg_for(group, "train.total_updates=2"), ClusterEnv())
     with pytest.raises(UserError, match="is a symbolic link made by"):
         runlock.RunLock(link).acquire()  # what guards the start also guards the lock
-    shared = tmp_path / "shared"
-    shared.symlink_to(victim)
-    os.lchown(shared, 65534, 65534)
-    with pytest.raises(UserError, match=r"/shared is a symbolic link made by"):
-        run(cfg_for(shared, "train.total_updates=2"), ClusterEnv())
+    (group / "logs").symlink_to(victim)
+    os.lchown(group / "logs", 65534, 65534)
+    with pytest.raises(UserError, match=r"/group/logs is a symbolic link made by"):
+        run(cfg_for(group / "logs", "train.total_updates=2"), ClusterEnv())
     assert [p.name for p in victim.iterdir()] == ["thesis.tex"]
     os.lchown(link, 0, 0)  # the user's own link (a run folder kept on scratch): used
-    assert run(cfg_for(tmp_path, "train.total_updates=2"), ClusterEnv()) == EXIT_OK
+    assert run(cfg_for(group, "train.total_updates=2"), ClusterEnv()) == EXIT_OK
     assert (victim / "checkpoints" / "latest").is_file()
 
 

@@ -85,7 +85,8 @@ def claim_destinations(cfg: Any, run_dir: Path) -> None:
     would replace and delete each other's checkpoints: a local checkpoint.mirror_to folder is claimed by the
     run folder (remote/mirror.py), a pelican:// checkpoint.dir by the run's name (a chain may move between
     clusters: its run folder's path changes, its name does not). Another run's claim is one line, exit 2; a
-    federation that does not answer now is a warning (each upload checks the claim before it writes)."""
+    federation that does not answer now is a warning. The start only reads the claim (one GET, no upload to
+    wait for); the first upload of the process checks it again and writes it before anything else."""
     mirror_to = cfg.checkpoint.mirror_to
     if mirror_to and not is_remote(mirror_to):
         folder = Path(run_mirror(mirror_to, cfg.run.name).removeprefix("file://")).expanduser()
@@ -93,24 +94,27 @@ def claim_destinations(cfg: Any, run_dir: Path) -> None:
     if cfg.checkpoint.dir:
         writer = PelicanWriter(cfg.checkpoint.dir, cfg.data.pelican)
         try:
-            claim_remote(writer, cfg.run.name, run_dir)
+            claim_remote(writer, cfg.run.name, run_dir, write=False)  # one GET; the first upload writes it
         except RemoteWriteError as exc:
             log.warning(
                 "checkpoint.dir=%s: cannot check whose checkpoints it holds now (%s)", writer.uri, exc
             )
 
 
-def claim_remote(writer: PelicanWriter, run_name: str, run_dir: Path) -> None:
+def claim_remote(writer: PelicanWriter, run_name: str, run_dir: Path, write: bool = True) -> None:
     """The folder `writer` writes to holds run `run_name`'s checkpoints (its claim), or nothing yet (claimed
-    now); UserError when another run's."""
-    owner = claimed_by(writer.read(CLAIM))
-    if owner is not None and owner[0] != run_name:
-        raise UserError(
-            f"checkpoint.dir={writer.uri} holds the checkpoints of run {owner[0]!r} (its {CLAIM}), not of "
-            f"{run_name!r}: each run needs a checkpoint.dir of its own (a sweep's too: use checkpoint.mirror_to, "
-            "which keeps each run in <mirror_to>/<run name>/)"
-        )
-    if owner is None:
+    now, with `write`); UserError when another run's."""
+    for attempt in (0, 1):
+        owner = claimed_by(writer.read(CLAIM))
+        if owner is not None and owner[0] != run_name:
+            raise UserError(
+                f"checkpoint.dir={writer.uri} holds the checkpoints of run {owner[0]!r} (its {CLAIM}), not of "
+                f"{run_name!r}: each run needs a checkpoint.dir of its own (a sweep's too: use "
+                "checkpoint.mirror_to, which keeps each run in <mirror_to>/<run name>/)"
+            )
+        if owner is not None or not write or attempt:
+            return
+        # claimed now, then read back: of two runs claiming at once, the later write wins and the other sees it
         writer.put(None, CLAIM, data=claim_text(run_name, run_dir).encode())
 
 
