@@ -35,6 +35,9 @@ hpctrain_data_job() {
             *) args+=("$arg") ;;
         esac
     done
+    # A requeued task (preempted, node failure) writes its own files again: they are the same files (their
+    # random stream is (seed, index)), so replacing them is no loss; a first run never replaces data.
+    if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then args+=(--overwrite); fi
     # Task index within the array (arrays may start anywhere: --array=4-7).
     local k=$(((task - first) / ${SLURM_ARRAY_TASK_STEP:-1})) lo hi
     if [ "$kind" = fields ]; then

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import importlib
+import logging
 import os
 import sys
+import threading
+import traceback
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import TracebackType
 
 from hpctrain import __version__
 from hpctrain.config.messages import error_line
+from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
+from hpctrain.fsutil import PRIVATE_MODE, make_folders
 from hpctrain.runtime.signals import install_early
 
 VERBS = {
@@ -66,7 +74,9 @@ def _inductor_cache_problem() -> str | None:
     if not value:
         return None
     try:
-        os.makedirs(value, exist_ok=True)
+        make_folders(Path(value), PRIVATE_MODE)  # as train makes it (train/memory.py): the user's alone
+        if not os.path.isdir(value):
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
     except OSError as exc:
         return (
             f"TORCHINDUCTOR_CACHE_DIR={value}: cannot be a folder ({exc.strerror or exc}); point it at a folder "
@@ -75,8 +85,29 @@ def _inductor_cache_problem() -> str | None:
     return None
 
 
+def _masked_tracebacks() -> None:
+    """A crash's traceback (exit 1) with secrets masked, as every error line is: an exception's text may hold a
+    URI with its token (`?authz=...`), in the main thread or another (an upload's, a mirror's)."""
+
+    def main_thread(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        sys.stderr.write(mask_secrets("".join(traceback.format_exception(kind, value, tb))))
+
+    def other_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        sys.stderr.write(mask_secrets(f"Exception in thread {name}:\n{text}"))
+
+    sys.excepthook, threading.excepthook = main_thread, other_thread
+    if logging.lastResort is not None:  # a verb's warnings without a handler of its own (train masks its own)
+        mask_handlers(logging.lastResort)
+
+
 def _main(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the program: its tracebacks are ours to print (a caller's process keeps its own hooks)
+        _masked_tracebacks()
     if args[:1] == ["--version"]:
         print(f"hpctrain {_version()}")
         return 0
@@ -126,7 +157,7 @@ def _main(argv: list[str] | None) -> int:
         # A path the user gave that a verb could not write or read where no check of its own named it (an --out
         # that is a file, a folder under a file, a read-only place): one line naming the path, as any mistake.
         other = f" -> {exc.filename2}" if exc.filename2 else ""
-        print(f"error: {exc.filename}{other}: {exc.strerror or exc}", file=sys.stderr)
+        print(mask_secrets(f"error: {exc.filename}{other}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         # A second Ctrl-C (the first asks for a save and a stop): the last committed checkpoint stays.

@@ -7,6 +7,7 @@ finds it left behind can tell whether its writer still runs (`train/runlock.py: 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -129,8 +130,13 @@ def open_append(path: Path) -> TextIO:
 
 def not_yours(path: Path, what: str = "folder") -> str | None:
     """Why we must not write into the existing folder `path` (None if we may, or if it does not exist): a folder
-    of another user, or one that others may write (who could plant links or files in it). A symlink to a
-    folder of ours is fine (a run folder kept on scratch); the staging code refuses links itself."""
+    of another user, one that others may write (who could plant links or files in it), or a path through a
+    symbolic link that someone else made (a link planted in a shared folder, named like the run: following it
+    would write wherever it points). A link of our own to a folder of ours is fine (a run folder kept on
+    scratch); the staging code refuses links itself."""
+    planted = foreign_link(path)
+    if planted:
+        return f"{what} {path}: {planted}; hpctrain never follows one"
     try:
         st = path.stat()
     except OSError:  # missing, or under a file: whoever creates it says why it cannot be
@@ -147,6 +153,36 @@ def not_yours(path: Path, what: str = "folder") -> str | None:
     return None
 
 
+def foreign_link(path: Path) -> str | None:
+    """A symbolic link on the way to `path` (`path` itself included) that another user may have planted: made by
+    someone other than us or root, in a folder that group or others may write (a shared run.out_dir, /tmp), as
+    `path/to is a symbolic link made by user X (to TARGET)`; None when there is none. A link in a folder only its
+    owner writes (a project's link made by its owner, root's /scratch -> /lustre/scratch) is as trusted as that
+    folder and followed."""
+    here = Path(Path(os.path.abspath(path)).parts[0])
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        folder, here = here, here / part
+        try:
+            st = here.lstat()
+        except OSError:
+            return None  # missing from here on: nothing below it can be a link yet
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()) and _shared(folder):
+            try:
+                target = os.readlink(here)
+            except OSError:
+                target = "?"
+            return f"{here} is a symbolic link made by {_user(st.st_uid)} (to {target})"
+    return None
+
+
+def _shared(folder: Path) -> bool:
+    """Whether users besides its owner may add entries to `folder` (its group or others may write it)."""
+    try:
+        return bool(folder.stat().st_mode & 0o022)
+    except OSError:
+        return True
+
+
 def _user(uid: int) -> str:
     try:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
@@ -160,6 +196,88 @@ def check_own_folders(*folders: tuple[Path, str]) -> None:
         problem = not_yours(path, what)
         if problem:
             raise UserError(f"{problem}; refusing to use it (choose another run.out_dir or run.name)")
+
+
+# Folders hpctrain creates: a run's (run.out_dir, the run folder, checkpoints/, TensorBoard's and W&B's) may be
+# read by the group, never written by it; what gets unpickled or run (the compile cache, submitit's jobs) or holds
+# a job's secrets is the user's alone. A stricter umask narrows either; a looser one never widens it.
+RUN_FOLDER_MODE = 0o750
+PRIVATE_MODE = 0o700
+
+
+def make_folders(path: Path, mode: int = RUN_FOLDER_MODE) -> Path:
+    """`path` and every missing folder above it, each created with `mode` (at most: the umask may narrow it,
+    never widen it; `Path.mkdir(parents=True)` makes the parents with the umask's mode, 0777 under umask 000).
+    Folders that exist are left as they are: their checks are the caller's (`not_yours`)."""
+    path = Path(path)
+    missing = []
+    here = Path(os.path.abspath(path))
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for folder in reversed(missing):
+        # made meanwhile by another process (a rank, an array task): its checks are the caller's
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, mode)
+    return path
+
+
+def private_folder(path: Path, what: str, hint: str) -> Path:
+    """`path` as a folder only we may enter: created 0700 (with the missing folders above it), or, when it
+    exists, ours, reached through no link of another user, and neither it nor anything in it writable by others
+    or theirs; a looser mode of our own (0755) is narrowed to 0700 once its contents passed that look. Otherwise
+    UserError naming `what`, why, and `hint` (what to do). For what gets unpickled or run (torch.compile's
+    caches, submitit's job pickles): a file another user could plant there would run as us."""
+    path = Path(path)
+    if foreign_link(path) is None and not os.path.lexists(path):
+        make_folders(path, PRIVATE_MODE)
+    problem = foreign_link(path)
+    if problem is None:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise UserError(f"{what}: {path} cannot be made: {exc.strerror or exc}; {hint}") from None
+        problem = _not_private(path, st)
+        if problem is None and not stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{what}: {path} is not a folder; {hint}")
+        if problem is None and st.st_mode & 0o077:
+            # entered by others until now (0755): only what they could not have planted stays in use
+            problem = next(filter(None, (_not_private(p, p.lstat()) for p in _tree(path))), None)
+            if problem is None:
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+    if problem:
+        raise UserError(f"{what}: {problem}; refusing to use it: {hint}")
+    return path
+
+
+def _not_private(path: Path, st: os.stat_result) -> str | None:
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to {_user(st.st_uid)}, not to you"
+    if st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode):
+        who = "group and others" if st.st_mode & 0o002 else "its group"
+        return f"{path} is writable by {who} (mode {stat.filemode(st.st_mode)}): a file planted there would run as you"
+    return None
+
+
+def _tree(path: Path) -> Iterator[Path]:
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            yield Path(root) / name
+
+
+def refuse_replacing(paths: list[Path], out: str | Path) -> None:
+    """UserError (one line, exit 2) when any of `paths`, the files a verb is about to write into `--out`, is
+    there already: data are never replaced silently (`--overwrite` says to)."""
+    there = [p for p in paths if os.path.lexists(p)]
+    if there:
+        shown = ", ".join(
+            str(Path(p).relative_to(out)) if Path(p).is_relative_to(out) else str(p) for p in there[:3]
+        )
+        more = f" and {len(there) - 3} more" if len(there) > 3 else ""
+        raise UserError(
+            f"--out {out} already holds {len(there)} of the files this would write ({shown}{more}): nothing was "
+            "written; choose another --out, or add --overwrite to replace them"
+        )
 
 
 # A write the user's disk or quota refused: theirs to fix (free space, another folder), not a bug to trace.

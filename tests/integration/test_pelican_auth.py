@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.remote.mirror import CLAIM
 from tests.conftest import FAULT_HOOK, clean_env
 from tests.integration.oidc_issuer import Issuer
 from tests.integration.pelican_server import Federation, Namespace
@@ -180,8 +181,12 @@ def test_run_uploads_checkpoints_and_tensorboard_with_a_refreshed_token(setup: S
     assert done.returncode == 0, done.stderr[-3000:]
     remote = s.root / "ns" / "runs" / "r"
     assert remote_latest_is_complete(remote) == "step_00000060.pt"
-    assert not [p for p in remote.iterdir() if p.name.startswith(".")], "a temporary was left"
-    assert remote_latest_is_complete(s.root / "ns" / "runs" / "copy" / "checkpoints") == "step_00000060.pt"
+    # no temporary left; the claim names the run whose checkpoints the folder holds
+    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == [CLAIM], "a temporary was left"
+    assert json.loads((remote / CLAIM).read_text())["run"] == "r"
+    assert (
+        remote_latest_is_complete(s.root / "ns" / "runs" / "copy" / "r" / "checkpoints") == "step_00000060.pt"
+    )
     events = list((s.root / "ns" / "runs" / "tb" / "tb1").glob("events.out.tfevents.*"))
     local = list((s.tmp / "tb" / "tb1").glob("events.out.tfevents.*"))
     assert events and events[0].read_bytes() == local[0].read_bytes()
@@ -292,7 +297,7 @@ def test_kill_mid_upload_leaves_the_remote_latest_complete(setup: Setup) -> None
                 f"checkpoint.dir={s.uri('/ns/runs/r')}")  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert remote_latest_is_complete(remote) == "step_00000040.pt"
-    assert not [p.name for p in remote.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in remote.iterdir() if p.name.startswith(".")] == [CLAIM]  # no temporary
 
 
 def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> None:
@@ -331,6 +336,28 @@ def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> No
     remote = s.root / "ns" / "runs" / "r"
     if (remote / "latest").exists():
         remote_latest_is_complete(remote)
+
+
+def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(setup: Setup) -> None:
+    """A second run (another name: another learning rate) given the first's checkpoint.dir: one line, exit 2,
+    before anything is uploaded; the first run's remote checkpoints stay as they were (its uploads would have
+    replaced `latest` and pruned the other's step files)."""
+    s = setup
+    login(s, s.uri("/ns/runs/"))
+    args = ["train.total_updates=10", "checkpoint.every=5", f"run.out_dir={s.tmp / 'scratch'}"]
+    args += ["data.pelican.auto_token=true", *s.pel, f"checkpoint.dir={s.uri('/ns/runs/shared')}"]
+    first = cli(s, "train", *RUN, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    remote = s.root / "ns" / "runs" / "shared"
+    before = {p.name: p.read_bytes() for p in remote.iterdir()}
+    assert json.loads(before[CLAIM])["run"] == "r" and "step_00000010.pt" in before
+    puts = len([r for r in s.fed.requests if r.method == "PUT"])
+    second = cli(s, "train", *RUN, "run.name=other", "optim.lr=0.01", *args)
+    assert second.returncode == 2, second.stderr[-3000:]
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "holds the checkpoints of run 'r'" in errors[0], second.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in remote.iterdir()} == before
+    assert len([r for r in s.fed.requests if r.method == "PUT"]) == puts
 
 
 def test_chain_moves_to_an_empty_scratch_through_the_federation(setup: Setup) -> None:

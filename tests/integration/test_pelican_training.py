@@ -263,13 +263,13 @@ def test_checkpoints_mirrored_after_each_commit(tmp_path: Path) -> None:
         "train.eval_every=0",
     )
     run = tmp_path / "runs" / "debug" / "checkpoints"
-    copied = mirror / "checkpoints"
+    copied = mirror / "debug" / "checkpoints"  # the run's own folder under mirror_to
     names = {p.name for p in run.iterdir()}
     assert {"step_00000002.pt", "step_00000004.pt"} <= names
     assert {p.name for p in copied.iterdir()} == names
     for name in names:
         assert (copied / name).read_bytes() == (run / name).read_bytes()
-    assert not [p for p in mirror.iterdir() if p.name.startswith(".")]  # no temporary copies left
+    assert not [p for p in copied.iterdir() if p.name.startswith(".")]  # no temporary copies left
 
 
 def test_evaluate_judges_remote_files_as_it_judges_local_ones(tmp_path: Path, muon_data: Path) -> None:

@@ -24,7 +24,9 @@ KEY = "hpctrainTestKey0123456789abcdef0123456789"  # 40 characters like a real k
 # The Pelican token by both allowed routes: BEARER_TOKEN in .env and a token file (the file wins when read).
 DOTENV_TOKEN = "hpctrainDotenvToken0123456789abcdef"
 FILE_TOKEN = "hpctrainFileToken0123456789abcdef"
-SECRETS = (KEY, DOTENV_TOKEN, FILE_TOKEN)
+# Tokens inside URIs (issue 45): a mirror's `?authz=`, renewed between the hops, and a password in a URL.
+URI_TOKENS = ("hpctrainUriToken0123456789", "hpctrainRenewedToken0123456789", "hpctrainUrlPassword0123456789")
+SECRETS = (KEY, DOTENV_TOKEN, FILE_TOKEN, *URI_TOKENS)
 
 
 def _wandb_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -69,10 +71,17 @@ def two_hops(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
         f"logging.tensorboard.dir={tmp / 'tb'}",
         f"data.pelican.token_file={tmp / 'token'}",
     ]
-    for total in (40, 80):
-        done = hpctrain("train", *common, f"train.total_updates={total}", cwd=tmp, env=env)
+    for total, token in ((40, URI_TOKENS[0]), (80, URI_TOKENS[1])):
+        uris = [
+            f"checkpoint.mirror_to=memory:///copies?authz={token}",  # a copy per process: nothing else leaves
+            f"data.pelican.federation_url=https://me:{URI_TOKENS[2]}@fed.example",
+        ]
+        done = hpctrain("train", *common, *uris, f"train.total_updates={total}", cwd=tmp, env=env)
         assert done.code == 0, done.err[-3000:]
         outputs += [done.out, done.err]
+    exported = hpctrain("export", str(tmp / "logs" / "wb"), "--out", str(tmp / "export"), cwd=tmp, env=env)
+    assert exported.code == 0, exported.err
+    outputs += [exported.out, exported.err]
     return tmp, tmp / "logs" / "wb", outputs
 
 
@@ -108,11 +117,14 @@ def test_tensorboard_steps_continue_across_hops(two_hops: tuple[Path, Path, list
 
 
 def test_no_secret_is_ever_written_or_printed(two_hops: tuple[Path, Path, list[str]]) -> None:
-    """Every file of the run folder (config.yaml, checkpoints, metrics, offline W&B records), TensorBoard and
-    W&B's own folders, read as bytes; and what was printed."""
+    """Every file of the run folder (config.yaml, checkpoints, metrics, offline W&B records, training.log),
+    TensorBoard and W&B's own folders and an export, read as bytes; and what was printed. Tokens inside URIs
+    too, the renewed one of the second hop included (the same run: it continued)."""
     tmp, run_dir, outputs = two_hops
     assert not any(secret in text for text in outputs for secret in SECRETS)
     files = [*run_dir.rglob("*"), *(tmp / "tb").rglob("*"), *(tmp / "wandb_home").rglob("*")]
+    files += [*(tmp / "export").rglob("*")]
+    assert "authz=***" in (run_dir / "config.yaml").read_text()  # there, masked
     checked = [path for path in files if path.is_file()]
     assert any(p.suffix == ".wandb" for p in checked) and any(p.suffix == ".pt" for p in checked)
     for path in checked:

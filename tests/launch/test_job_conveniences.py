@@ -88,6 +88,19 @@ def test_generate_data_sh_writes_disjoint_fields_shares(tmp_path: Path) -> None:
         assert (out / "train" / "meta.json").exists() == (task == 6)  # only once the split is whole
     assert written[0] == ["shard-00000.h5", "shard-00003.h5"]
     assert written[1] == ["shard-00000.h5", "shard-00001.h5", "shard-00003.h5", "shard-00004.h5"]
+    # task 4 again: a second submission never replaces the data; the same task requeued writes its own again
+    for restarts, code in (("0", 2), ("1", 0)):
+        env = clean_env(
+            PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            HPCTRAIN_HOME=str(ROOT),
+            SLURM_ARRAY_TASK_ID="4",
+            SLURM_ARRAY_TASK_COUNT="3",
+            SLURM_ARRAY_TASK_MIN="4",
+            SLURM_RESTART_COUNT=restarts,
+        )
+        done = bash(f"bash slurm/generate_data.sh {args} --out {out}", env=env)
+        assert done.returncode == code, done.stderr
+        assert code == 0 or "already holds 5 of the files this would write" in done.stderr
     # the same maps a single `hpctrain data generate` writes
     single = tmp_path / "single"
     done = hpctrain("data", "generate", *args.split(), "--out", str(single), cwd=tmp_path)

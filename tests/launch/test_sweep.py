@@ -123,6 +123,19 @@ def test_a_sweep_file_is_the_same_grid(tmp_path: Path) -> None:
             "error: --max-parallel must be at least 1, not 0",
         ),
         (["--sweep-file", "nowhere.yaml"], "error: --sweep-file 'nowhere.yaml' not found"),
+        (  # one run's checkpoint folder for every element: each upload would prune the others' checkpoints
+            [
+                "--sweep",
+                "optim.lr=1e-3,2e-3",
+                "checkpoint.dir=pelican://fed.example/ns/ckpt?authz=hpctrainTok",
+            ],
+            "error: sweep elements 0 (optim.lr=1e-3) and 1 (optim.lr=2e-3) would share checkpoint.dir "
+            "(pelican://fed.example/ns/ckpt?authz=***)",
+        ),
+        (  # one name under two run.out_dir: one <mirror_to>/<run name>/ for both
+            ["--sweep", "run.out_dir=a,b", "--sweep", "run.seed=1", "checkpoint.mirror_to=m"],
+            "would share checkpoint.mirror_to",
+        ),
     ],
 )
 def test_bad_sweeps_are_one_line_exit_2_and_queue_nothing(
@@ -151,6 +164,7 @@ def test_queueing_writes_the_plan_and_the_script_then_one_sbatch(tmp_path: Path)
     done = hpctrain("submit", *GRID, "--max-parallel", "2", "train.total_updates=50", cwd=tmp_path, env=env)
     assert done.code == 0, done.err
     folder = next((tmp_path / "logs" / "slurm" / "sweeps").iterdir())
+    assert folder.stat().st_mode & 0o777 == 0o700  # the job reads its arguments there: nobody else may write
     plan, script = folder / "plan.json", folder / "sweep.sh"
     assert done.out.splitlines()[-1] == f"job array 4242 (tasks 0-3); plan {plan}"
     assert (tmp_path / "sbatch.args").read_text().splitlines() == [
@@ -238,3 +252,21 @@ def test_a_sweep_never_takes_an_earlier_sweeps_folder(
     assert second != first and second.parent == first.parent and second.name.startswith("debug-")
     second.mkdir()
     assert _sweep_folder("debug") not in (first, second)
+
+
+def test_a_sweep_sharing_a_mirror_keeps_each_run_apart_and_submitit_folders_are_private(
+    tmp_path: Path,
+) -> None:
+    """checkpoint.mirror_to for the whole sweep: accepted (each run mirrors into <mirror_to>/<run name>/). A
+    submitit folder the group may write (the job unpickles what is there) is one line, exit 2, nothing queued."""
+    done = hpctrain(
+        "submit", "--dry-run", "--sweep", "optim.lr=1e-3,2e-3", "checkpoint.mirror_to=m", cwd=tmp_path
+    )
+    assert done.code == 0, done.err
+    submitit = tmp_path / "logs" / "slurm" / "submitit"
+    submitit.mkdir(parents=True)
+    submitit.chmod(0o775)
+    local = hpctrain("submit", "--local", "train.total_updates=2", cwd=tmp_path)
+    assert local.code == 2 and len(local.err.strip().splitlines()) == 1, local.err
+    assert "submitit's job folder: " in local.err and "writable by its group" in local.err
+    assert list(submitit.iterdir()) == []

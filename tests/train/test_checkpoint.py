@@ -12,10 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from hpctrain.errors import UserError
+from hpctrain.cli import main as cli_main
+from hpctrain.errors import RunError, UserError
 from hpctrain.train.checkpoint import CheckpointStore, find_checkpoint, load_verified, strip_prefixes
 from tests.conftest import clean_env, hpctrain, save_pause
 
@@ -60,17 +62,34 @@ def test_garbage_without_sidecar_is_skipped(tmp_path: Path):
     assert state["counters"]["step"] == 1
 
 
-def test_weights_only_refuses_pickled_code(tmp_path: Path):
-    class Evil:
-        def __reduce__(self):
-            return (os.system, ("true",))
+class _Code:
+    def __reduce__(self):
+        return (os.system, ("true",))
 
-    path = tmp_path / "step_00000001.pt"
-    torch.save({"modules": {}, "x": Evil()}, path)
-    with pytest.raises(
-        UserError, match=r"step_00000001.pt: not a readable hpctrain checkpoint \(unreadable \("
-    ):
-        load_verified(path)
+
+def test_a_checkpoint_holding_objects_is_refused_saying_so(tmp_path: Path, capsys):
+    """Code (a pickled call) or any other object than tensors and plain values (a NumPy array): every way a
+    checkpoint is read says the file holds objects other than tensors, and never passes on torch's advice to
+    load it with weights_only=False (how someone else's file in a shared folder would run its code as ours)."""
+    for n, payload in enumerate((_Code(), np.zeros(3))):
+        store = CheckpointStore(tmp_path / f"run{n}" / "checkpoints", keep_last=2)
+        store.save({**fake_state(1), "x": payload}, 1)  # its sidecar verifies: only the content is wrong
+        path = store.path_for(1)
+        lines = []
+        with pytest.raises(UserError) as named:  # a file named (checkpoint.resume=FILE, sample FILE)
+            load_verified(path)
+        lines.append(str(named.value))
+        with pytest.raises(RunError) as found:  # a run folder's own (a resume)
+            store.load_latest()
+        lines.append(str(found.value))
+        assert cli_main(["export", str(path), "--out", str(tmp_path / f"out{n}")]) == 2  # a verb
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+        lines.append(err)
+        for line in lines:
+            assert "holds objects other than tensors" in line and "refuses to load" in line, line
+            assert "weights_only" not in line and "trust" not in line, line
+        assert not (tmp_path / f"out{n}").exists()
 
 
 def test_prefixes_from_ddp_and_compile_are_accepted():

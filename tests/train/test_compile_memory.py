@@ -4,6 +4,8 @@ recording stand-in for torch.compile: compiling for real on CPU takes minutes)."
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,40 @@ def test_checkpointed_blocks_keep_fewer_activations_and_the_same_gradients() -> 
     for a, b in zip(plain.parameters(), recomputing.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
     assert set(plain.state_dict()) == set(recomputing.state_dict())  # checkpoints keep their keys
+
+
+def test_the_compile_cache_and_the_run_folders_are_made_for_the_user_alone(tmp_path: Path) -> None:
+    """Under umask 000 the compile cache is made 0700 and run.out_dir, the run folder and checkpoints/ 0750 (the
+    umask's mode was 0777: anyone could plant a pickle that Inductor loads); a cache the group may write is one
+    line, exit 2, before anything compiles; so is a TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR others may write."""
+    log = tmp_path / "compile.jsonl"
+    old = os.umask(0)
+    try:
+        done = hpctrain(
+            "train", *QUICK, "train.compile=true", cwd=tmp_path, env=clean_env(**fake_compile(log))
+        )
+    finally:
+        os.umask(old)
+    assert done.code == 0, done.err
+    logs = tmp_path / "logs"
+    modes = {
+        p: stat.S_IMODE(p.stat().st_mode) for p in (logs, logs / "debug", logs / "debug" / "checkpoints")
+    }
+    assert set(modes.values()) == {0o750}, modes
+    assert stat.S_IMODE((logs / ".compile-cache").stat().st_mode) == 0o700
+    log.unlink()
+    (logs / ".compile-cache").chmod(0o770)
+    refused = hpctrain(
+        "train", *QUICK, "train.compile=true", cwd=tmp_path, env=clean_env(**fake_compile(log))
+    )
+    assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert "compile cache (run.out_dir): " in refused.err and "writable by its group" in refused.err
+    assert not log.exists()  # nothing compiled
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env = clean_env(**fake_compile(log), **{variable: str(shared)})
+        chosen = hpctrain("train", *QUICK, "train.compile=true", "run.out_dir=other", cwd=tmp_path, env=env)
+        assert chosen.code == 2 and f"compile cache ({variable})" in chosen.err, chosen.err
+        assert "writable by group and others" in chosen.err and not log.exists()

@@ -407,7 +407,7 @@ def test_missing_and_unexpected_keys_and_unreadable_resume_paths(tmp_path: Path)
 
 
 def test_mirror_is_whole_at_every_moment_while_saves_go_on(tmp_path: Path):
-    mirror = tmp_path / "mirror" / "checkpoints"
+    mirror = tmp_path / "mirror" / "debug-hidden256_256" / "checkpoints"  # the run's own folder in the mirror
     problems: list[str] = []
     reads = {"n": 0}
     stop = threading.Event()
@@ -609,3 +609,33 @@ def test_resume_never_moves_the_old_runs_wandb_records_aside_too(tmp_path: Path)
     (aside,) = folder.glob("old-*")
     assert (aside / "wandb.json").is_file() and (aside / "wandb" / "offline-run-old").is_dir()
     assert not (folder / "wandb.json").exists() and not (folder / "wandb").exists()
+
+
+def test_runs_sharing_a_mirror_each_keep_their_own_copies(tmp_path: Path) -> None:
+    """Two runs (other learning rates) with one checkpoint.mirror_to: each mirrors into <mirror_to>/<run name>/,
+    neither replaces nor prunes the other's. A run of the same name from another run.out_dir is refused (one
+    line) before anything moves: its copies would replace the first's."""
+    mirror = tmp_path / "m"
+    for name, lr in (("a", "1e-3"), ("b", "2e-3")):
+        cfg = cfg_for(
+            tmp_path / "out",
+            f"run.name={name}",
+            f"optim.lr={lr}",
+            "train.total_updates=4",
+            "checkpoint.every=2",
+            "checkpoint.keep_last=1",
+            f"checkpoint.mirror_to={mirror}",
+        )
+        assert run(cfg, ClusterEnv()) == EXIT_OK
+    for name in ("a", "b"):
+        assert listing(mirror / name / "checkpoints") == listing(tmp_path / "out" / name / "checkpoints")
+        assert json.loads((mirror / name / ".hpctrain-run").read_text())["run"] == name
+    kept = listing(mirror)
+    other = cfg_for(
+        tmp_path / "other", "run.name=a", "train.total_updates=4", f"checkpoint.mirror_to={mirror}"
+    )
+    with pytest.raises(
+        UserError, match=r"checkpoint.mirror_to: .*/m/a holds the copies of the run folder .*/out/a"
+    ):
+        run(other, ClusterEnv())
+    assert listing(mirror) == kept and not list((tmp_path / "other" / "a").rglob("step_*"))

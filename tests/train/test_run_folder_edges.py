@@ -170,3 +170,50 @@ def test_a_torn_metrics_line_is_said(tmp_path: Path, caplog) -> None:
 
 def test_hosts_named_in_temporaries_are_ours() -> None:
     assert temp_name(Path("/x/a")).name.endswith(f"@{HOST}")
+
+
+@as_root
+def test_a_link_planted_as_the_run_folder_or_on_its_way_is_refused_never_followed(tmp_path: Path) -> None:
+    """Another user's symbolic link named like the run in a shared run.out_dir (drwxrwsr-x), or as run.out_dir
+    itself, to a folder of ours: refused before anything is written there; the same link made by the user is
+    followed."""
+    victim, group = tmp_path / "victim", tmp_path / "group"
+    victim.mkdir(mode=0o755)
+    (victim / "thesis.tex").write_text("precious\n")
+    group.mkdir()
+    group.chmod(0o2775)  # a group's shared folder: its members may add entries
+    link = group / "t"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(
+        UserError, match=r"run folder .*/t: .*/t is a symbolic link made by .*65534.* follows one"
+    ):
+        run(cfg_for(group, "train.total_updates=2"), ClusterEnv())
+    with pytest.raises(UserError, match="is a symbolic link made by"):
+        runlock.RunLock(link).acquire()  # what guards the start also guards the lock
+    (group / "logs").symlink_to(victim)
+    os.lchown(group / "logs", 65534, 65534)
+    with pytest.raises(UserError, match=r"/group/logs is a symbolic link made by"):
+        run(cfg_for(group / "logs", "train.total_updates=2"), ClusterEnv())
+    assert [p.name for p in victim.iterdir()] == ["thesis.tex"]
+    os.lchown(link, 0, 0)  # the user's own link (a run folder kept on scratch): used
+    assert run(cfg_for(group, "train.total_updates=2"), ClusterEnv()) == EXIT_OK
+    assert (victim / "checkpoints" / "latest").is_file()
+
+
+def test_folders_of_a_run_are_made_at_most_0750_whatever_the_umask(tmp_path: Path) -> None:
+    """Under umask 000: run.out_dir and the folders above it, the run folder, checkpoints/, the folder a fresh
+    start moves the old run into, TensorBoard's folder and the mirror's: 0750, never 0777."""
+    out = tmp_path / "a" / "b"
+    extra = [f"logging.tensorboard.dir={tmp_path / 'tb'}", f"checkpoint.mirror_to={tmp_path / 'm'}"]
+    old = os.umask(0)
+    try:
+        assert run(cfg_for(out, "train.total_updates=2", *extra), ClusterEnv()) == EXIT_OK
+        resumed = cfg_for(out, "train.total_updates=2", "checkpoint.resume=never", *extra)
+        assert run(resumed, ClusterEnv()) == EXIT_OK
+    finally:
+        os.umask(old)
+    made = [tmp_path / "a", out, out / "t", out / "t" / "checkpoints", *(out / "t").glob("old-*")]
+    made += [tmp_path / "tb", *(tmp_path / "tb").iterdir(), tmp_path / "m", tmp_path / "m" / "t"]
+    assert len(made) >= 9  # TensorBoard: a folder per run (the fresh start is another run)
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in made} == {str(p): "0o750" for p in made}

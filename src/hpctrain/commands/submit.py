@@ -34,8 +34,9 @@ from hpctrain.commands.common import (
 )
 from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.schema import ConfigBase
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
-from hpctrain.fsutil import atomic_write_text
+from hpctrain.fsutil import atomic_write_text, private_folder
 from hpctrain.launch import sbatch, sweep
 from hpctrain.launch.sweep import MAX_ELEMENTS
 from hpctrain.runtime.torch_build import cuda_problem
@@ -237,12 +238,16 @@ def _sweep(args: Any) -> int:
     print(f"one job array, at most {cap} at once:")
     width = max(len(str(e.run_dir)) for e in elements)
     for e in elements:
-        print(f"  {e.index:>3}  {e.run_dir!s:<{width}}  {' '.join(e.overrides)}")
+        print(mask_secrets(f"  {e.index:>3}  {e.run_dir!s:<{width}}  {' '.join(e.overrides)}"))
     if args.dry_run:
         print(f"# {shlex.join(command)}   (dry run: nothing written, nothing queued)")
         print(text, end="")
         return EXIT_OK
     sbatch.ensure_log_dir()
+    # the job reads its `hpctrain train` arguments from plan.json: nobody else may write there
+    private_folder(
+        folder, "the sweep's folder", "choose another project folder, or fix the folder's owner and mode"
+    )
     sweep.write_plan(plan, sweep.plan_record(request, axes, elements))
     atomic_write_text(script, text)
     job = _run_sbatch(command)
@@ -287,6 +292,13 @@ def _submit(cfg: ConfigBase, folder: Path, local: bool, job: Any) -> Any:
     from hpctrain.launch.submitit_launcher import make_executor
 
     what = "submitit's local executor" if local else "sbatch (through submitit)"
+    # the job unpickles what submitit writes there (the callable, its arguments): ours alone, or it would run a
+    # pickle someone else planted
+    private_folder(
+        folder,
+        "submitit's job folder",
+        f"it holds only submitted jobs and their logs: remove it (`rm -rf {folder}`) or fix its owner and mode",
+    )
     missing = [] if local else [cmd for cmd in ("sbatch", "srun") if shutil.which(cmd) is None]
     if missing:
         raise UserError(

@@ -12,12 +12,14 @@ from pydantic import BaseModel
 
 from hpctrain.config.identity import identity_values
 from hpctrain.config.provenance import leaves
+from hpctrain.config.secrets import mask_tree
 
 
 def dump_config(cfg: BaseModel) -> dict[str, Any]:
-    """The resolved config as plain data with secrets masked (what is printed and saved). Of the batch's two
+    """The resolved config as plain data with secrets masked, tokens inside URIs too (what is printed, saved
+    in config.yaml and every checkpoint, sent to W&B, exported). Of the batch's two
     forms only the one in use is written, so a saved config.yaml can be given back with --config."""
-    tree: dict[str, Any] = cfg.model_dump(mode="json")
+    tree: dict[str, Any] = mask_tree(cfg.model_dump(mode="json"))  # a token inside a URI too
     data = tree.get("data")
     if isinstance(data, dict) and data.get("global_batch_size") is not None:
         data.pop("batch_size", None)

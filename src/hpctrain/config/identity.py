@@ -22,6 +22,8 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
+from hpctrain.config.secrets import mask_tree
+
 IDENTITY, MAY_CHANGE, GROWS = "identity", "may_change", "grows"
 SECRET = "secret"
 # Recorded as "accepted" already: listing it among the allowed changes too would only repeat it.
@@ -61,8 +63,9 @@ def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
 
 
 def identity_values(cfg: BaseModel) -> dict[str, Any]:
-    """The identity keys and their dumped values: what config_hash hashes."""
-    dumped = cfg.model_dump(mode="json")
+    """The identity keys and their dumped values (tokens in URIs masked: a renewed token is the same run):
+    what config_hash hashes and automatic run names are made of."""
+    dumped = mask_tree(cfg.model_dump(mode="json"))
     return {key: _lookup(dumped, key)[1] for key, mark in classify(cfg).items() if mark == IDENTITY}
 
 
@@ -85,8 +88,10 @@ class Change:
 
 
 def differences(old: dict[str, Any], cfg: BaseModel) -> list[Change]:
-    """Keys whose value differs from the checkpoint's dumped config `old` (keys it lacks are not compared)."""
-    new = cfg.model_dump(mode="json")
+    """Keys whose value differs from the checkpoint's dumped config `old` (keys it lacks are not compared).
+    Both masked as checkpoints store them (config/dump.py): a token in a URI is neither compared nor recorded
+    (chain.json, the changes said at start), and a checkpoint written before the masking compares alike."""
+    old, new = mask_tree(old), mask_tree(cfg.model_dump(mode="json"))
     marks = classify(cfg)
     changes = []
     for key, mark in marks.items():

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from hpctrain.config.messages import cut
-from hpctrain.config.secrets import looks_secret
+from hpctrain.config.secrets import looks_secret, mask_secrets
 
 # Sources a user does not see in the command: a value from one of them is always named at start.
 _IMPLICIT = ("environment ", ".env ")
@@ -113,4 +113,4 @@ def announce(sources: Provenance) -> None:
     lines = [sources.preset_changes(), sources.from_environment(), *sources.conflicts()]
     for text in lines:
         if text:
-            print(text, file=sys.stderr, flush=True)
+            print(mask_secrets(text), file=sys.stderr, flush=True)

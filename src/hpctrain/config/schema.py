@@ -441,7 +441,9 @@ class CheckpointConfig(Section):
         "min", description="Whether lower or higher best_metric is better.", json_schema_extra=IDENTITY
     )
     mirror_to: str | None = Field(
-        None, description="Copy each committed checkpoint here (folder or fsspec URL)."
+        None,
+        description="Copy each committed checkpoint into <mirror_to>/<run name>/checkpoints/ (a folder or fsspec "
+        "URL; runs sharing it keep apart).",
     )
     dir: str | None = Field(
         None,
@@ -449,7 +451,7 @@ class CheckpointConfig(Section):
         "between clusters sharing only the federation: the run writes into its local working copy "
         "(<run folder>/checkpoints, on scratch), uploads each commit there in the background (files first, "
         "`latest` last), and a hop that starts with an empty working copy downloads the latest checkpoint from "
-        "there. None: the run folder only.",
+        "there. One run's alone (claimed by its name: another run is refused). None: the run folder only.",
     )
     accept_changes: list[str] = Field(
         default_factory=list,

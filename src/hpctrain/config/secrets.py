@@ -8,6 +8,7 @@ masks by the look of the text, so a misspelt key or a token inside a URI (`?auth
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,10 @@ _MAPPED = re.compile(
     rf"""(?i)(?P<name>[{{,]\s*(['"]?)[\w.-]*(?:{_WORDS})\2\s*:\s*)(?P<value>'[^']*'?|"[^"]*"?|[^\s'",}}\]]+)"""
 )
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s'\",;]+")
+# Query parameters of a URI that carry a credential under a name no secret word ends with: cloud stores' signed
+# URLs (S3 `X-Amz-Signature`, Azure SAS `sig`, GCS `X-Goog-Signature`), API keys (`key`, `apikey`), OAuth `code`.
+# (`authz`, `access_token`, `X-Amz-Security-Token`, `X-Amz-Credential` end in a secret word: `_ASSIGNED`.)
+_QUERY = re.compile(r"(?i)([?&](?:sig|[\w.-]*signature|key|apikey|code|sas)=)[^&#\s'\"\]}),;]+")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@")
 
 
@@ -62,7 +67,55 @@ def mask_secrets(text: str) -> str:
     if ":" in text:
         text = _MAPPED.sub(lambda m: f"{m['name']}{MASK}", text)
         text = _USERINFO.sub(rf"\1{MASK}@", text)
+    if "?" in text or "&" in text:
+        text = _QUERY.sub(rf"\1{MASK}", text)
     return _BEARER.sub(rf"\1{MASK}", text)
+
+
+def mask_tree(value: Any) -> Any:
+    """`value` (plain data: a dumped config, a record) with `mask_secrets` applied to every string in it and
+    to the value of every key that looks secret: what is written or sent (config.yaml, a checkpoint's config,
+    W&B's config, an export) holds no token in a URI (`data.paths`, `checkpoint.mirror_to`, `checkpoint.dir`,
+    `checkpoint.resume`, any key that holds a URL), so the same masking also makes two configs that differ by a
+    token alone (one renewed) the same run."""
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, dict):
+        return {k: _masked_entry(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [mask_tree(v) for v in value]
+    return value
+
+
+def _masked_entry(key: str, value: Any) -> Any:
+    # a secret-looking key's text (a SecretStr field is masked by pydantic already: kept as it shows it)
+    if looks_secret(key) and isinstance(value, str) and value.strip("*"):
+        return MASK
+    return mask_tree(value)
+
+
+class MaskSecrets(logging.Filter):
+    """A logging filter for the handlers hpctrain writes (stderr, training.log): every record's text with
+    `mask_secrets` applied (a URI with its token in a warning of ours or of a library), its traceback too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot format: the handler says so itself
+            return True
+        masked = mask_secrets(text)
+        if masked != text:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = mask_secrets(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def mask_handlers(*handlers: logging.Handler) -> None:
+    """Put a `MaskSecrets` filter on each handler (once)."""
+    for handler in handlers:
+        if not any(isinstance(f, MaskSecrets) for f in handler.filters):
+            handler.addFilter(MaskSecrets())
 
 
 def _masked(match: re.Match[str]) -> str:

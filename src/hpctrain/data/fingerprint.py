@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.errors import UserError
 
 log = logging.getLogger("hpctrain.data")
@@ -118,12 +119,18 @@ class FileList:
             ]
         return self._evidence
 
+    def shown(self) -> list[str]:
+        """The names as a checkpoint keeps and compares them: a token in a URI's query masked (`?authz=***`),
+        so it is never stored, and a renewed token names the same file."""
+        return [mask_secrets(n) if "?" in n or "@" in n else n for n in self.names]  # a query, a user part
+
     def state(self) -> dict[str, Any]:
-        root = _root(self.names)
+        names = self.shown()
+        root = _root(names)
         evidence = self.evidence()
         return {
             "root": root,
-            "names": [n[len(root) :] for n in self.names],
+            "names": [n[len(root) :] for n in names],
             "sizes": list(self.sizes),
             "events": list(self.events),
             "mtimes": [m for m, _ in evidence],
@@ -149,13 +156,14 @@ class FileList:
         """Names (relative to the list's root) of files whose bytes differ from the saved evidence. A local file
         with its saved size and mtime_ns is not read (the saved hash is taken for it); a remote file is judged
         by its index's evidence (a new stamp: its hash, sampled again there)."""
-        old_root, new_root = _root(saved.names), _root(self.names)
+        saved_names, names = saved.shown(), self.shown()
+        old_root, new_root = _root(saved_names), _root(names)
         old = {
-            n[len(old_root) :]: (size, ev) for n, size, ev in zip(saved.names, saved.sizes, saved.evidence())
+            n[len(old_root) :]: (size, ev) for n, size, ev in zip(saved_names, saved.sizes, saved.evidence())
         }
         changed = set()
-        for name, size in zip(self.names, self.sizes):
-            rel = name[len(new_root) :]
+        for name, shown, size in zip(self.names, names, self.sizes):
+            rel = shown[len(new_root) :]
             if rel not in old or not old[rel][1][1] or old[rel][0] != size:
                 continue  # new, saved without evidence, or a size change (said as such)
             if _is_remote(name):
@@ -175,9 +183,10 @@ class FileList:
 
     def changes(self, saved: FileList) -> str | None:
         """What differs from `saved` (the checkpoint's list), in a few words; None if the same files."""
-        old_root, new_root = _root(saved.names), _root(self.names)
-        old = {n[len(old_root) :]: (s, e) for n, s, e in zip(saved.names, saved.sizes, saved.events)}
-        new = {n[len(new_root) :]: (s, e) for n, s, e in zip(self.names, self.sizes, self.events)}
+        saved_names, names = saved.shown(), self.shown()
+        old_root, new_root = _root(saved_names), _root(names)
+        old = {n[len(old_root) :]: (s, e) for n, s, e in zip(saved_names, saved.sizes, saved.events)}
+        new = {n[len(new_root) :]: (s, e) for n, s, e in zip(names, self.sizes, self.events)}
         added = [n for n in new if n not in old]
         removed = [n for n in old if n not in new]
         changed = []
@@ -195,9 +204,7 @@ class FileList:
             for what, items in (("added", added), ("removed", removed), ("changed", changed))
             if items
         ]
-        if not parts and [n[len(old_root) :] for n in saved.names] != [
-            n[len(new_root) :] for n in self.names
-        ]:
+        if not parts and [n[len(old_root) :] for n in saved_names] != [n[len(new_root) :] for n in names]:
             parts.append("the same files in another order")
         if not parts:
             if old_root != new_root:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ConfigBase, SlurmConfig, parse_duration
+from hpctrain.fsutil import make_folders
 from hpctrain.launch.chain import read_hops
 
 # The signal must leave time for one more step, one save and this much slack (process exit, srun, requeue).
@@ -310,7 +311,7 @@ def array_range(count: int, max_parallel: int | None) -> str:
 def ensure_log_dir(root: Path | str = ".") -> Path:
     """sbatch opens --output before the script runs: the folder must exist at submission."""
     path = Path(root) / LOG_DIR
-    path.mkdir(parents=True, exist_ok=True)
+    make_folders(path)  # 0750 at most: the group may read the jobs' logs
     return path
 
 

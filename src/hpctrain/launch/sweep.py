@@ -30,10 +30,11 @@ from pydantic import BaseModel
 from hpctrain.config import keys
 from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.naming import is_identity
-from hpctrain.config.secrets import looks_secret
+from hpctrain.config.secrets import looks_secret, mask_secrets
 from hpctrain.config.yaml_file import load_yaml
 from hpctrain.errors import EXIT_BAD_INPUT, UserError
-from hpctrain.fsutil import atomic_write_json
+from hpctrain.fsutil import PRIVATE_MODE, atomic_write_json, make_folders
+from hpctrain.remote.mirror import copy_destinations
 
 MAX_ELEMENTS = 1000  # more only with --yes (SLURM's default MaxArraySize is 1001)
 PLAN_VERSION = 1
@@ -163,6 +164,7 @@ def build_plan(
     elements: list[Element] = []
     first_cfg = None
     folders: dict[Path, Element] = {}
+    copies: dict[tuple[str, str], Element] = {}
     for index, overrides in enumerate(grid(axes)):
         what = f"sweep element {index} ({' '.join(overrides)})"
         try:
@@ -175,9 +177,29 @@ def build_plan(
         if run_dir in folders:
             raise UserError(_collision(folders[run_dir], element, axes, cfg, sources))
         folders[run_dir] = element
+        for setting, place in copy_destinations(cfg):
+            if (setting, place) in copies:
+                raise UserError(_shared_copies(copies[setting, place], element, setting, place))
+            copies[setting, place] = element
         elements.append(element)
         first_cfg = first_cfg if first_cfg is not None else cfg
     return elements, first_cfg
+
+
+def _shared_copies(first: Element, second: Element, setting: str, place: str) -> str:
+    """Two elements whose checkpoint copies would go to one place: each copy prunes what its run pruned."""
+    if setting == "checkpoint.dir":
+        fix = (
+            "a checkpoint.dir holds one run's checkpoints: sweep it too, or use checkpoint.mirror_to, which keeps "
+            "each run in <mirror_to>/<run name>/"
+        )
+    else:
+        fix = "their runs have one name (under other run.out_dir): give them other names or mirror_to"
+    return (
+        f"sweep elements {first.index} ({' '.join(first.overrides)}) and {second.index} "
+        f"({' '.join(second.overrides)}) would share {setting} ({mask_secrets(place)}): each would replace and "
+        f"remove the other's checkpoints there; {fix}"
+    )
 
 
 def _collision(
@@ -226,7 +248,7 @@ def train_args(request: ConfigRequest, overrides: list[str]) -> list[str]:
 
 
 def write_plan(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent, PRIVATE_MODE)  # the job's arguments: the submitter's alone (submit checks it)
     atomic_write_json(path, record)
 
 

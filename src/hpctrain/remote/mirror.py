@@ -3,6 +3,7 @@ whole at every moment, so that a reader of the mirror never sees half a checkpoi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,16 @@ from typing import Any
 
 import fsspec
 
-from hpctrain.fsutil import HOST, atomic_path, fsync_dir, pid_alive, temp_writer
+from hpctrain.errors import UserError
+from hpctrain.fsutil import (
+    HOST,
+    atomic_path,
+    atomic_write_text,
+    fsync_dir,
+    make_folders,
+    pid_alive,
+    temp_writer,
+)
 from hpctrain.remote.uris import MissingPathError, is_remote
 
 
@@ -35,7 +45,7 @@ def mirror(
             fs.put_file(str(src), path)
         return target
     dest_dir = Path(dest.removeprefix("file://")).expanduser()
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(dest_dir)
     final = dest_dir / name
     if src.is_dir():
         old = dest_dir / f".{name}.old-{os.getpid()}"
@@ -53,6 +63,68 @@ def mirror(
             if final.is_dir():
                 shutil.rmtree(final)
     return str(final)
+
+
+# A run's own place under a shared destination names the run that holds it (JSON: {"run": name, "run_dir": ...}):
+# another run's start is refused there instead of replacing (and pruning) that run's copies.
+CLAIM = ".hpctrain-run"
+
+
+def run_mirror(mirror_to: str, run_name: str) -> str:
+    """Where a run's copies go under checkpoint.mirror_to: its own folder `<mirror_to>/<run name>/` (the
+    checkpoints in `checkpoints/` under it). A copy removes what its run pruned: runs sharing a mirror_to (a
+    sweep's elements, runs of other learning rates) must never share that folder."""
+    return mirror_to.rstrip("/") + "/" + run_name
+
+
+def copy_destinations(cfg: Any) -> list[tuple[str, str]]:
+    """(setting, place) of every copy of a run's checkpoints outside its run folder: what no two runs may share
+    (a sweep is checked for it before it is queued, a start by the claim in each place)."""
+    out = []
+    if cfg.checkpoint.dir:
+        out.append(("checkpoint.dir", _place(cfg.checkpoint.dir)))
+    if cfg.checkpoint.mirror_to:
+        out.append(("checkpoint.mirror_to", _place(run_mirror(cfg.checkpoint.mirror_to, cfg.run.name))))
+    return out
+
+
+def _place(dest: str) -> str:
+    if is_remote(dest):
+        return dest.rstrip("/")
+    return os.path.abspath(os.path.expanduser(dest.removeprefix("file://")))
+
+
+def claim_text(run_name: str, run_dir: Path) -> str:
+    return json.dumps({"run": run_name, "run_dir": str(Path(run_dir).resolve()), "host": HOST}) + "\n"
+
+
+def claimed_by(text: bytes | str | None) -> tuple[str, str] | None:
+    """(run name, run folder) a claim names; None for no claim (or one that is no claim: it is rewritten)."""
+    try:
+        record = json.loads(text) if text else None
+        return (str(record["run"]), str(record["run_dir"])) if isinstance(record, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def claim_local(folder: Path, run_name: str, run_dir: Path, setting: str) -> None:
+    """`folder` (a run's own place under a local checkpoint.mirror_to) is the run folder `run_dir`'s: claimed
+    when first used; UserError (one line) when another run folder claimed it (two runs of one name under other
+    run.out_dir, mirroring into one place)."""
+    path = folder / CLAIM
+    try:
+        owner = claimed_by(path.read_bytes())
+    except FileNotFoundError:
+        owner = None
+    mine = str(Path(run_dir).resolve())
+    if owner is not None and owner[1] != mine:
+        raise UserError(
+            f"{setting}: {folder} holds the copies of the run folder {owner[1]}, not of {mine}: each run needs a "
+            f"place of its own (another run.name, or another {setting}); if it is this run moved, remove {path}"
+        )
+    if owner is None:
+        make_folders(folder)
+        atomic_write_text(path, claim_text(run_name, run_dir))
 
 
 def _copy_synced(src: str, dst: str) -> str:
@@ -136,7 +208,7 @@ class _MirrorOps:
 class _LocalMirror(_MirrorOps):
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        make_folders(root)
         for entry in os.scandir(root):  # the temporary of a copy cut short by a kill on this host
             if entry.name.startswith(".") and ".tmp-" in entry.name and entry.is_file(follow_symlinks=False):
                 pid, host = temp_writer(Path(entry.path))

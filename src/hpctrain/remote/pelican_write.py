@@ -21,6 +21,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from hpctrain.config.remote import PelicanConfig
+from hpctrain.fsutil import make_folders
 from hpctrain.remote.auth import pin_verify, resolve_token, scrub
 from hpctrain.remote.uris import PELICAN_SCHEMES, scheme, split_federation
 
@@ -300,7 +301,7 @@ def fetch_checkpoint(uri: str, dest: Path, pelican: PelicanConfig, say: Callable
         if pointer is None:
             return None
         name = pointer.decode().strip()
-    dest.mkdir(parents=True, exist_ok=True)
+    make_folders(dest)
     say(f"downloading {writer.uri}/{name} to {dest}")
     sidecar = Path(name).with_suffix(".json").name
     writer.get(sidecar, dest / sidecar)

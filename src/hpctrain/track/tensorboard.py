@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.fsutil import check_own_folders, make_folders
 from hpctrain.remote.pelican_write import RemoteFolder, is_pelican
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ class TensorBoardTracker:
         stamp = timestamp_name()
         self.run_name = run_name or state.get("run_name") or (f"{run}-{stamp}" if run else stamp)
         self.log_dir = Path(root) / self.run_name
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # a shared logging.tensorboard.dir: a link planted under the run's name is refused, never followed
+        check_own_folders((self.log_dir, "TensorBoard folder"))
+        make_folders(self.log_dir)
         self.mirror_to = mirror_to
         self.max_hist_values = max_hist_values
         purge = resume_step + 1 if resume_step is not None else None

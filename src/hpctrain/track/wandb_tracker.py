@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.config.schema import ConfigBase
+from hpctrain.fsutil import make_folders
 from hpctrain.track.tensorboard import MAX_HIST_VALUES, cap_values
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class WandbTracker:
         wcfg = cfg.logging.wandb
         if self.run_id is None:
             self.run_id = new_run_id()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_folders(self.dir)
         key = wcfg.api_key.get_secret_value() if wcfg.api_key is not None else None
         kwargs: dict[str, Any] = {
             "project": wcfg.project,

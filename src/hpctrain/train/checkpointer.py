@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.dump import config_hash
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError
-from hpctrain.remote.mirror import FolderMirror
+from hpctrain.remote.mirror import FolderMirror, run_mirror
 from hpctrain.runtime import dist
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.parts import Parts, snapshot
@@ -67,8 +67,8 @@ class Checkpointer:
             # pelican:// checkpoint.dir / mirror_to: in the background, the newest wins (else nothing)
             self.remote.submit(path.parent)
             mirror_to = self.cfg.checkpoint.mirror_to
-            if mirror_to and not self.remote.takes(mirror_to):
-                self._mirror_in_background(path.parent, mirror_to)
+            if mirror_to and not self.remote.takes(mirror_to):  # into the run's own <mirror_to>/<run name>/
+                self._mirror_in_background(path.parent, run_mirror(mirror_to, self.cfg.run.name or ""))
         self.last_saved_step = step
         dist.barrier()
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import make_folders
 
 HELPER = "hpctrain.commands.compile_ahead"
 PARENT_VARIABLE = "HPCTRAIN_COMPILE_AHEAD_PARENT"  # the trainer's PID, for the helper's watchdog
@@ -79,7 +80,7 @@ class CompileAhead:
         self._begun = True
         payload = own_tensors(payload)
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(self.log_path.parent)
             fd = os.open(
                 self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
             )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from hpctrain.config.dump import differences, to_yaml
 from hpctrain.config.schema import ConfigBase
+from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
 from hpctrain.remote.uris import MissingPathError
@@ -50,6 +51,8 @@ def _logging(env: ClusterEnv) -> None:
         format=f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # whoever logs (we, fsspec, pelicanfs, torch), a token inside a URI never reaches stderr or training.log
+    mask_handlers(*logging.getLogger().handlers)
 
 
 def run(
@@ -142,7 +145,7 @@ def _train(
         )
     elif result.status == "failed":  # e.g. a non-finite loss: one line, exit 1, `latest` the last good state
         if env.is_main:
-            print(f"error: {result.message}", file=sys.stderr, flush=True)
+            print(f"error: {mask_secrets(result.message)}", file=sys.stderr, flush=True)
             out.note(f"error: {result.message}")
     elif result.status == "stopped":
         say(
@@ -166,6 +169,7 @@ class RunOutput:
         self.file: TextIO | None = None
         self._pending: list[str] = []
         self._handler = _LogLines(self._write)
+        mask_handlers(self._handler)
         if env.is_main:
             logging.getLogger().addHandler(self._handler)
 
@@ -178,12 +182,13 @@ class RunOutput:
 
     def say(self, text: str, end: str = "\n") -> None:
         if self.env.is_main:
+            text = mask_secrets(text)  # a URI with its token in a line (the config printed, a path)
             print(text, end=end, flush=True)
             self._write(text + end)
 
     def note(self, text: str) -> None:
         """A line for training.log only (already shown elsewhere, e.g. on stderr)."""
-        self._write(text + "\n")
+        self._write(mask_secrets(text) + "\n")
 
     def open(self, run_dir: Path) -> None:
         if not self.env.is_main:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ConfigBase
-from hpctrain.remote.mirror import FolderMirror
+from hpctrain.remote.mirror import FolderMirror, run_mirror
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.counters import Counters
@@ -50,7 +50,7 @@ def complete_finished_run(
     remote.submit(store.folder)
     if done:
         store.prune()
-        _mirror(store, cfg.checkpoint.mirror_to, remote)
+        _mirror(store, cfg.checkpoint.mirror_to, cfg.run.name or "", remote)
         log.warning("run %s was killed after its final save (update %d): %s", run_dir, step, "; ".join(done))
     return done
 
@@ -98,11 +98,11 @@ def _summary(chain: ChainLog, t: Counters, reason: str, digest: str) -> dict[str
     }
 
 
-def _mirror(store: CheckpointStore, dest: str | None, remote: RemoteCheckpoints) -> None:
+def _mirror(store: CheckpointStore, dest: str | None, run_name: str, remote: RemoteCheckpoints) -> None:
     """The mirror copy after the final save may have been cut short too."""
     if not dest or remote.takes(dest):
         return
     try:
-        FolderMirror(dest).sync(store.folder, last=("latest",))
+        FolderMirror(run_mirror(dest, run_name)).sync(store.folder, last=("latest",))
     except Exception as exc:  # a failed mirror loses nothing local: warn, as after any save
         log.warning("mirroring checkpoints to %s failed: %s", dest, exc)

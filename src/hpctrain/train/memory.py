@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import private_folder
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ def keep_compiled_code(out_dir: Path) -> str:
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     folder = Path(chosen) if chosen else (out_dir / ".compile-cache").absolute()  # workers run elsewhere
     usable_cache(folder, "TORCHINDUCTOR_CACHE_DIR" if chosen else "run.out_dir")
+    triton = os.environ.get("TRITON_CACHE_DIR")  # else Triton's binaries go under the folder above
+    if triton:
+        usable_cache(Path(triton), "TRITON_CACHE_DIR")
     if chosen:
         return ""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
@@ -69,12 +73,19 @@ def keep_compiled_code(out_dir: Path) -> str:
 
 
 def usable_cache(folder: Path, setting: str) -> None:
-    """The compile cache's folder exists (made if missing) and takes files: otherwise one line naming it, before
-    torch.compile fails deep inside with a traceback (a file in its place, a read-only folder)."""
+    """The compile cache's folder is ours alone (made 0700 if missing) and takes files: otherwise one line
+    naming it, before torch.compile uses it. Inductor unpickles what a key's folder holds, and the keys are the
+    same for everyone who trains the same model: a cache another user can write would run their code in our
+    training (fsutil.private_folder). A file in its place or a read-only folder would fail deep inside torch."""
     import tempfile
 
+    private_folder(
+        folder,
+        f"the compile cache ({setting})",
+        f"it is only a cache: remove it (`rm -rf {folder}`) and torch.compile rebuilds it, or point "
+        "TORCHINDUCTOR_CACHE_DIR at a folder of your own",
+    )
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
             pass
     except OSError as exc:

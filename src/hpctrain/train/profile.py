@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ProfileConfig
+from hpctrain.fsutil import make_folders
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class WindowProfiler:
         self._first: int | None = None
         self._end = cfg.start + cfg.warmup + cfg.active
         self._done = False
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
         self._prof: Any = tp.profile(
             activities=activities,

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.errors import UserError
-from hpctrain.fsutil import atomic_write_text
+from hpctrain.fsutil import atomic_write_text, make_folders, private_folder
+from hpctrain.remote.mirror import CLAIM, claim_local, claim_text, claimed_by, run_mirror
 from hpctrain.remote.oidc import ensure_login
 from hpctrain.remote.pelican_write import (
     PelicanWriter,
@@ -31,6 +33,7 @@ from hpctrain.remote.pelican_write import (
     sync_checkpoints,
 )
 from hpctrain.remote.upload import Uploader, stop_by
+from hpctrain.remote.uris import is_remote
 
 if TYPE_CHECKING:
     from hpctrain.runtime.budget import TimeBudget
@@ -68,12 +71,51 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def pelican_destinations(cfg: Any) -> list[str]:
-    """Where checkpoints go on the federation: checkpoint.dir itself, and `checkpoints/` under a pelican://
-    checkpoint.mirror_to (where the mirror puts them for any other destination too)."""
+    """Where checkpoints go on the federation: checkpoint.dir itself, and `<run name>/checkpoints/` under a
+    pelican:// checkpoint.mirror_to (where the mirror puts them for any other destination too)."""
     out = [str(cfg.checkpoint.dir)] if cfg.checkpoint.dir else []
     if is_pelican(cfg.checkpoint.mirror_to):
-        out.append(str(cfg.checkpoint.mirror_to).rstrip("/") + "/checkpoints")
+        out.append(run_mirror(str(cfg.checkpoint.mirror_to), cfg.run.name) + "/checkpoints")
     return out
+
+
+def claim_destinations(cfg: Any, run_dir: Path) -> None:
+    """At a start, before anything is read or moved (rank 0): the places outside the run folder that its
+    copies go to are this run's, or become so. A copy removes what its run pruned, so two runs sharing one
+    would replace and delete each other's checkpoints: a local checkpoint.mirror_to folder is claimed by the
+    run folder (remote/mirror.py), a pelican:// checkpoint.dir by the run's name (a chain may move between
+    clusters: its run folder's path changes, its name does not). Another run's claim is one line, exit 2; a
+    federation that does not answer now is a warning. The start only reads the claim (one GET, no upload to
+    wait for); the first upload of the process checks it again and writes it before anything else."""
+    mirror_to = cfg.checkpoint.mirror_to
+    if mirror_to and not is_remote(mirror_to):
+        folder = Path(run_mirror(mirror_to, cfg.run.name).removeprefix("file://")).expanduser()
+        claim_local(folder, cfg.run.name, run_dir, "checkpoint.mirror_to")
+    if cfg.checkpoint.dir:
+        writer = PelicanWriter(cfg.checkpoint.dir, cfg.data.pelican)
+        try:
+            claim_remote(writer, cfg.run.name, run_dir, write=False)  # one GET; the first upload writes it
+        except RemoteWriteError as exc:
+            log.warning(
+                "checkpoint.dir=%s: cannot check whose checkpoints it holds now (%s)", writer.uri, exc
+            )
+
+
+def claim_remote(writer: PelicanWriter, run_name: str, run_dir: Path, write: bool = True) -> None:
+    """The folder `writer` writes to holds run `run_name`'s checkpoints (its claim), or nothing yet (claimed
+    now, with `write`); UserError when another run's."""
+    for attempt in (0, 1):
+        owner = claimed_by(writer.read(CLAIM))
+        if owner is not None and owner[0] != run_name:
+            raise UserError(
+                f"checkpoint.dir={writer.uri} holds the checkpoints of run {owner[0]!r} (its {CLAIM}), not of "
+                f"{run_name!r}: each run needs a checkpoint.dir of its own (a sweep's too: use "
+                "checkpoint.mirror_to, which keeps each run in <mirror_to>/<run name>/)"
+            )
+        if owner is not None or not write or attempt:
+            return
+        # claimed now, then read back: of two runs claiming at once, the later write wins and the other sees it
+        writer.put(None, CLAIM, data=claim_text(run_name, run_dir).encode())
 
 
 class RemoteCheckpoints:
@@ -82,6 +124,10 @@ class RemoteCheckpoints:
     def __init__(self, cfg: Any) -> None:
         self.dests = list(dict.fromkeys(pelican_destinations(cfg)))
         self.pelican = cfg.data.pelican
+        self.claimed_dir = str(cfg.checkpoint.dir) if cfg.checkpoint.dir else None  # the one with a claim
+        self.run_name = cfg.run.name or ""
+        self.run_dir = cfg.run.dir if cfg.run.name else Path(".")
+        self._claim_checked: set[str] = set()
         self._uploaders: dict[str, Uploader] = {}
         self._sent: dict[str, dict[str, tuple[int, int]]] = {d: {} for d in self.dests}
 
@@ -94,9 +140,20 @@ class RemoteCheckpoints:
             if dest not in self._uploaders:
                 self._uploaders[dest] = Uploader(f"checkpoints to {dest}")
             writer = PelicanWriter(dest, self.pelican)
-            self._uploaders[dest].submit(
-                functools.partial(sync_checkpoints, folder, writer, self._sent[dest])
-            )
+            self._uploaders[dest].submit(functools.partial(self._sync, dest, folder, writer))
+
+    def _sync(self, dest: str, folder: Path, writer: PelicanWriter) -> None:
+        """One upload job: the checkpoint.dir's claim checked first (once per process; the start checked it
+        unless the federation did not answer), then the sync, which removes the step files the run pruned."""
+        if dest == self.claimed_dir and dest not in self._claim_checked:
+            try:
+                claim_remote(writer, self.run_name, self.run_dir)
+            except UserError as exc:
+                refused = RemoteWriteError(str(exc))
+                refused.permanent = True
+                raise refused from None
+            self._claim_checked.add(dest)
+        sync_checkpoints(folder, writer, self._sent[dest])
 
     def finish(self, budget: TimeBudget | None) -> None:
         """Wait for the last uploads, but never past the deadline (minus a margin for the exit)."""
@@ -128,12 +185,17 @@ def local_resume_path(cfg: Any, env: ClusterEnv, run_dir: Path, given: str) -> s
     node's scratch is its own)."""
     if not is_pelican(given):
         return given
-    digest = hashlib.sha256(given.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(mask_secrets(given).encode()).hexdigest()[:12]  # a renewed token: the same file
     if env.world_size > env.local_world_size:
-        dest = run_dir / "resume-staged" / digest
+        dest = make_folders(run_dir / "resume-staged" / digest)
     else:
         scratch = cfg.data.staging.dir or os.environ.get("SLURM_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-        dest = Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}"
+        # a shared /tmp: someone else could have made the folder first, or a link there (data/staging's rule)
+        dest = private_folder(
+            Path(scratch) / f"hpctrain-{getpass.getuser()}" / f"resume-{digest}",
+            "checkpoint.resume's staging folder",
+            "set data.staging.dir to a folder of your own",
+        )
     try:
         got = fetch_checkpoint(given, dest, cfg.data.pelican, log.info)
     except RemoteWriteError as exc:

@@ -29,6 +29,7 @@ from torch import nn
 from hpctrain.config.identity import GROWS, judge, refusal, show
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import RunError, UserError
+from hpctrain.fsutil import make_folders
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import set_rng_state
 from hpctrain.track.chain import read_chain
@@ -44,7 +45,7 @@ from hpctrain.train.checkpoint import (
 from hpctrain.train.counters import Counters
 from hpctrain.train.length import length_change
 from hpctrain.train.parts import Group, Parts
-from hpctrain.train.remote_ckpt import local_resume_path, pull_working_copy
+from hpctrain.train.remote_ckpt import claim_destinations, local_resume_path, pull_working_copy
 from hpctrain.train.resume_forms import note_rewind, resume_form, rewind_target
 from hpctrain.train.runlock import earlier_history, set_aside_previous_run
 
@@ -140,6 +141,7 @@ def resume(parts: Parts, store: CheckpointStore, where: Where) -> Resumed:
 def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, Any] | None]:
     """The plan and the snapshot it loads, on rank 0."""
     cfg, run_dir = where.cfg, where.run_dir
+    claim_destinations(cfg, run_dir)  # first: another run's copies are refused before anything moves
     mode = cfg.checkpoint.resume
     if mode == "never":
         if not earlier_history(run_dir):
@@ -203,7 +205,7 @@ def _fresh_over(store: CheckpointStore, run_dir: Path, why: str) -> ResumePlan:
     """A fresh start in a folder holding an earlier run's files: they move aside first (the trainer reads
     chain.json again after this)."""
     aside = set_aside_previous_run(run_dir)
-    store.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    make_folders(store.folder)
     return ResumePlan(ResumeKind.FRESH, note=f" ({why}: the previous run was moved to {aside})")
 
 

@@ -33,7 +33,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import HOST, atomic_path, check_own_folders, fsync_dir, pid_alive, temp_writer
+from hpctrain.fsutil import (
+    HOST,
+    RUN_FOLDER_MODE,
+    atomic_path,
+    check_own_folders,
+    fsync_dir,
+    make_folders,
+    pid_alive,
+    temp_writer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +160,12 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock or raise UserError naming its holder (one line)."""
-        # 0o755 whatever the umask: a folder others may write is refused at the next start (check_own_folders)
-        self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         run_dir = self.path.parent
-        check_own_folders((run_dir, "run folder"), (run_dir / "checkpoints", "checkpoints folder"))
+        folders = ((run_dir, "run folder"), (run_dir / "checkpoints", "checkpoints folder"))
+        check_own_folders(*folders)  # before anything is made: a link planted on the way is never followed
+        # 0o750 at most whatever the umask, run.out_dir too: a folder others may write is refused at the next start
+        make_folders(run_dir, RUN_FOLDER_MODE)
+        check_own_folders(*folders)  # and again: made by someone else meanwhile
         for _ in range(100):  # the name moves to a new file at each heartbeat: try again on a moved one
             if self._try_acquire():
                 break
@@ -385,7 +396,7 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
     aside = run_dir / f"old-{stamp}"
     for n in range(2, 1000):
         try:
-            aside.mkdir()
+            aside.mkdir(mode=RUN_FOLDER_MODE)
             break
         except FileExistsError:
             aside = run_dir / f"old-{stamp}-{n}"

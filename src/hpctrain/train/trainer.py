@@ -21,6 +21,7 @@ import torch
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.fsutil import make_folders
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
@@ -127,7 +128,7 @@ class Trainer:
     def build(self) -> None:
         self._lock_run_folder()
         if self.env.is_main:
-            (self.run_dir / "checkpoints").mkdir(mode=0o755, parents=True, exist_ok=True)
+            make_folders(self.run_dir / "checkpoints")
         seed_everything(self.cfg.run.seed)
         self.raw_modules = self.task.build_modules()
         for module in self.raw_modules.values():

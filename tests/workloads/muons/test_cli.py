@@ -67,3 +67,39 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
         f"error: {tmp_path / 'afile' / 'train'}: Not a directory",
     ]
     assert (tmp_path / "afile").read_text() == "precious"
+
+
+def test_generate_never_replaces_data_files_without_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second `data generate` into the same --out (muon files, or fields shards and meta.json) is one line, exit
+    2, every file as it was and none added; --overwrite replaces; array tasks writing their shares of one set
+    refuse nothing of each other's."""
+    out = tmp_path / "muons"
+    small = ["data", "generate", "--out", str(out), "--events-per-file", "5"]
+    assert main([*small, "--files", "2"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([*small, "--files", "3", "--seed", "7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: --out {out} already holds 2 of the files this would write (muons-00000.parquet, "
+        "muons-00001.parquet): nothing was written; choose another --out, or add --overwrite to replace them"
+    ]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*small, "--files", "1", "--first-file", "2"]) == 0  # the next files of the set: new names
+    assert main([*small, "--files", "1", "--seed", "7", "--overwrite"]) == 0
+    assert (out / "muons-00000.parquet").read_bytes() != before["muons-00000.parquet"]
+    fields = ["data", "generate", "--kind", "fields", "--size", "8", "--shard-size", "2", "--n-test", "0"]
+    shares = [*fields, "--out", str(tmp_path / "f"), "--n", "4", "--n-val", "2"]
+    assert main([*shares, "--share", "0/2"]) == 0 and main([*shares, "--share", "1/2"]) == 0
+    assert (tmp_path / "f" / "train" / "meta.json").is_file() and (
+        tmp_path / "f" / "val" / "meta.json"
+    ).is_file()
+    kept = {p: p.read_bytes() for p in (tmp_path / "f").rglob("*") if p.is_file()}
+    capsys.readouterr()
+    for again in ([*shares, "--share", "1/2"], shares, [*shares, "--layout", "npy", "--n", "2"]):
+        assert main(again) == 2
+    for line in capsys.readouterr().err.strip().splitlines():
+        assert line.startswith(f"error: --out {tmp_path / 'f'} already holds ") and "--overwrite" in line
+    assert {p: p.read_bytes() for p in (tmp_path / "f").rglob("*") if p.is_file()} == kept
+    assert main([*shares, "--overwrite"]) == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.fsutil import atomic_path
+from hpctrain.fsutil import atomic_path, make_folders
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
 from hpctrain.track.report.page import render_page
@@ -22,7 +22,7 @@ def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadRepor
     """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path."""
     data = RunData.load(run_dir)
     out = Path(out) if out is not None else data.run_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)  # <run folder>/report by default: at most 0750, as the run folder
     # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
     try:
         images = [image for panel in workload.panels for image in panel(data)]

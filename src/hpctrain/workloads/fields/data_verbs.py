@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import refuse_replacing
 from hpctrain.workloads.fields.dataset import ShardFields
-from hpctrain.workloads.fields.generate import KINDS, write_split
+from hpctrain.workloads.fields.generate import KINDS, split_files, write_split
 from hpctrain.workloads.registry import DataVerbs
 
 
@@ -59,6 +60,9 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
         metavar="K/N",
         help="write only the shards whose number is K modulo N (array task K of N; slurm/generate_data.sh)",
     )
+    g.add_argument(
+        "--overwrite", action="store_true", help="replace shards and meta.json already in --out/<split>/"
+    )
 
 
 def _share(text: str) -> tuple[int, int]:
@@ -82,9 +86,11 @@ def generate(args: argparse.Namespace) -> int:
         raise UserError(f"--box-size={args.box_size} must be positive")
     out = Path(args.out)
     prior = (tuple(args.omega_m), tuple(args.sigma_8))
-    for split, n in (("train", args.n), ("val", args.n_val), ("test", args.n_test)):
-        if n == 0:
-            continue
+    splits = [(split, n) for split, n in (("train", args.n), ("val", args.n_val), ("test", args.n_test)) if n]
+    if not args.overwrite:  # every split checked before any is written
+        planned = [split_files(out, s, n, args.format, args.shard_size, args.share) for s, n in splits]
+        refuse_replacing([path for files in planned for path in files], out)
+    for split, n in splits:
         start = time.perf_counter()
         meta = write_split(
             out,

@@ -303,9 +303,28 @@ def write_split(
         files = _write_shard(folder, name, fmt, maps, params, np.arange(start, stop), meta)
         meta["shards"].append({"files": files, "n": stop - start, "first_index": start})
     complete = all((folder / f).exists() for shard in meta["shards"] for f in shard["files"].values())
-    if complete:  # last: it names complete shards (two tasks finishing together write the same text)
+    wrote = any(number % tasks == task for number in range(len(meta["shards"])))
+    if complete and (wrote or not (folder / "meta.json").exists()):
+        # last: it names complete shards (two tasks finishing together write the same text); a task without a
+        # shard of its own never replaces a meta.json it finds
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=1))
     return {**meta, "complete": complete}
+
+
+def split_files(
+    out: Path, split: str, n: int, fmt: str, shard_size: int, share: tuple[int, int]
+) -> list[Path]:
+    """The files `write_split` with these settings writes: this share's shards and, when it has any, the split's
+    meta.json (there already, a whole split is there: the task that writes the last shard writes it)."""
+    task, tasks = share
+    folder = out / split
+    files = [
+        folder / name
+        for number in range(len(range(0, n, shard_size)))
+        if number % tasks == task
+        for name in _shard_files(f"shard-{number:05d}", fmt).values()
+    ]
+    return [*files, folder / "meta.json"] if files else []
 
 
 def _shard_files(name: str, fmt: str) -> dict[str, str]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import refuse_replacing
 from hpctrain.runtime.seeding import numpy_rng
 from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.events import layouts
@@ -32,6 +34,9 @@ def generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed; file i uses the stream (seed, i)")
     parser.add_argument("--row-group-size", type=int, default=8192, help="events per Parquet row group")
     parser.add_argument("--prefix", default="muons", help="file name prefix (default muons)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace files of the same names already in --out"
+    )
     parser.add_argument(
         "--truth",
         choices=tuple(truth_versions.TRUTHS),
@@ -63,11 +68,16 @@ def generate(args: argparse.Namespace) -> int:
         raise UserError(
             f"--out {args.out}: cannot be the folder for the files ({exc.strerror or exc})"
         ) from None
+    paths = [
+        os.path.join(args.out, f"{args.prefix}-{i:05d}{SUFFIX[args.layout]}")
+        for i in range(args.first_file, args.first_file + args.files)
+    ]
+    if not args.overwrite:
+        refuse_replacing([Path(p) for p in paths], args.out)
     start = time.perf_counter()
     events = muons = 0
-    for i in range(args.first_file, args.first_file + args.files):
+    for i, path in zip(range(args.first_file, args.first_file + args.files), paths):
         data = synthetic_events(args.events_per_file, args.seed, i, args.truth)
-        path = os.path.join(args.out, f"{args.prefix}-{i:05d}{SUFFIX[args.layout]}")
         layouts.write_events(
             path, data, args.layout, args.row_group_size, {truth_versions.TRUTH_KEY: args.truth}
         )

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.data.fingerprint import FileList
 from hpctrain.data.stream.staged import StagingSpec
 from hpctrain.errors import UserError
+from hpctrain.fsutil import make_folders, open_append
 from hpctrain.remote.uris import is_remote
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.remote_index import FileMeta, remote_index
@@ -76,11 +78,12 @@ def note_bad_file(run_dir: str | None, path: str, reason: str) -> None:
     if run_dir is None:
         return
     target = Path(run_dir) / "bad_files.txt"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and any(line.split("\t")[0] == path for line in target.read_text().splitlines()):
+    make_folders(target.parent)
+    path = mask_secrets(path)  # a token in a URI's query is not written
+    if target.is_file() and any(line.split("\t")[0] == path for line in target.read_text().splitlines()):
         return
-    with open(target, "a") as fh:  # O_APPEND: short lines from several processes do not interleave
-        fh.write(f"{path}\t{reason.splitlines()[0] if reason else ''}\n")
+    with open_append(target) as fh:  # O_APPEND: short lines from several processes do not interleave; no link
+        fh.write(f"{path}\t{mask_secrets(reason.splitlines()[0]) if reason else ''}\n")
 
 
 def _bad(on_bad_file: str, run_dir: str | None, path: str, message: str, reason: str) -> None:

@@ -31,10 +31,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from hpctrain.config.remote import StagingConfig
+from hpctrain.config.secrets import mask_secrets
 from hpctrain.data.fingerprint import sampled_hash
 from hpctrain.data.staging import BadFileError, StagingError
 from hpctrain.data.stream.staged import StagingSpec
-from hpctrain.fsutil import atomic_path
+from hpctrain.fsutil import atomic_path, make_folders
 from hpctrain.remote.failures import classify_failure, is_folder
 from hpctrain.remote.files import RemoteFiles
 from hpctrain.remote.uris import PELICAN_SCHEMES, FolderError, is_remote, scheme
@@ -171,8 +172,12 @@ def _load_cache(path: Path | None) -> dict[str, FileMeta]:
 
 
 def _save_cache(path: Path, metas: dict[str, FileMeta]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"version": INDEX_VERSION, "files": [vars(m) for m in metas.values()]}
+    make_folders(path.parent)
+    # a token in a URI's query is not kept (such a URI is never listed with a time: it is read again anyway)
+    body = {
+        "version": INDEX_VERSION,
+        "files": [{**vars(m), "uri": mask_secrets(m.uri)} for m in metas.values()],
+    }
     # several ranks may write the same content: readers never see half a file; a cache lost on a power cut is
     # read again remotely, so no fsync
     with atomic_path(path, fsync=False) as tmp:
