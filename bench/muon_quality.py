@@ -1,12 +1,13 @@
 """Quality of the default muon generator after a bounded CPU training, per feature, against the floor and a baseline.
 
-    python bench/muon_quality.py [--seeds 3] [--parallel 2] [--minutes 7] [--config configs/muons.yaml]
+    python bench/muon_quality.py [--seeds 3] [--parallel 2] [--minutes 20] [--config configs/muons.yaml]
                                  [--truth v1|v2] [--events 20000] [--eval-events 10000] [--judge-events 50000]
                                  [--keep DIR] [overrides...]
 
 Budget: each seed trains the config's updates (configs/muons.yaml: 4000) on one core, `--parallel` seeds at a
-time, each capped at `--minutes` by the time budget (a capped run stops cleanly and is judged as it is); with
-the defaults 3 seeds take two rounds of at most 7 minutes plus ~1 minute of evaluation: under 15 minutes on 2
+time, each capped at `--minutes` by the time budget (a capped run stops cleanly and is judged as it is; the JSON
+says each seed's updates); with the defaults 3 seeds take two rounds of at most 20 minutes plus ~2 minutes of
+evaluation: under 45 minutes on 2
 cores. Generates synthetic-truth data once, trains each seed (run.seed), then evaluates every model on the SAME
 fresh truth events (fixed evaluation seed), so the floor (the mean over quality.FLOOR_DRAWS fresh truth bundle
 samples for the same primaries) and the baseline (the bundle of the nearest primary of an independent truth
@@ -177,7 +178,7 @@ def main() -> None:
         help="the muon config (default configs/muons.yaml)",
     )
     parser.add_argument("--truth", default="v1", choices=("v1", "v2"), help="synthetic truth (default v1)")
-    parser.add_argument("--minutes", type=float, default=7.0, help="time cap per training (default 7)")
+    parser.add_argument("--minutes", type=float, default=20.0, help="time cap per training (default 20)")
     parser.add_argument("--events", type=int, default=20000, help="training events per file (2 files)")
     parser.add_argument("--eval-events", type=int, default=10000, help="fresh truth events compared")
     parser.add_argument(

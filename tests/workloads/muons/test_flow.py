@@ -97,9 +97,9 @@ def test_the_spline_runs_in_fp32_under_bf16_autocast(monkeypatch: pytest.MonkeyP
     seen: list[torch.dtype] = []
     real = flow_module.rq_spline
 
-    def recording(x: torch.Tensor, params: torch.Tensor, inverse: bool = False):  # type: ignore[no-untyped-def]
+    def recording(x: torch.Tensor, params: torch.Tensor, inverse: bool = False, event=None):  # type: ignore[no-untyped-def]
         seen.extend([x.dtype, params.dtype])
-        return real(x, params, inverse)
+        return real(x, params, inverse, event)
 
     monkeypatch.setattr(flow_module, "rq_spline", recording)
     torch.manual_seed(0)

@@ -47,27 +47,42 @@ def _knots(unnormalised: torch.Tensor, minimum: float) -> tuple[torch.Tensor, to
     return knots, knots[..., 1:] - knots[..., :-1]
 
 
+def _bins(locs: torch.Tensor, x: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
+    """(M,) the bin of each x (M,) among its event's knots locs (B, K + 1), in 0..K-1: ONE search of the
+    events' interior knots laid end to end (event e shifted by e * 3 TAIL, in float64: exact enough for
+    millions of events), not a search per row of a (M, K + 1) copy."""
+    events, k = locs.shape[0], locs.shape[1] - 1
+    if k == 1:
+        return torch.zeros_like(event)
+    offsets = torch.arange(events, device=locs.device, dtype=torch.float64) * (3.0 * TAIL)
+    interior = (locs[:, 1:-1].double() + offsets.unsqueeze(1)).flatten()  # sorted: knots rise, events apart
+    position = torch.searchsorted(interior, x.double() + offsets[event])
+    return (position - event * (k - 1)).clamp(0, k - 1)
+
+
 def rq_spline(
-    x: torch.Tensor, params: torch.Tensor, inverse: bool = False
+    x: torch.Tensor, params: torch.Tensor, inverse: bool = False, event: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Monotone rational-quadratic spline on [-TAIL, TAIL], the identity outside.
 
-    x (N,); params (N, 3K - 1): K unnormalised widths, K heights, K - 1 interior slopes. Returns (y (N,),
+    x (N,); params (N, 3K - 1): K unnormalised widths, K heights, K - 1 interior slopes; or, with `event`
+    (N,), params (B, 3K - 1) per event and x's event of each row: the knots are made once per event (softmax,
+    cumsum, softplus on B rows) and each row gathers the six numbers of its bin. Returns (y (N,),
     log |dy/dx| (N,)); with `inverse`, the inverse map and ITS log-derivative."""
+    if event is None:
+        event = torch.arange(x.shape[0], device=x.device)
     k = (params.shape[-1] + 1) // 3
     xk, widths = _knots(params[..., :k], MIN_WIDTH)
     yk, heights = _knots(params[..., k : 2 * k], MIN_HEIGHT)
-    slopes = MIN_SLOPE + F.softplus(F.pad(params[..., 2 * k :], (1, 1), value=_ONE))  # (N, K + 1)
+    slopes = MIN_SLOPE + F.softplus(F.pad(params[..., 2 * k :], (1, 1), value=_ONE))  # (B, K + 1)
     inside = (x > -TAIL) & (x < TAIL)
     xc = x.clamp(-TAIL, TAIL)  # evaluated everywhere (no data-dependent shapes), chosen by `inside`
-    locs = yk if inverse else xk
-    idx = torch.searchsorted(locs[..., 1:-1].contiguous(), xc.unsqueeze(-1).contiguous()).clamp(0, k - 1)
-
-    def at(t: torch.Tensor) -> torch.Tensor:
-        return t.gather(-1, idx).squeeze(-1)
-
-    x0, w, y0, h = at(xk[..., :-1]), at(widths), at(yk[..., :-1]), at(heights)
-    d0, d1 = at(slopes[..., :-1]), at(slopes[..., 1:])
+    idx = _bins(yk if inverse else xk, xc, event)
+    knot = event * (k + 1) + idx  # (N,) into the flattened (B, K + 1) knots
+    bin_ = event * k + idx  # (N,) into the flattened (B, K) sizes
+    x0, y0 = xk.flatten()[knot], yk.flatten()[knot]
+    w, h = widths.flatten()[bin_], heights.flatten()[bin_]
+    d0, d1 = slopes.flatten()[knot], slopes.flatten()[knot + 1]
     delta = h / w
     bend = d0 + d1 - 2.0 * delta
     if inverse:
@@ -89,18 +104,27 @@ def rq_spline(
 
 
 def _transform(
-    z: torch.Tensor, spline: torch.Tensor, loc: torch.Tensor, log_scale: torch.Tensor
+    z: torch.Tensor,
+    spline: torch.Tensor,
+    loc: torch.Tensor,
+    log_scale: torch.Tensor,
+    event: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Base normal z (N,) -> standardised value: loc + exp(log_scale) * spline(z)."""
-    y, _ = rq_spline(z, spline)
+    """Base normal z (N,) -> standardised value: loc + exp(log_scale) * spline(z) (spline per row, or per
+    event with `event`, as rq_spline)."""
+    y, _ = rq_spline(z, spline, event=event)
     return loc + log_scale.exp() * y
 
 
 def _log_prob(
-    v: torch.Tensor, spline: torch.Tensor, loc: torch.Tensor, log_scale: torch.Tensor
+    v: torch.Tensor,
+    spline: torch.Tensor,
+    loc: torch.Tensor,
+    log_scale: torch.Tensor,
+    event: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N,) log density of standardised values v under `_transform` of a standard normal."""
-    z, log_det = rq_spline((v - loc) * torch.exp(-log_scale), spline, inverse=True)
+    z, log_det = rq_spline((v - loc) * torch.exp(-log_scale), spline, inverse=True, event=event)
     return -0.5 * z * z - LOG_SQRT_2PI + log_det - log_scale
 
 
@@ -197,24 +221,27 @@ class MuonFlow(nn.Module):
     def _params(
         self, context: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per muon: energy spline, loc, log scale; lateral spline; and the lateral net's context part. The spline
-        parameters leave in fp32 whatever the autocast precision: the spline's softmax, cumsum, divisions and
-        logs in bf16 made a NaN loss after ~1100 updates of the default muon_flow (knot gaps rounded to 0); the
-        gather stays in the networks' dtype (half the bytes), the cast is exact."""
+        """The energy spline (B, n) per event and its loc, log scale (M,) per muon; the lateral spline (B, n)
+        per event; and the lateral net's context part (M, half) per muon. The spline parameters leave in fp32
+        whatever the autocast precision: the spline's softmax, cumsum, divisions and logs in bf16 made a NaN loss
+        after ~1100 updates of the default muon_flow (knot gaps rounded to 0); the cast is exact."""
         n = self.n_spline
-        per_event = self.event_net(context).index_select(0, index).float()  # (M, 2n + 2)
+        per_event = self.event_net(context).float()  # (B, 2n + 2)
+        affine = per_event[:, n : n + 2].index_select(0, index)  # (M, 2)
         lateral_ctx = self.lateral_context(context).index_select(0, index)  # (M, half)
-        return per_event[:, :n], per_event[:, n], per_event[:, n + 1], per_event[:, n + 2 :], lateral_ctx
+        return per_event[:, :n], affine[:, 0], affine[:, 1], per_event[:, n + 2 :], lateral_ctx
 
     def _gap_params(
         self, context: torch.Tensor, a_lead: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per muon (M,): the gap's spline, loc and log scale from its event's (context, a_lead (B,))."""
+        """The gap's spline (B, n) per event, loc and log scale (M,) per muon, from each event's (context,
+        a_lead (B,))."""
         assert self.gap_net is not None
         n = self.n_spline
         net_in = torch.cat([context, a_lead.to(context.dtype).unsqueeze(1)], 1)
-        out = self.gap_net(net_in).index_select(0, index).float()  # (M, n + 2)
-        return out[:, :n], out[:, n], out[:, n + 1].clamp(-5.0, 5.0)
+        out = self.gap_net(net_in).float()  # (B, n + 2)
+        affine = out[:, n:].index_select(0, index)  # (M, 2)
+        return out[:, :n], affine[:, 0], affine[:, 1].clamp(-5.0, 5.0)
 
     def _lateral_affine(
         self, lateral_ctx: torch.Tensor, a: torch.Tensor, lead: torch.Tensor | None = None
@@ -234,17 +261,17 @@ class MuonFlow(nn.Module):
         event (with `leading`, the first of each event leads); noise (M, 3) standard normals. Differentiable
         in the parameters (a generator's forward)."""
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
-        a = _transform(noise[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
+        a = _transform(noise[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0), index)
         lead = None
         if self.leading:
             lead = first_of_events(index)
             # the leading energies per event (0 for events without muons), then every other muon under it
             a_lead = a.new_zeros(context.shape[0]).index_add(0, index, torch.where(lead, a, 0.0))
             g_spline, g_loc, g_log_scale = self._gap_params(context, a_lead, index)
-            u = _transform(noise[:, 0], g_spline, g_loc, g_log_scale)
+            u = _transform(noise[:, 0], g_spline, g_loc, g_log_scale, index)
             a = torch.where(lead, a, self._below_lead(u, a_lead[index]))
         l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a, lead)
-        b = _transform(noise[:, 1], l_spline, l_loc, l_log_scale)
+        b = _transform(noise[:, 1], l_spline, l_loc, l_log_scale, index)
         log10_e = self.center[0] + self.scale[0] * a
         r = torch.pow(10.0, (self.center[1] + self.scale[1] * b).clamp(max=2.0))  # r <= 100 x 500 m
         phi = math.pi * torch.erf(noise[:, 2] / math.sqrt(2.0))  # uniform on (-pi, pi)
@@ -256,7 +283,7 @@ class MuonFlow(nn.Module):
         v = (self.polar(muons) - self.center) / self.scale  # (M, 2)
         a = v[:, 0]
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
-        log_p = _log_prob(a, e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0))
+        log_p = _log_prob(a, e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0), index)
         lead = None
         if self.leading:
             events = context.shape[0]
@@ -266,7 +293,8 @@ class MuonFlow(nn.Module):
             u = (torch.log(gap) - self.gap_center) / self.gap_scale
             g_spline, g_loc, g_log_scale = self._gap_params(context, a_lead, index)
             # density of a: that of u times |du/da| = 1 / (gap_scale * gap)
-            log_gap = _log_prob(u, g_spline, g_loc, g_log_scale) - torch.log(gap) - torch.log(self.gap_scale)
+            log_gap = _log_prob(u, g_spline, g_loc, g_log_scale, index)
+            log_gap = log_gap - torch.log(gap) - torch.log(self.gap_scale)
             log_p = torch.where(lead, log_p, log_gap)
         l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a, lead)
-        return log_p + _log_prob(v[:, 1], l_spline, l_loc, l_log_scale)
+        return log_p + _log_prob(v[:, 1], l_spline, l_loc, l_log_scale, index)
