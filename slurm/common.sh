@@ -151,8 +151,8 @@ fi
 
 # --------------------------------------------------------------------------------------------- checks
 # Validate the config and this allocation against it before anything runs; sets hpctrain_run_dir,
-# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout and
-# hpctrain_signal_lead. The check reads the job's real settings from SLURM (time limit, GPUs, tasks: sbatch's own
+# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout,
+# hpctrain_requeue_code and hpctrain_signal_lead. The check reads the job's real settings from SLURM (time limit, GPUs, tasks: sbatch's own
 # options win over the #SBATCH lines). SLURM shows no job's --signal, so the script's line is only the fallback
 # when slurm.signal_lead_seconds is not given (`submit --check` says so in one warning line).
 hpctrain_check() {
@@ -363,6 +363,8 @@ hpctrain_job() {
     hpctrain_wait_step
     local rc=$?
     hpctrain_step_done=1
+    # train.requeue_exit_code: the training's own code for a resumable stop; the chain speaks 75
+    [ "$rc" = "${hpctrain_requeue_code:-75}" ] && rc=75
     rc=$(hpctrain_resolve_torchrun_rc "$rc")
     rm -f "$hpctrain_hop_marker"
     hpctrain_after "$(hpctrain_stopped_rc "$rc")"
