@@ -73,7 +73,7 @@ def test_the_executable_saves_with_85_on_eviction_and_the_next_execution_finishe
     while not latest.exists() and first.poll() is None and time.time() < deadline:
         time.sleep(0.1)
     first.send_signal(signal.SIGTERM)  # HTCondor's eviction (kill_sig) to the executable
-    out, err = first.communicate(timeout=120)
+    _, err = first.communicate(timeout=120)
     assert first.returncode == 85, err
     assert json.loads((sandbox / "runs" / "r" / "summary.json").read_text())["status"] == "stopped"
     second = subprocess.run(argv, cwd=sandbox, env=env, capture_output=True, text=True, timeout=180)
