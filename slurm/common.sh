@@ -212,9 +212,10 @@ hpctrain_submit_successor() {
     gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
     # The successor inherits this shell's environment (sbatch --export=ALL): no array task's variables, which SLURM
     # would leave in place for a job that is no array task (it would take itself for this task).
+    # HPCTRAIN_PREDECESSOR: a successor of a job that `hpctrain cancel` named does not start (launch/chain.py).
     hpctrain_successor=$("${hpctrain_shield[@]}" env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
-        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP \
-        sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
+        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP HPCTRAIN_PREDECESSOR="$hpctrain_this_job" \
+        sbatch --parsable --dependency="afterany:$hpctrain_this_job" --comment="hpctrain:sbatch:$hpctrain_run_dir" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
         --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
         ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
@@ -344,6 +345,9 @@ hpctrain_job() {
     hpctrain_parse_args "${HPCTRAIN_ORIGINAL_ARGS[@]}" || exit 2
     mkdir -p logs/slurm
     hpctrain_check
+    # The run folder in the job's comment: `hpctrain cancel --job ID` (and `hpctrain cancel RUN`) find it there.
+    scontrol update JobId="$hpctrain_this_job" Comment="hpctrain:sbatch:$hpctrain_run_dir" 2>/dev/null ||
+        hpctrain_log "note: could not set this job's comment (hpctrain cancel finds the job through chain.json)"
     hpctrain_master
     hpctrain_log "run folder $hpctrain_run_dir; $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST;" \
         "master $MASTER_ADDR:$MASTER_PORT; launcher $hpctrain_launcher; resubmit $hpctrain_resubmit;" \

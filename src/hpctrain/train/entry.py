@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -28,12 +29,14 @@ from typing import TYPE_CHECKING, TextIO
 
 from hpctrain.config.dump import differences, to_yaml
 from hpctrain.config.schema import ConfigBase
-from hpctrain.errors import UserError
+from hpctrain.errors import EXIT_RESUMABLE, UserError
 from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
 from hpctrain.remote.uris import MissingPathError
 from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.signals import for_run
+from hpctrain.track.cancel import PREDECESSOR, read_mark, remove_mark
+from hpctrain.track.chain import process_start_time
 from hpctrain.train.preflight import check_config
 from hpctrain.train.remote_ckpt import prepare_tokens
 
@@ -108,6 +111,13 @@ def _train(
 
     say = out.say
     run_dir = cfg.run.dir
+    mark = read_mark(run_dir)
+    if mark is not None and (
+        mark.names(env.scheduler_job, os.environ.get(PREDECESSOR)) or mark.time >= process_start_time()
+    ):
+        # `hpctrain cancel` named this job (or came after this process started): the chain ends here
+        say(f"the run was {mark.said()}: not training; it is resumable (submit or run it again to continue)")
+        return EXIT_RESUMABLE
     if verbose or not sys.stdout.isatty():
         say(to_yaml(cfg), end="")  # a job's log keeps the whole config
     else:
@@ -118,6 +128,9 @@ def _train(
         built.append(Trainer(cfg, task, env, run_dir, budget))
         trainer = built[0]
         trainer.build()
+    if mark is not None and env.is_main:  # a start the cancel did not name: the run goes on, the mark goes
+        remove_mark(run_dir)
+        say(f"continuing the run that was {mark.said()}")
     # chain.json's startup_seconds: the hop's start to its first update (chain is read when that comes: the
     # resume may replace it).
     on_first_update(trainer.optimizers, lambda: trainer.chain.first_update_done())
