@@ -28,7 +28,7 @@ from pathlib import Path
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.fsutil import pid_alive
-from hpctrain.track.cancel import write_mark
+from hpctrain.track.cancel import read_mark, write_mark
 from hpctrain.track.chain import read_chain, read_json
 from hpctrain.track.runs import is_run_dir
 
@@ -123,14 +123,23 @@ def _local_holder(run_dir: Path) -> int | None:
     return int(lock["pid"])
 
 
+def _finished(run_dir: Path) -> bool:
+    summary = read_json(run_dir / "summary.json", {})
+    return isinstance(summary, dict) and summary.get("status") in ("finished", "already_finished")
+
+
 def cancel(plan: dict[Path, list[Job]], others: list[Job]) -> list[str]:
     """Mark every run folder (naming its jobs, or its local training), then ask the running to save and stop and
     cancel the queued (`others`: array tasks of no known folder); returns one line per action."""
     pids = {run_dir: None if jobs else _local_holder(run_dir) for run_dir, jobs in plan.items()}
+    lines = []
     for run_dir, jobs in plan.items():
         pid = pids[run_dir]
+        if not jobs and pid is None and _finished(run_dir):
+            lines.append(f"run {run_dir} is finished: nothing to cancel")
+            continue
         write_mark(run_dir, [job.id for job in jobs], [pid] if pid else [])
-    lines = [_act(job) for job in [*(j for jobs in plan.values() for j in jobs), *others]]
+    lines += [_act(job) for job in [*(j for jobs in plan.values() for j in jobs), *others]]
     for pid in pids.values():
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
@@ -192,7 +201,7 @@ def main(argv: list[str]) -> int:
         print(f"note: {no_queue}: no SLURM job was looked for")
     for line in cancel(plan, others):
         print(line)
-    for folder in plan:
+    for folder in (f for f in plan if read_mark(f) is not None):
         print(
             f"run {folder}: cancelled, resumable (`hpctrain status {folder}`; run or submit it again to continue)"
         )

@@ -56,8 +56,8 @@ def read_mark(run_dir: Path) -> CancelMark | None:
     data: Any = read_json(Path(run_dir) / MARK, None)
     if not isinstance(data, dict) or not isinstance(data.get("time"), (int, float)):
         return None
-    jobs = data.get("jobs") if isinstance(data.get("jobs"), list) else []
-    pids = data.get("pids") if isinstance(data.get("pids"), list) else []
+    jobs: list[Any] = data["jobs"] if isinstance(data.get("jobs"), list) else []
+    pids: list[Any] = data["pids"] if isinstance(data.get("pids"), list) else []
     return CancelMark(
         float(data["time"]),
         str(data.get("by") or "?"),

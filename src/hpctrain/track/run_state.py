@@ -51,8 +51,8 @@ def run_state(
     if queue and queue.split(" ", 1)[0] in _RUNNING_STATES:
         return "running", f"squeue: job {hops[-1].get('job_id')} {queue.split(' ', 1)[0]}" + asked
     if mark is not None and not finished:
-        last = f"; the last hop ended: {hops[-1].get('exit_reason') or 'killed'}" if hops else ""
-        return "cancelled", f"{MARK}: {mark.said()}{last}"
+        ended = f"; the last hop ended: {hops[-1].get('exit_reason') or 'killed'}" if hops else ""
+        return "cancelled", f"{MARK}: {mark.said()}{ended}"
     if not hops and not summary:
         return "not started", "no hop in chain.json and no summary.json"
     last = hops[-1] if hops else None
