@@ -123,7 +123,9 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     )
     job = str(hops[-1].get("job_id")) if hops and hops[-1].get("job_id") else None
     queued = queue.get(job) if job and not finished else None
-    state, evidence = run_state(hops, summary, lock_holder(run_dir, now), queued, finished, read_mark(run_dir))
+    state, evidence = run_state(
+        hops, summary, lock_holder(run_dir, now), queued, finished, read_mark(run_dir)
+    )
     # The best of the run's metric is known up to its last exit (summary.json); past that, and in a first hop,
     # only from the records: then every evaluation record within the tail's limit is read, else only the last.
     metric = (cfg.get("checkpoint") or {}).get("best_metric") or "val_loss"

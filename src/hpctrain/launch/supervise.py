@@ -109,7 +109,9 @@ class Supervisor:
         self.received: list[int] = []  # signals to forward, in order (the handler only appends)
         self.forwarded = 0  # how many of them reached a child
         self.stopping: int | None = None  # the first signal received: supervision ends
-        self._attempt_start = 0.0  # when the current attempt began (a cancel mark newer than it ends supervision)
+        self._attempt_start = (
+            0.0  # when the current attempt began (a cancel mark newer than it ends supervision)
+        )
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._handler) for sig in FORWARDED}
@@ -140,7 +142,9 @@ class Supervisor:
                 return attempt.code
             mark = read_mark(self.run_dir)
             if mark is not None and mark.time >= self._attempt_start:
-                self.say(f"the run was {mark.said()}; the child ended with {attempt.describe()}: supervision ends")
+                self.say(
+                    f"the run was {mark.said()}; the child ended with {attempt.describe()}: supervision ends"
+                )
                 return attempt.code
             idle = 0 if attempt.progressed else idle + 1
             crashes = 0 if attempt.code in (EXIT_OK, EXIT_RESUMABLE) else crashes + 1

@@ -46,7 +46,8 @@ class CancelMark:
 def write_mark(run_dir: Path, jobs: list[str], pids: list[int]) -> CancelMark:
     mark = CancelMark(time.time(), f"{getpass.getuser()}@{socket.gethostname()}", tuple(jobs), tuple(pids))
     write_json(
-        Path(run_dir) / MARK, {"time": mark.time, "by": mark.by, "jobs": list(mark.jobs), "pids": list(mark.pids)}
+        Path(run_dir) / MARK,
+        {"time": mark.time, "by": mark.by, "jobs": list(mark.jobs), "pids": list(mark.pids)},
     )
     return mark
 
