@@ -38,6 +38,7 @@ from hpctrain.track.cancel import read_mark
 from hpctrain.track.chain import changes_text, hop_number, read_chain
 from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, tail_records
+from hpctrain.track.what_ran import describe
 
 LOGGED_TAIL = 16 * 1024  # bytes of metrics.jsonl read for its last record (a few records)
 
@@ -248,6 +249,10 @@ def render(info: dict[str, Any]) -> str:
             f"{hop.get('exit_reason') or '-'}, goodput {goodput}"
             + (" (rebuilt from the checkpoints: chain.json was damaged)" if hop.get("rebuilt") else "")
         )
+    ran = [(i, h["ran"]) for i, h in enumerate(info["hops"]) if isinstance(h.get("ran"), dict)]
+    if ran:  # what the latest hop runs (ran) under: versions, GPUs, hosts, the config's git commit
+        index, record = ran[-1]
+        lines.append(f"ran (hop #{hop_number(info['hops'][index], index)}): {describe(record)}")
     ckpt = info["last_checkpoint"]
     lines.append(
         f"last checkpoint: {ckpt['path']} (update {ckpt['step']}, {_when(ckpt['time'])})"

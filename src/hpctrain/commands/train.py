@@ -19,9 +19,15 @@ from hpctrain.workloads.registry import make_task
 __all__ = ["main", "run"]
 
 
-def run(cfg: ConfigBase, env: ClusterEnv, verbose: bool = False, naming: str | None = None) -> int:
+def run(
+    cfg: ConfigBase,
+    env: ClusterEnv,
+    verbose: bool = False,
+    naming: str | None = None,
+    config_file: str | None = None,
+) -> int:
     """Train the run `cfg` names with its workload's task (what `hpctrain train` does after parsing)."""
-    return entry.run(cfg, env, make_task, verbose=verbose, naming=naming)
+    return entry.run(cfg, env, make_task, verbose=verbose, naming=naming, config_file=config_file)
 
 
 def main(argv: list[str]) -> int:
@@ -38,6 +44,7 @@ def main(argv: list[str]) -> int:
         return supervise_training(args, config_from_args(args, quiet=True))
     cfg, sources = resolve_from_args(args)
     announce(sources)
-    code = run(cfg, ClusterEnv.from_environ(), verbose=args.verbose, naming=sources.naming)
+    env = ClusterEnv.from_environ()
+    code = run(cfg, env, verbose=args.verbose, naming=sources.naming, config_file=args.config)
     # The process's code for a resumable stop is the scheduler's convention (HTCondor's self-checkpointing: 85).
     return cfg.train.requeue_exit_code if code == EXIT_RESUMABLE else code

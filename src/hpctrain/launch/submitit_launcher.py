@@ -63,7 +63,9 @@ class TrainJob:
             cfg, sources = self.resolve(self.request)
             announce(sources)  # the job's log names what came from the environment, as `hpctrain train` does
             env = ClusterEnv.from_environ()
-            code = entry.run(cfg, env, self.make_task, naming=sources.naming)
+            code = entry.run(
+                cfg, env, self.make_task, naming=sources.naming, config_file=self.request.config_path
+            )
         except UserError as exc:
             # The job fails (submitit and SLURM see it), its log ends with the one line that says why.
             raise JobInputError(f"error: {exc} (exit code {EXIT_BAD_INPUT})") from None

@@ -61,10 +61,12 @@ def run(
     make_task: TaskFactory,
     verbose: bool = False,
     naming: str | None = None,
+    config_file: str | None = None,
 ) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
     `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
-    automatic run.name was formed (config/naming.py), said with the run folder first."""
+    automatic run.name was formed (config/naming.py), said with the run folder first. `config_file`: the YAML
+    it came from, whose git tree each hop records (train/what_ran.py)."""
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
@@ -80,7 +82,7 @@ def run(
         with (
             no_room_is_user_error()
         ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
-            return _train(cfg, env, make_task, signals, built, out, verbose)
+            return _train(cfg, env, make_task, signals, built, out, verbose, config_file)
     except BaseException as exc:
         error = exc
         raise
@@ -104,6 +106,7 @@ def _train(
     built: list[Trainer],
     out: RunOutput,
     verbose: bool,
+    config_file: str | None = None,
 ) -> int:
     # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
@@ -125,7 +128,7 @@ def _train(
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
         task = make_task(cfg, env)
-        built.append(Trainer(cfg, task, env, run_dir, budget))
+        built.append(Trainer(cfg, task, env, run_dir, budget, config_file))
         trainer = built[0]
         trainer.build()
     if mark is not None and env.is_main:  # a start the cancel did not name: the run goes on, the mark goes
