@@ -93,7 +93,7 @@ hpctrain_sweep_element() {
 # The short names hpctrain reads (config/loading.py ENV_ALIASES and ENV_KEYS, and DATA_DIR; a test keeps the two
 # lists equal). HPCTRAIN_SECTION__KEY names and the libraries' own variables pass too; any other name would be
 # silently ignored by the training, so it is refused.
-HPCTRAIN_EXPORT_NAMES="LR BATCH_SIZE GLOBAL_BATCH_SIZE TOTAL_UPDATES EPOCHS SEED GPUS NODES DATA_TYPE TRAIN_SAMPLES"
+HPCTRAIN_EXPORT_NAMES="LR BATCH_SIZE GLOBAL_BATCH_SIZE TOTAL_UPDATES EPOCHS SEED GPUS NODES DATA_TYPE TRAIN_SAMPLES VAL_SAMPLES"
 HPCTRAIN_EXPORT_NAMES+=" RESULTS_DIR DATA_DIR WANDB_API_KEY BEARER_TOKEN"
 
 hpctrain_known_export() {

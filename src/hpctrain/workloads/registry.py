@@ -225,17 +225,38 @@ def config_model() -> type[BaseModel]:
 
 
 def fill_default_types(tree: dict[str, Any]) -> None:
-    """`model.type` defaults to the default workload's; `data.type` to the data type of model.type's workload."""
+    """`model.type` defaults to the default workload's, or, where no layer names a type and the data section
+    holds keys that only one other workload's data has (the cosmology scripts' DATA_TYPE, TRAIN_SAMPLES and
+    VAL_SAMPLES: data.kind, n_train, n_val), to that workload's first model type: `sbatch slurm/single_gpu.sh
+    --export=DATA_TYPE=2lpt` trains the fields workload. `data.type` defaults to the data type of model.type's
+    workload."""
     model = tree.setdefault("model", {})
     data = tree.setdefault("data", {})
     if not isinstance(model, dict) or not isinstance(data, dict):
         return  # validation will name the section
+    if "type" not in model and "type" not in data:
+        model["type"] = _workload_of_data_keys(set(data)) or DEFAULT_WORKLOAD
     model.setdefault("type", DEFAULT_WORKLOAD)
     if "type" not in data:
         for spec in workloads().values():
             if model["type"] in spec.models and spec.data:
                 data["type"] = spec.data[0].model_fields["type"].default
                 break
+
+
+def _workload_of_data_keys(keys: set[str]) -> str | None:
+    """The first model type of the one workload whose data sections alone have all of `keys`, where the default
+    workload's lack one; None otherwise."""
+    specs = workloads()
+
+    def has(spec: WorkloadSpec) -> bool:
+        return any(keys <= set(section.model_fields) for section in spec.data)
+
+    default = specs.get(DEFAULT_WORKLOAD)
+    if not keys or (default is not None and has(default.spec)):
+        return None
+    owners = [w.spec for w in specs.values() if has(w.spec)]
+    return next(iter(owners[0].models)) if len(owners) == 1 and owners[0].models else None
 
 
 def workload_of(model_type: str) -> Workload | None:
