@@ -4,6 +4,9 @@ requeue), and what a plain `scancel` does under afterany (docs/slurm.md: the suc
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +94,31 @@ def test_a_plain_scancel_under_afterany_lets_the_successor_carry_on(
         slurm_cluster.cancel_all()
     hops = read_json(run / "chain.json")
     assert hops[0]["exit_reason"] == "signal" and hops[1]["first_update"] == hops[0]["last_update"]
+
+
+def test_cancel_sweep_stops_the_running_element_and_cancels_the_queued_ones(
+    slurm_cluster: SlurmCluster, project: Path
+) -> None:
+    submitted = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "submit", "--sweep", "optim.lr=2e-3,3e-3,4e-3", "--max-parallel", "1",
+         "train.threads=1", "train.total_updates=400", "checkpoint.every=10"],
+        cwd=project, env=job_env(slurm_cluster, **save_pause(0.5)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    array = re.search(r"^job array (\d+)", submitted.stdout, flags=re.M).group(1)  # type: ignore[union-attr]
+    first = project / "logs" / "debug-lr0.002"
+    try:
+        wait_for(lambda: (first / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        said = hpctrain("cancel", str(first), "--sweep", cwd=project, env=job_env(slurm_cluster))
+        assert said.code == 0, said.err
+        assert f"job {array}_0 (running): asked to save and stop" in said.out
+        assert said.out.count("(pending): cancelled") == 2, said.out
+        wait_for(lambda: not _queued(slurm_cluster), "an empty queue", timeout=90)
+    finally:
+        slurm_cluster.cancel_all()
+    hops = read_json(first / "chain.json")
+    assert len(hops) == 1 and hops[0]["exit_reason"] == "signal", failure_log(project, f"{array}_0")[-3000:]
+    assert (
+        not (project / "logs" / "debug-lr0.003").exists()
+        and not (project / "logs" / "debug-lr0.004").exists()
+    )

@@ -7,9 +7,10 @@
    the job array the run is an element of, and their run folders.
 3. The mark (track/cancel.py) in each run folder, naming those jobs, BEFORE anything is signalled: whatever
    decides to go on afterwards (the chain, a successor's start, submitit's requeue, a supervisor) sees it.
-4. A running job is asked to save and stop: USR1 to its steps (`scancel --signal=USR1`: every rank saves at the
-   next step boundary and exits 75) and, for a template's job, to its batch shell (`--batch`: a hop not launched
-   yet does not start). A queued job is cancelled (`scancel`): it holds no state. A training on this host with no
+4. A running job is asked to save and stop: USR1 to its steps (`scancel --signal=USR1 <job>.<step>`: every rank
+   saves at the next step boundary and exits 75) and, for a template's job, to its batch shell (`--batch`: a hop
+   not launched yet does not start; an array task's shell is not signalled, its chain and its training start
+   read the mark). A queued job is cancelled (`scancel`): it holds no state. A training on this host with no
    job (run.lock's holder) gets USR1 itself.
 Never imports torch (login nodes).
 """
@@ -101,11 +102,26 @@ def _scancel(*args: str) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
 
 
+def _steps(job: str) -> list[str]:
+    """The job's running steps (`12.0`, `40_3.0`): signalled by their own ids, since `scancel --signal` on an array
+    task (`40_3`) retries for a minute on SLURM 22.05 (measured on the local cluster) while a step id is instant."""
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "--steps", "-j", job, "-o", "%i"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [s for s in done.stdout.split() if s.rpartition(".")[2].isdigit()]
+
+
 def _act(job: Job) -> str:
     if job.state in _RUNNING:
-        problem = _scancel("--signal=USR1", job.id)
-        if job.via != "submitit":  # a template's shell passes USR1 on; submitit's batch shell would die of it
-            problem = _scancel("--batch", "--signal=USR1", job.id) or problem
+        problems = [p for step in _steps(job.id) if (p := _scancel("--signal=USR1", step))]
+        if job.via != "submitit" and job.array is None:
+            # the template's shell passes USR1 on, or does not launch a hop that has not started (an array task's
+            # shell is reached by the mark instead: its chain and its training start read it)
+            problems += [p] if (p := _scancel("--batch", "--signal=USR1", job.id)) else []
+        problem = problems[0] if problems else None
         said = "asked to save and stop (USR1)"
     else:
         problem = _scancel(job.id)

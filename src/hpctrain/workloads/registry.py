@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 import hpctrain.workloads as package
+from hpctrain.config.environ import ENV_ALIASES
 from hpctrain.config.loading import resolve_config
 from hpctrain.config.schema import build_config_model
 from hpctrain.track.report.panels import NO_WORKLOAD, WorkloadReport
@@ -245,17 +246,18 @@ def fill_default_types(tree: dict[str, Any]) -> None:
 
 
 def _workload_of_data_keys(keys: set[str]) -> str | None:
-    """The first model type of the one workload whose data sections alone have all of `keys`, where the default
-    workload's lack one; None otherwise."""
+    """The first model type of the one workload whose data sections have all of `keys`, where the default
+    workload's lack some and those are the data keys the sbatch scripts' short names set (ENV_ALIASES: DATA_TYPE,
+    TRAIN_SAMPLES, VAL_SAMPLES); None otherwise (another key of another workload is refused naming it)."""
     specs = workloads()
-
-    def has(spec: WorkloadSpec) -> bool:
-        return any(keys <= set(section.model_fields) for section in spec.data)
-
     default = specs.get(DEFAULT_WORKLOAD)
-    if not keys or (default is not None and has(default.spec)):
+    common = set().union(*(section.model_fields for section in default.spec.data)) if default else set()
+    aliased = {key.partition(".")[2] for key in ENV_ALIASES.values() if key.startswith("data.")}
+    if not keys - common or not keys - common <= aliased:
         return None
-    owners = [w.spec for w in specs.values() if has(w.spec)]
+    owners = [
+        w.spec for w in specs.values() if any(keys <= set(section.model_fields) for section in w.spec.data)
+    ]
     return next(iter(owners[0].models)) if len(owners) == 1 and owners[0].models else None
 
 
