@@ -93,7 +93,7 @@ hpctrain_sweep_element() {
 # The short names hpctrain reads (config/loading.py ENV_ALIASES and ENV_KEYS, and DATA_DIR; a test keeps the two
 # lists equal). HPCTRAIN_SECTION__KEY names and the libraries' own variables pass too; any other name would be
 # silently ignored by the training, so it is refused.
-HPCTRAIN_EXPORT_NAMES="LR BATCH_SIZE GLOBAL_BATCH_SIZE TOTAL_UPDATES EPOCHS SEED GPUS NODES DATA_TYPE TRAIN_SAMPLES"
+HPCTRAIN_EXPORT_NAMES="LR BATCH_SIZE GLOBAL_BATCH_SIZE TOTAL_UPDATES EPOCHS SEED GPUS NODES DATA_TYPE TRAIN_SAMPLES VAL_SAMPLES"
 HPCTRAIN_EXPORT_NAMES+=" RESULTS_DIR DATA_DIR WANDB_API_KEY BEARER_TOKEN"
 
 hpctrain_known_export() {
@@ -151,8 +151,8 @@ fi
 
 # --------------------------------------------------------------------------------------------- checks
 # Validate the config and this allocation against it before anything runs; sets hpctrain_run_dir,
-# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout and
-# hpctrain_signal_lead. The check reads the job's real settings from SLURM (time limit, GPUs, tasks: sbatch's own
+# hpctrain_resubmit, hpctrain_max_resubmits, hpctrain_max_idle, hpctrain_launcher, hpctrain_dist_timeout,
+# hpctrain_requeue_code and hpctrain_signal_lead. The check reads the job's real settings from SLURM (time limit, GPUs, tasks: sbatch's own
 # options win over the #SBATCH lines). SLURM shows no job's --signal, so the script's line is only the fallback
 # when slurm.signal_lead_seconds is not given (`submit --check` says so in one warning line).
 hpctrain_check() {
@@ -212,9 +212,10 @@ hpctrain_submit_successor() {
     gres=$(grep -oE 'TresPerNode=[^ ]+' <<<"$tres" | cut -d= -f2 | sed -E 's#^gres[:/]##')
     # The successor inherits this shell's environment (sbatch --export=ALL): no array task's variables, which SLURM
     # would leave in place for a job that is no array task (it would take itself for this task).
+    # HPCTRAIN_PREDECESSOR: a successor of a job that `hpctrain cancel` named does not start (launch/chain.py).
     hpctrain_successor=$("${hpctrain_shield[@]}" env -u SLURM_ARRAY_JOB_ID -u SLURM_ARRAY_TASK_ID -u SLURM_ARRAY_TASK_COUNT \
-        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP \
-        sbatch --parsable --dependency="afterany:$hpctrain_this_job" \
+        -u SLURM_ARRAY_TASK_MIN -u SLURM_ARRAY_TASK_MAX -u SLURM_ARRAY_TASK_STEP HPCTRAIN_PREDECESSOR="$hpctrain_this_job" \
+        sbatch --parsable --dependency="afterany:$hpctrain_this_job" --comment="hpctrain:sbatch:$hpctrain_run_dir" \
         --job-name="$SLURM_JOB_NAME" --chdir="$SLURM_SUBMIT_DIR" \
         --nodes="$SLURM_JOB_NUM_NODES" ${SLURM_NTASKS_PER_NODE:+--ntasks-per-node="$SLURM_NTASKS_PER_NODE"} \
         ${gres:+--gres="$gres"} --time="$(grep -oE 'TimeLimit=[^ ]+' <<<"$tres" | cut -d= -f2)" \
@@ -344,6 +345,9 @@ hpctrain_job() {
     hpctrain_parse_args "${HPCTRAIN_ORIGINAL_ARGS[@]}" || exit 2
     mkdir -p logs/slurm
     hpctrain_check
+    # The run folder in the job's comment: `hpctrain cancel --job ID` (and `hpctrain cancel RUN`) find it there.
+    scontrol update JobId="$hpctrain_this_job" Comment="hpctrain:sbatch:$hpctrain_run_dir" 2>/dev/null ||
+        hpctrain_log "note: could not set this job's comment (hpctrain cancel finds the job through chain.json)"
     hpctrain_master
     hpctrain_log "run folder $hpctrain_run_dir; $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST;" \
         "master $MASTER_ADDR:$MASTER_PORT; launcher $hpctrain_launcher; resubmit $hpctrain_resubmit;" \
@@ -363,6 +367,8 @@ hpctrain_job() {
     hpctrain_wait_step
     local rc=$?
     hpctrain_step_done=1
+    # train.requeue_exit_code: the training's own code for a resumable stop; the chain speaks 75
+    [ "$rc" = "${hpctrain_requeue_code:-75}" ] && rc=75
     rc=$(hpctrain_resolve_torchrun_rc "$rc")
     rm -f "$hpctrain_hop_marker"
     hpctrain_after "$(hpctrain_stopped_rc "$rc")"

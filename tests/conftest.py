@@ -30,6 +30,7 @@ _LEAKY = (
     "NODES",
     "DATA_TYPE",
     "TRAIN_SAMPLES",
+    "VAL_SAMPLES",
     "RESULTS_DIR",
     "DATA_DIR",
     "WANDB_API_KEY",

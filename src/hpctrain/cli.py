@@ -26,6 +26,7 @@ VERBS = {
     "config": "print the resolved configuration without running (`config show`)",
     "submit": "submit a training to SLURM through submitit (--dry-run, --local)",
     "status": "show progress, hops and goodput of a run folder",
+    "cancel": "end a run's chain (SLURM jobs, queued successors): the hop saves and stops; resumable",
     "data": "generate or inspect data sets (`data generate`, `data inspect`)",
     "sample": "generate samples from a trained model (muon bundles)",
     "evaluate": "quality figures of a trained model (muons: bundles vs the synthetic truth)",

@@ -21,6 +21,8 @@ NOT_HERE = {
     "hpctrain sync": "uploads to a W&B account (the offline files it uploads are tested in test_wandb.py)",
     "python -m pytest": "a part of this suite",
     "hpctrain supervise -- torchrun --nnodes 2": "needs a second machine (the single-node form runs here)",
+    "condor_submit": "needs an HTCondor pool (tests/launch/test_condor.py parses the file with HTCondor's parser "
+    "and runs its executable)",
 }
 
 # Lines that run at their documented length (the environment's TOTAL_UPDATES=4 is not given to them): the quick

@@ -104,6 +104,8 @@ def test_two_hops_append_to_one_run(two_hops: tuple[Path, Path, list[str]]) -> N
     assert config["train"]["total_updates"] == 80
     assert config["logging"]["wandb"]["api_key"] == "**********"
     assert config["data"]["pelican"]["token"] == "**********"
+    # and what the hop ran under (versions, hosts, the config's git state): chain.json's record of hop 2
+    assert config["ran"] == json.loads((run_dir / "chain.json").read_text())[1]["ran"]
 
 
 def test_tensorboard_steps_continue_across_hops(two_hops: tuple[Path, Path, list[str]]) -> None:

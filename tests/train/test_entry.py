@@ -136,7 +136,7 @@ def test_the_submitit_job_runs_the_same_life_cycle(tmp_path: Path, monkeypatch: 
 
     seen = []
 
-    def fake_run(cfg, env, factory, naming=None) -> int:
+    def fake_run(cfg, env, factory, naming=None, config_file=None) -> int:
         seen.append((cfg.run.name, factory, naming))
         return 0
 
@@ -148,7 +148,7 @@ def test_the_submitit_job_runs_the_same_life_cycle(tmp_path: Path, monkeypatch: 
     assert submitit_launcher.TrainJob(automatic, resolve, make_task)() == 0
     assert seen[1] == ("debug-lr0.01", make_task, "automatic run.name: debug + optim.lr=0.01")
 
-    def mistake(cfg, env, factory, naming=None) -> int:
+    def mistake(cfg, env, factory, naming=None, config_file=None) -> int:
         raise UserError("data.paths: /x: no such file or folder")
 
     monkeypatch.setattr(entry, "run", mistake)

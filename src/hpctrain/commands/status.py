@@ -34,9 +34,11 @@ from hpctrain.commands.common import ArgParser
 from hpctrain.commands.status_table import collect_rows, render_table, sort_rows
 from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.track.cancel import read_mark
 from hpctrain.track.chain import changes_text, hop_number, read_chain
 from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, tail_records
+from hpctrain.track.what_ran import describe
 
 LOGGED_TAIL = 16 * 1024  # bytes of metrics.jsonl read for its last record (a few records)
 
@@ -182,7 +184,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
     slurm = cfg.get("slurm", {}) or {}
     holder = lock_holder(run_dir, now)
     queue = queue_state(hops[-1].get("job_id")) if hops and not finished else None
-    state, evidence = run_state(hops, summary, holder, queue, finished)
+    state, evidence = run_state(hops, summary, holder, queue, finished, read_mark(run_dir))
     limit, limit_source = hop_seconds(hops, cfg) if not finished else (None, "finished")
     running_hop = hops[-1] if state == "running" and hops else None
     return {
@@ -209,6 +211,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
 
 _STATE_TEXT = {
     "stopped": "stopped, resumable (run the same command again, or hpctrain submit)",
+    "cancelled": "cancelled, resumable (run the same command again, or hpctrain submit, to continue it)",
     "crashed": "crashed (resume with the same command: it continues from the last checkpoint)",
     "failed": "failed (fix the cause, e.g. a lower optim.lr with checkpoint.accept_changes, then run again: it "
     "continues from the last good checkpoint)",
@@ -246,6 +249,10 @@ def render(info: dict[str, Any]) -> str:
             f"{hop.get('exit_reason') or '-'}, goodput {goodput}"
             + (" (rebuilt from the checkpoints: chain.json was damaged)" if hop.get("rebuilt") else "")
         )
+    ran = [(i, h["ran"]) for i, h in enumerate(info["hops"]) if isinstance(h.get("ran"), dict)]
+    if ran:  # what the latest hop runs (ran) under: versions, GPUs, hosts, the config's git commit
+        index, record = ran[-1]
+        lines.append(f"ran (hop #{hop_number(info['hops'][index], index)}): {describe(record)}")
     ckpt = info["last_checkpoint"]
     lines.append(
         f"last checkpoint: {ckpt['path']} (update {ckpt['step']}, {_when(ckpt['time'])})"

@@ -18,13 +18,18 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.launch.chain import read_hops
+from hpctrain.track.cancel import read_mark
 from hpctrain.track.chain import read_json
 from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import Tail, read_config, tail_records
 
 # `--sort` keys: the column each sorts by (rows without a value come last, whatever the order).
 SORT_KEYS = ("name", "state", "update", "progress", "last", "best", "hops", "goodput", "activity")
-_STATE_SHOWN = {"stopped": "stopped-resumable", "not started": "not-started"}
+_STATE_SHOWN = {
+    "stopped": "stopped-resumable",
+    "cancelled": "cancelled-resumable",
+    "not started": "not-started",
+}
 
 
 def queue_states(job_ids: set[str]) -> dict[str, str]:
@@ -118,7 +123,9 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     )
     job = str(hops[-1].get("job_id")) if hops and hops[-1].get("job_id") else None
     queued = queue.get(job) if job and not finished else None
-    state, evidence = run_state(hops, summary, lock_holder(run_dir, now), queued, finished)
+    state, evidence = run_state(
+        hops, summary, lock_holder(run_dir, now), queued, finished, read_mark(run_dir)
+    )
     # The best of the run's metric is known up to its last exit (summary.json); past that, and in a first hop,
     # only from the records: then every evaluation record within the tail's limit is read, else only the last.
     metric = (cfg.get("checkpoint") or {}).get("best_metric") or "val_loss"

@@ -161,6 +161,8 @@ def shell_settings(cfg: ConfigBase, run_dir: Path, shape: sbatch.JobShape | None
         "max_idle": slurm.max_hops_without_progress,
         "launcher": slurm.launcher,
         "dist_timeout": int(cfg.distributed.timeout_seconds),
+        # train.requeue_exit_code: the training's exit code for a resumable stop (the template reads it as 75)
+        "requeue_code": cfg.train.requeue_exit_code,
     }
     return "".join(f"hpctrain_{k}={shlex.quote(str(v))}\n" for k, v in values.items())
 

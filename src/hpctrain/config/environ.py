@@ -36,6 +36,7 @@ ENV_ALIASES = {
     "NODES": "slurm.nodes",
     "DATA_TYPE": "data.kind",
     "TRAIN_SAMPLES": "data.n_train",
+    "VAL_SAMPLES": "data.n_val",
 }
 # Variables with a fixed key of their own (paths and the secrets' allowed routes), from the environment or .env.
 ENV_KEYS = {

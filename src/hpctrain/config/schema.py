@@ -392,6 +392,24 @@ class TrainConfig(Section):
         json_schema_extra=MAY_CHANGE,
     )
 
+    requeue_exit_code: int = Field(
+        75,
+        description="The process's exit code for a resumable stop (time budget or a signal; the state was saved "
+        "first): 75 (EX_TEMPFAIL) for SLURM chains and `--until-done`; 85 for HTCondor's self-checkpointing "
+        "(`checkpoint_exit_code = 85`, hpc/condor/). 3-127, not 0, 1 or 2 (finished, failure, bad input).",
+        json_schema_extra=MAY_CHANGE,
+    )
+
+    @field_validator("requeue_exit_code")
+    @classmethod
+    def _requeue_code(cls, value: int) -> int:
+        if not 3 <= value <= 127:
+            raise ValueError(
+                "must be 3-127: 0, 1 and 2 mean finished, failure and bad input, and 128 and up a death by a "
+                "signal (75 for SLURM, 85 for HTCondor)"
+            )
+        return value
+
     @field_validator("compile", mode="before")
     @classmethod
     def _compile_bools(cls, value: Any) -> Any:

@@ -39,6 +39,11 @@ def _one(error: Any, origins: Mapping[str, str], cls: type[BaseModel] | None) ->
     # Drop the union member tag pydantic inserts (e.g. model.regression.hidden -> model.hidden).
     if len(loc) >= 2 and loc[0] in ("model", "data") and error.get("type") != "union_tag_invalid":
         tag = loc[1] if len(loc) > 2 else None
+        if (
+            len(loc) == 2 and error.get("type") == "value_error"
+        ):  # a check across the member's keys: it names them
+            said = str(error["msg"]).removeprefix("Value error, ")
+            return said if said.startswith(f"{loc[0]}.") else f"{loc[0]}: {said}"
         loc = [loc[0], *loc[2:]] if len(loc) > 2 else loc
     key = ".".join(loc)
     value = error.get("input")

@@ -7,17 +7,22 @@ torch nor the trainer: it runs in the batch shell and on login nodes.
     python -m hpctrain.launch.chain start RUN_DIR --max-resubmits N --max-idle K   # before a hop
     python -m hpctrain.launch.chain next RUN_DIR --exit-code 75 --max-resubmits N --max-idle K
     exit 0 and print "run"/"resubmit"/"done"; exit 3 and print the reason when the chain must stop.
+
+A run that `hpctrain cancel` marked (track/cancel.py) stops here for the jobs the mark names and their successors.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.runtime.env import ClusterEnv
+from hpctrain.track.cancel import PREDECESSOR, CancelMark, read_mark
 from hpctrain.track.chain import read_chain
 
 EXIT_CHAIN_STOP = 3
@@ -84,6 +89,15 @@ def decide(
     return Decision("resubmit", f"hop {len(hops)} (at most {max_resubmits + 1}) follows")
 
 
+def cancelled(mark: CancelMark | None, job: str | None, predecessor: str | None) -> Decision | None:
+    """The stop a cancel mark means for this job (None: it names neither the job nor the job that queued it)."""
+    if mark is None or not mark.names(job, predecessor):
+        return None
+    return Decision(
+        "stop", f"the run was {mark.said()}: the chain ends here; the run is resumable (submit it again)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.chain", description=__doc__)
     parser.add_argument("when", choices=["start", "next"])
@@ -92,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-resubmits", type=int, required=True)
     parser.add_argument("--max-idle", type=int, required=True)
     args = parser.parse_args(argv)
-    decision = decide(read_hops(args.run_dir), args.when, args.exit_code, args.max_resubmits, args.max_idle)
+    job = ClusterEnv.from_environ().scheduler_job
+    decision = cancelled(read_mark(args.run_dir), job, os.environ.get(PREDECESSOR)) or decide(
+        read_hops(args.run_dir), args.when, args.exit_code, args.max_resubmits, args.max_idle
+    )
     if decision.action == "stop":
         print(f"hpctrain chain: {decision.reason}", file=sys.stderr)
         return EXIT_CHAIN_STOP

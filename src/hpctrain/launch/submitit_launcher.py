@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.loading import ConfigRequest, Provenance
 from hpctrain.config.schema import ConfigBase, SlurmConfig, parse_duration
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
-from hpctrain.launch.chain import decide, read_hops
+from hpctrain.launch.chain import cancelled, decide, read_hops
 from hpctrain.launch.sbatch import tasks_per_node
+from hpctrain.track.cancel import read_mark
 
 if TYPE_CHECKING:
     from hpctrain.runtime.env import ClusterEnv
@@ -62,7 +63,9 @@ class TrainJob:
             cfg, sources = self.resolve(self.request)
             announce(sources)  # the job's log names what came from the environment, as `hpctrain train` does
             env = ClusterEnv.from_environ()
-            code = entry.run(cfg, env, self.make_task, naming=sources.naming)
+            code = entry.run(
+                cfg, env, self.make_task, naming=sources.naming, config_file=self.request.config_path
+            )
         except UserError as exc:
             # The job fails (submitit and SLURM see it), its log ends with the one line that says why.
             raise JobInputError(f"error: {exc} (exit code {EXIT_BAD_INPUT})") from None
@@ -76,6 +79,10 @@ class TrainJob:
     def _requeue(self, cfg: ConfigBase, env: ClusterEnv) -> None:
         """After the trainer saved and stopped: submitit's requeue path, unless a chain cap says stop."""
         slurm = cfg.slurm
+        stop = cancelled(read_mark(cfg.run.dir), env.scheduler_job, None)
+        if stop is not None:  # `hpctrain cancel`: the hop saved and stopped; nothing follows it
+            log.warning("not requeued: %s", stop.reason)
+            return
         verdict = decide(
             read_hops(cfg.run.dir), "start", 0, slurm.max_resubmits, slurm.max_hops_without_progress
         )
@@ -119,7 +126,13 @@ def _end_without_finalization() -> None:
     atexit.register(at_exit)
 
 
-def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
+def job_comment(run_dir: Path, via: str) -> str:
+    """The job's SLURM comment: how `hpctrain cancel --job ID` finds its run folder, and how the job is signalled
+    (`via`: sbatch = a template, whose batch shell passes signals on; submitit = steps only)."""
+    return f"hpctrain:{via}:{Path(run_dir).resolve()}"
+
+
+def executor_parameters(slurm: SlurmConfig, job_name: str, run_dir: Path | None = None) -> dict[str, Any]:
     """submitit SlurmExecutor parameters from the slurm section (the same request as the templates)."""
     params: dict[str, Any] = {
         "job_name": job_name,
@@ -131,6 +144,8 @@ def executor_parameters(slurm: SlurmConfig, job_name: str) -> dict[str, Any]:
     }
     if slurm.gpus_per_node:
         params["gpus_per_node"] = slurm.gpus_per_node
+    if run_dir is not None:
+        params["comment"] = job_comment(run_dir, "submitit")
     for key in ("partition", "account", "qos", "constraint", "mem"):
         value = getattr(slurm, key)
         if value:
@@ -159,7 +174,7 @@ def make_executor(cfg: ConfigBase, folder: Path, local: bool = False) -> Any:
         return executor
     # submitit counts any signal in a job under ~50 min as a timeout, 3 at most by default: our cap instead.
     slurm_executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=slurm.max_resubmits)
-    slurm_executor.update_parameters(**executor_parameters(slurm, name))
+    slurm_executor.update_parameters(**executor_parameters(slurm, name, cfg.run.dir))
     return slurm_executor
 
 
@@ -167,6 +182,6 @@ def sbatch_text(cfg: ConfigBase, folder: Path) -> str:
     """The sbatch script submitit would submit for this config (for --dry-run)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = executor_parameters(cfg.slurm, f"hpctrain-{cfg.run.name}")
+    params = executor_parameters(cfg.slurm, f"hpctrain-{cfg.run.name}", cfg.run.dir)
     command = "python -u -m submitit.core._submit " + str(folder)
     return _make_sbatch_string(command=command, folder=str(folder), **params)

@@ -7,6 +7,7 @@ What a SLURM chain does across jobs (launch/chain.py), for a GPU box under tmux 
 - exit 0 (finished) or 2 (bad input: running it again cannot help): stop;
 - `max_idle` attempts in a row that completed no update (the chain's rule, `chain.hop_progress` over the hops an
   attempt added to chain.json; an attempt that added none made none either): stop;
+- `hpctrain cancel RUN` (a cancel mark newer than the attempt's start: track/cancel.py): stop;
 - SIGTERM or SIGINT to the supervisor: forwarded to the child, which saves and exits; supervision ends with it
   (SIGHUP too, passed on as SIGTERM: a closed terminal or tmux session leaves no training behind unsaved).
 
@@ -29,6 +30,7 @@ from types import FrameType
 
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import hop_progress, read_hops
+from hpctrain.track.cancel import read_mark
 from hpctrain.track.chain import read_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -107,6 +109,9 @@ class Supervisor:
         self.received: list[int] = []  # signals to forward, in order (the handler only appends)
         self.forwarded = 0  # how many of them reached a child
         self.stopping: int | None = None  # the first signal received: supervision ends
+        self._attempt_start = (
+            0.0  # when the current attempt began (a cancel mark newer than it ends supervision)
+        )
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._handler) for sig in FORWARDED}
@@ -135,6 +140,12 @@ class Supervisor:
                     "supervision ends"
                 )
                 return attempt.code
+            mark = read_mark(self.run_dir)
+            if mark is not None and mark.time >= self._attempt_start:
+                self.say(
+                    f"the run was {mark.said()}; the child ended with {attempt.describe()}: supervision ends"
+                )
+                return attempt.code
             idle = 0 if attempt.progressed else idle + 1
             crashes = 0 if attempt.code in (EXIT_OK, EXIT_RESUMABLE) else crashes + 1
             decision = decide(attempt, idle, crashes, self.policy)
@@ -151,7 +162,7 @@ class Supervisor:
 
     def _attempt(self, number: int, command: list[str]) -> Attempt:
         before = read_hops(self.run_dir)
-        started = time.time()
+        started = self._attempt_start = time.time()
         try:
             child = subprocess.Popen(command, start_new_session=True)
         except OSError as exc:  # no such program, not executable: the same at every attempt

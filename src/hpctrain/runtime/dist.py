@@ -176,6 +176,15 @@ def barrier() -> None:
         torch_dist.barrier()
 
 
+def gather_objects(obj: object) -> list[object]:
+    """Every rank's `obj` in rank order, on every rank (one collective; [obj] at world size 1)."""
+    if not active():
+        return [obj]
+    every: list[object] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(every, obj)
+    return every
+
+
 def broadcast_object(obj: object, src: int = 0) -> object:
     if not active():
         return obj

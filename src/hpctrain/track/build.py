@@ -18,9 +18,10 @@ def build_trackers(
     resume_step: int | None,
     state: dict[str, Any],
     hop: dict[str, Any] | None = None,
+    ran: dict[str, Any] | None = None,
 ) -> Trackers:
     """The sinks of rank 0; `state` is Trackers.state_dict() from the checkpoint we resumed from (or {}); `hop`
-    goes into the hop's first metrics record."""
+    goes into the hop's first metrics record; `ran` (what ran in this hop) into W&B's config."""
     trackers = Trackers([MetricsFile(run_dir / "metrics.jsonl", resume_step, hop)])
     tb = cfg.logging.tensorboard
     if tb.dir:
@@ -42,5 +43,5 @@ def build_trackers(
     if cfg.logging.wandb.enabled:
         from hpctrain.track.wandb_tracker import WandbTracker
 
-        trackers.add(WandbTracker(cfg, run_dir, resume_step, state.get("wandb")))
+        trackers.add(WandbTracker(cfg, run_dir, resume_step, state.get("wandb"), ran))
     return trackers

@@ -14,6 +14,7 @@ from typing import Any
 from hpctrain.config.identity import show
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
+from hpctrain.track.what_ran import differences
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +215,10 @@ class ChainLog:
         world_size: int,
         deadline: float | None = None,
         identity: dict[str, Any] | None = None,
+        ran: dict[str, Any] | None = None,
     ) -> None:
-        """`identity`: config_hash, accepted_changes and allowed_changes ({key: [old, new]}) of this hop."""
+        """`identity`: config_hash, accepted_changes and allowed_changes ({key: [old, new]}) of this hop; `ran`:
+        what it runs under (track/what_ran.py), said in one line where it differs from the hop before."""
         if (
             self.hops
             and self.hops[-1].get("end") is None
@@ -229,6 +232,9 @@ class ChainLog:
                 hop["end"] = hop.get("last_seen", hop["start"])
                 hop["exit_reason"] = "failure"
                 hop["goodput"] = hop.get("train_seconds", 0.0) / max(hop["end"] - hop["start"], 1e-9)
+        before = next((h for h in reversed(self.hops) if isinstance(h.get("ran"), dict)), None)
+        if ran and before is not None and (changed := differences(before["ran"], ran)):
+            log.warning("this hop runs under other software than hop #%d: %s", hop_number(before, 0), changed)
         self.current = {
             "hop": len(self.hops),
             "job_id": job_id,
@@ -242,6 +248,7 @@ class ChainLog:
             "exit_reason": None,
             "train_seconds": 0.0,
             **(identity or {}),
+            **({"ran": ran} if ran else {}),
         }
         self.hops.append(self.current)
         write_json(self.path, self.hops)
@@ -346,6 +353,9 @@ def changes_text(hop: dict[str, Any], previous: dict[str, Any] | None = None) ->
     before, now = (previous or {}).get("config_hash"), hop.get("config_hash")
     if not hop.get("accepted_changes") and before and now and before != now:
         parts.insert(0, f"config hash {before} -> {now}")  # changed without a record (an older version)
+    ran = differences((previous or {}).get("ran"), hop.get("ran"))  # another torch, another commit
+    if ran:
+        parts.append(ran)
     return "; ".join(parts)
 
 

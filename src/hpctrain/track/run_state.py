@@ -1,5 +1,6 @@
-"""What state a run folder is in (running, finished, stopped, failed, crashed, not started) and the evidence
-for it, read from its files alone: what `hpctrain status` says of one run and of each row of a folder's table."""
+"""What state a run folder is in (running, finished, stopped, cancelled, failed, crashed, not started) and the
+evidence for it, read from its files alone: what `hpctrain status` says of one run and of each row of a folder's
+table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.fsutil import pid_alive
+from hpctrain.track.cancel import MARK, CancelMark
 from hpctrain.track.chain import hop_number
 
 HEARTBEAT_FRESH = 120.0
@@ -38,12 +40,19 @@ def run_state(
     holder: str | None,
     queue: str | None,
     finished: bool,
+    mark: CancelMark | None = None,
 ) -> tuple[str, str]:
-    """(state, the evidence for it): running | finished | stopped | failed | crashed | not started."""
+    """(state, the evidence for it): running | finished | stopped | cancelled | failed | crashed | not started.
+    `mark`: `hpctrain cancel`'s (track/cancel.py); a run it marked that is neither running nor finished is
+    cancelled (and resumable)."""
+    asked = f" ({mark.said()}: saving and stopping)" if mark is not None else ""
     if holder:
-        return "running", holder
+        return "running", holder + asked
     if queue and queue.split(" ", 1)[0] in _RUNNING_STATES:
-        return "running", f"squeue: job {hops[-1].get('job_id')} {queue.split(' ', 1)[0]}"
+        return "running", f"squeue: job {hops[-1].get('job_id')} {queue.split(' ', 1)[0]}" + asked
+    if mark is not None and not finished:
+        ended = f"; the last hop ended: {hops[-1].get('exit_reason') or 'killed'}" if hops else ""
+        return "cancelled", f"{MARK}: {mark.said()}{ended}"
     if not hops and not summary:
         return "not started", "no hop in chain.json and no summary.json"
     last = hops[-1] if hops else None

@@ -76,7 +76,12 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(
-        self, cfg: ConfigBase, run_dir: Path, resume_step: int | None, state: dict[str, Any] | None = None
+        self,
+        cfg: ConfigBase,
+        run_dir: Path,
+        resume_step: int | None,
+        state: dict[str, Any] | None = None,
+        ran: dict[str, Any] | None = None,
     ):
         wcfg = cfg.logging.wandb
         state = state or {}
@@ -89,7 +94,7 @@ class WandbTracker:
         self._started = time.time()
         if self.mode == "disabled":
             return  # keep a previous hop's run id in state_dict, so enabling W&B again continues that run
-        self._run = self._init(cfg)
+        self._run = self._init(cfg, ran or {})
         self.run_id = self._run.id
         self._record_hop()
         upload = f"; upload with: hpctrain sync {self.run_dir}" if self.mode == "offline" else ""
@@ -97,7 +102,7 @@ class WandbTracker:
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
-    def _init(self, cfg: ConfigBase) -> Any:
+    def _init(self, cfg: ConfigBase, ran: dict[str, Any]) -> Any:
         import wandb
 
         from hpctrain.config.dump import dump_config
@@ -117,7 +122,8 @@ class WandbTracker:
             "id": self.run_id,
             "resume": "allow",
             "dir": str(self.dir),
-            "config": dump_config(cfg),  # secrets masked
+            # secrets masked; `ran`: what this hop runs under (versions, git commit, GPUs: track/what_ran.py)
+            "config": {**dump_config(cfg), "ran": ran},
             "allow_val_change": True,  # a resumed hop may run with a longer total_updates
         }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -29,12 +30,14 @@ from typing import TYPE_CHECKING, TextIO
 from hpctrain.config.dump import differences, to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.config.secrets import mask_handlers, mask_secrets
-from hpctrain.errors import UserError
+from hpctrain.errors import EXIT_RESUMABLE, UserError
 from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
 from hpctrain.remote.uris import MissingPathError
 from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.signals import for_run
+from hpctrain.track.cancel import PREDECESSOR, read_mark, remove_mark
+from hpctrain.track.chain import process_start_time
 from hpctrain.train.preflight import check_config
 from hpctrain.train.remote_ckpt import prepare_tokens
 
@@ -61,10 +64,12 @@ def run(
     make_task: TaskFactory,
     verbose: bool = False,
     naming: str | None = None,
+    config_file: str | None = None,
 ) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
     `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
-    automatic run.name was formed (config/naming.py), said with the run folder first."""
+    automatic run.name was formed (config/naming.py), said with the run folder first. `config_file`: the YAML
+    it came from, whose git tree each hop records (train/what_ran.py)."""
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
@@ -80,7 +85,7 @@ def run(
         with (
             no_room_is_user_error()
         ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
-            return _train(cfg, env, make_task, signals, built, out, verbose)
+            return _train(cfg, env, make_task, signals, built, out, verbose, config_file)
     except BaseException as exc:
         error = exc
         raise
@@ -104,6 +109,7 @@ def _train(
     built: list[Trainer],
     out: RunOutput,
     verbose: bool,
+    config_file: str | None = None,
 ) -> int:
     # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
@@ -111,6 +117,13 @@ def _train(
 
     say = out.say
     run_dir = cfg.run.dir
+    mark = read_mark(run_dir)
+    if mark is not None and (
+        mark.names(env.scheduler_job, os.environ.get(PREDECESSOR)) or mark.time >= process_start_time()
+    ):
+        # `hpctrain cancel` named this job (or came after this process started): the chain ends here
+        say(f"the run was {mark.said()}: not training; it is resumable (submit or run it again to continue)")
+        return EXIT_RESUMABLE
     if verbose or not sys.stdout.isatty():
         say(to_yaml(cfg), end="")  # a job's log keeps the whole config
     else:
@@ -118,9 +131,12 @@ def _train(
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
         task = make_task(cfg, env)
-        built.append(Trainer(cfg, task, env, run_dir, budget))
+        built.append(Trainer(cfg, task, env, run_dir, budget, config_file))
         trainer = built[0]
         trainer.build()
+    if mark is not None and env.is_main:  # a start the cancel did not name: the run goes on, the mark goes
+        remove_mark(run_dir)
+        say(f"continuing the run that was {mark.said()}")
     # chain.json's startup_seconds: the hop's start to its first update (chain is read when that comes: the
     # resume may replace it).
     on_first_update(trainer.optimizers, lambda: trainer.chain.first_update_done())

@@ -66,6 +66,7 @@ from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.what_ran import hop_record
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,17 @@ class Trainer:
     cadence: Cadences
 
     def __init__(
-        self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv, run_dir: Path, budget: TimeBudget
+        self,
+        cfg: ConfigBase,
+        task: Task[ConfigBase],
+        env: ClusterEnv,
+        run_dir: Path,
+        budget: TimeBudget,
+        config_file: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.config_file = config_file  # where the config came from: its git tree is recorded (what_ran.py)
+        self.ran: dict[str, Any] = {}  # what ran in this hop (rank 0; made by build)
         self.task = task
         self.env = env
         self.run_dir = run_dir
@@ -172,6 +181,7 @@ class Trainer:
         # Per-rank random streams (dropout, sampling) after the shared initialisation.
         seed_everything(derive(self.cfg.run.seed, RANK_STREAM, self.env.rank))
         self.budget.save.initial = self.setup.save_guess(self.raw_modules)
+        self.ran = hop_record(self.env, self.device, self.config_file)  # one gather, once per hop
 
     def _lock_run_folder(self) -> None:
         """Rank 0 locks the run folder before anything writes into it; every rank learns the outcome."""
@@ -228,6 +238,7 @@ class Trainer:
             resume_step=self.counters.resumed_step,
             state=self.counters.tracker_state,
             hop={**hop, **self.checkpointer.hop_identity()},
+            ran=self.ran,
         )
         self.console = Console(
             self.counters.total_updates,
@@ -271,6 +282,7 @@ class Trainer:
             self.env.world_size,
             self.budget.deadline,
             identity=self.checkpointer.hop_identity(),
+            ran=self.ran,
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         try:
@@ -629,7 +641,9 @@ class Trainer:
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
             summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
-            summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
+            summary.update(
+                job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, ran=self.ran, **extra
+            )
             if self._compiling:
                 seconds = self.timers.total.get("compile", 0.0)
                 summary["compile"], line = compile_summary(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 import hpctrain.workloads as package
+from hpctrain.config.environ import ENV_ALIASES
 from hpctrain.config.loading import resolve_config
 from hpctrain.config.schema import build_config_model
 from hpctrain.track.report.panels import NO_WORKLOAD, WorkloadReport
@@ -225,17 +226,39 @@ def config_model() -> type[BaseModel]:
 
 
 def fill_default_types(tree: dict[str, Any]) -> None:
-    """`model.type` defaults to the default workload's; `data.type` to the data type of model.type's workload."""
+    """`model.type` defaults to the default workload's, or, where no layer names a type and the data section
+    holds keys that only one other workload's data has (the cosmology scripts' DATA_TYPE, TRAIN_SAMPLES and
+    VAL_SAMPLES: data.kind, n_train, n_val), to that workload's first model type: `sbatch slurm/single_gpu.sh
+    --export=DATA_TYPE=2lpt` trains the fields workload. `data.type` defaults to the data type of model.type's
+    workload."""
     model = tree.setdefault("model", {})
     data = tree.setdefault("data", {})
     if not isinstance(model, dict) or not isinstance(data, dict):
         return  # validation will name the section
+    if "type" not in model and "type" not in data:
+        model["type"] = _workload_of_data_keys(set(data)) or DEFAULT_WORKLOAD
     model.setdefault("type", DEFAULT_WORKLOAD)
     if "type" not in data:
         for spec in workloads().values():
             if model["type"] in spec.models and spec.data:
                 data["type"] = spec.data[0].model_fields["type"].default
                 break
+
+
+def _workload_of_data_keys(keys: set[str]) -> str | None:
+    """The first model type of the one workload whose data sections have all of `keys`, where the default
+    workload's lack some and those are the data keys the sbatch scripts' short names set (ENV_ALIASES: DATA_TYPE,
+    TRAIN_SAMPLES, VAL_SAMPLES); None otherwise (another key of another workload is refused naming it)."""
+    specs = workloads()
+    default = specs.get(DEFAULT_WORKLOAD)
+    common = set().union(*(section.model_fields for section in default.spec.data)) if default else set()
+    aliased = {key.partition(".")[2] for key in ENV_ALIASES.values() if key.startswith("data.")}
+    if not keys - common or not keys - common <= aliased:
+        return None
+    owners = [
+        w.spec for w in specs.values() if any(keys <= set(section.model_fields) for section in w.spec.data)
+    ]
+    return next(iter(owners[0].models)) if len(owners) == 1 and owners[0].models else None
 
 
 def workload_of(model_type: str) -> Workload | None:

@@ -7,7 +7,8 @@ The process (docs/fields.md):
 - `gaussian`: white noise (drawn in Fourier space) times sqrt(P), back to real space (the k=0 mode is zero);
 - `lognormal`: exp(g - var(g)/2) - 1 of that Gaussian map g (mean 0, >= -1), var(g) the grid's exact variance;
 - `lpt`: one particle per pixel displaced by 1st + 2nd order Lagrangian perturbation theory from the same
-  initial field (D1 = 1, D2 = -3/7), binned to a density contrast map with cloud-in-cell.
+  initial field (D1 = 1, D2 = -3/7), binned to a density contrast map with cloud-in-cell (a 2-D toy);
+- `2lpt`: a slab of a 3-D universe evolved with 2LPT, projected (two_lpt.py).
 Each map's random stream is derived from (seed, split, global map index): maps never depend on which worker,
 rank or batch draws them, the splits never overlap, and a resumed run sees the same maps.
 """
@@ -23,36 +24,21 @@ from typing import Any
 import numpy as np
 
 from hpctrain.fsutil import atomic_path, atomic_write_text
+from hpctrain.workloads.fields.cosmology import (
+    D2_OVER_D1SQ,
+    R8,
+    SPLITS,
+    map_rng,
+    spectrum_shape,
+    tophat_window,
+)
+from hpctrain.workloads.fields.two_lpt import draw_3d, maps_2lpt
 
-H = 0.7  # Hubble parameter in units of 100 km/s/Mpc (BBKS shape parameter Gamma = Omega_m h)
-N_S = 0.96  # primordial spectral index
-R8 = 8.0  # Mpc/h, radius of the sigma_8 top-hat
-D2_OVER_D1SQ = -3.0 / 7.0  # second-order growth factor relative to D1^2
-SPLITS = {"train": 0, "val": 1, "test": 2}
-KINDS = ("gaussian", "lognormal", "lpt")
+# lpt: a 2-D toy (3-D coefficients on a plane); 2lpt: a slab of a 3-D 2LPT universe, projected (two_lpt.py)
+KINDS = ("gaussian", "lognormal", "lpt", "2lpt")
 PARAMETERS = ("omega_m", "sigma_8")
 # Integration grid of the sigma_8 normalisation (the integrand is < 1e-7 of its peak outside; error ~1e-7).
 _LOG_K = np.linspace(np.log(1e-4), np.log(20.0), 256)
-
-
-def bbks_transfer_sq(k: np.ndarray, omega_m: np.ndarray | float) -> np.ndarray:
-    """Square of the Bardeen et al. (1986) transfer function, k in h/Mpc."""
-    q = np.maximum(k, 1e-12) / (np.asarray(omega_m) * H)
-    # 1 + 3.89 q + (16.1 q)^2 + (5.46 q)^3 + (6.71 q)^4 in Horner form: powers are slow on large grids.
-    poly = 1 + q * (3.89 + q * (16.1**2 + q * (5.46**3 + q * 6.71**4)))
-    return (np.log1p(2.34 * q) / (2.34 * q)) ** 2 / np.sqrt(poly)
-
-
-def tophat_window(x: np.ndarray) -> np.ndarray:
-    """3(sin x - x cos x)/x^3, with its series near 0 where the formula cancels."""
-    x = np.asarray(x, dtype=np.float64)
-    small = x < 1e-3
-    safe = np.where(small, 1.0, x)
-    return np.where(small, 1 - x**2 / 10, 3 * (np.sin(safe) - safe * np.cos(safe)) / safe**3)
-
-
-def _shape(k: np.ndarray, omega_m: np.ndarray) -> np.ndarray:
-    return np.maximum(k, 0.0) ** N_S * bbks_transfer_sq(k, omega_m)
 
 
 _K = np.exp(_LOG_K)  # (K,)
@@ -61,7 +47,7 @@ _SIGMA8_WEIGHT = _K**2 * tophat_window(_K * R8) ** 2 / (2 * np.pi)  # (K,)
 
 def _unit_sigma8_sq(omega_m: np.ndarray) -> np.ndarray:
     """sigma_8^2 of the unnormalised shape: int d^2k/(2 pi)^2 shape W^2 = int k^2 shape W^2 dlnk / (2 pi)."""
-    return np.trapezoid(_SIGMA8_WEIGHT * _shape(_K, omega_m[..., None]), _LOG_K, axis=-1)  # (...,)
+    return np.trapezoid(_SIGMA8_WEIGHT * spectrum_shape(_K, omega_m[..., None]), _LOG_K, axis=-1)  # (...,)
 
 
 def power_spectrum(omega_m: Any, sigma_8: Any, k: Any) -> np.ndarray:
@@ -71,7 +57,7 @@ def power_spectrum(omega_m: Any, sigma_8: Any, k: Any) -> np.ndarray:
     k = np.asarray(k, dtype=np.float64)
     expand = (Ellipsis,) + (None,) * k.ndim  # parameters (...,) -> (..., 1, ..., 1)
     norm = (s8**2 / _unit_sigma8_sq(om))[expand]
-    return norm * _shape(k, om[expand])
+    return norm * spectrum_shape(k, om[expand])
 
 
 def wavenumbers(size: int, box_size: float) -> tuple[np.ndarray, np.ndarray]:
@@ -99,11 +85,6 @@ def rfft2(x: np.ndarray) -> np.ndarray:
 def irfft2(x: np.ndarray, size: int) -> np.ndarray:
     """Inverse of `rfft2` for maps (..., size, size), complex64 -> float32."""
     return np.fft.irfft2(np.asarray(x, dtype=np.complex64), s=(size, size))
-
-
-def map_rng(seed: int, split: str, index: int) -> np.random.Generator:
-    """The random stream of one map: a function of (seed, split, global index) only."""
-    return np.random.default_rng([int(seed), SPLITS[split], int(index)])
 
 
 def draw(
@@ -199,8 +180,8 @@ def cic_density(displacement: np.ndarray, box_size: float) -> np.ndarray:
 def fields_from_noise(kind: str, noise: np.ndarray, params: np.ndarray, box_size: float) -> np.ndarray:
     """Maps (B, N, N) float32 of `kind` from Fourier white noise (B, N, N//2+1) (see `draw`) and parameters
     (B, 2) = (Omega_m, sigma_8)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r} is not a field kind; choose from {', '.join(KINDS)}")
+    if kind not in KINDS or kind == "2lpt":
+        raise ValueError(f"kind={kind!r} is not a 2-D field kind; choose from {', '.join(KINDS[:3])}")
     size = noise.shape[-2]
     modes = linear_modes(noise, params, box_size)
     if kind == "lpt":
@@ -224,6 +205,9 @@ def generate_maps(
     """Maps (B, size, size) float32 and their parameters (B, 2) float32 for these global map indices."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not one of {', '.join(SPLITS)}")
+    if kind == "2lpt":
+        params, white = draw_3d(seed, split, indices, size, prior)
+        return maps_2lpt(white, params, box_size), params.astype(np.float32)
     params, noise = draw(seed, split, indices, size, prior)
     return fields_from_noise(kind, noise, params, box_size), params.astype(np.float32)
 

@@ -15,18 +15,35 @@ PARAMETERS = ("omega_m", "sigma_8")
 class FieldsData(DataConfigBase):
     type: Literal["fields"] = "fields"
     input_paths: ClassVar[tuple[str, ...]] = ("path",)
-    kind: Literal["gaussian", "lognormal", "lpt"] = Field(
+    kind: Literal["gaussian", "lognormal", "lpt", "2lpt", "des"] = Field(
         "gaussian",
-        description="Generator: a Gaussian random field, its lognormal transform, or 1st+2nd order LPT "
-        "particles binned to a density map (see docs/fields.md).",
+        description="The maps: generated as a Gaussian random field, its lognormal transform, a 2-D LPT toy "
+        "(lpt), or a projected slab of a 3-D universe evolved with second-order Lagrangian perturbation theory "
+        "(2lpt); or des: your survey's maps, read from data.path (DIR/train/maps.npy (n, N, N) and "
+        "DIR/train/params.npy (n, 2: Omega_m, sigma_8), val/ and test/ alike; see docs/fields.md).",
     )
     size: int = Field(64, ge=8, description="Map side in pixels (even; maps are size x size).")
     box_size: float = Field(1000.0, gt=0, description="Map side in Mpc/h (sets the k range the map sees).")
     omega_m: tuple[float, float] = Field((0.1, 0.5), description="Prior box of Omega_m: uniform in [lo, hi].")
     sigma_8: tuple[float, float] = Field((0.6, 1.0), description="Prior box of sigma_8: uniform in [lo, hi].")
-    n_train: int = Field(16384, ge=1, description="Training maps (generated on the fly from data_seed).")
-    n_val: int = Field(1024, ge=0, description="Validation maps (0 = no validation).")
-    n_test: int = Field(1024, ge=0, description="Test maps (held out; never seen by training or validation).")
+    n_train: int = Field(
+        16384,
+        ge=1,
+        description="Training maps (generated on the fly from data_seed); with data.path, set: the first n_train "
+        "of its maps (TRAIN_SAMPLES).",
+    )
+    n_val: int = Field(
+        1024,
+        ge=0,
+        description="Validation maps (0 = no validation); with data.path, set: the first n_val of its validation "
+        "maps (VAL_SAMPLES).",
+    )
+    n_test: int = Field(
+        1024,
+        ge=0,
+        description="Test maps (held out; never seen by training or validation); with data.path, set: the first "
+        "n_test of its test maps.",
+    )
     data_seed: int = Field(
         2024, ge=0, description="Seed of the maps; each map's stream is (seed, split, index)."
     )
@@ -40,6 +57,15 @@ class FieldsData(DataConfigBase):
         description="Keep the validation maps in memory after the first evaluation.",
         json_schema_extra=MAY_CHANGE,
     )
+
+    @model_validator(mode="after")
+    def _survey_maps_named(self) -> FieldsData:
+        if self.kind == "des" and self.path is None:
+            raise ValueError(
+                "data.kind=des reads your survey maps from data.path, which is not set: set data.path=DIR holding "
+                "train/maps.npy (n, N, N) and train/params.npy (n, 2: Omega_m, sigma_8) (docs/fields.md)"
+            )
+        return self
 
     @field_validator("size")
     @classmethod

@@ -24,6 +24,7 @@ from hpctrain.workloads.fields.dataset import Batch, GeneratedFields, ShardField
 from hpctrain.workloads.fields.generate import PARAMETERS
 from hpctrain.workloads.fields.model import FieldCNN
 from hpctrain.workloads.fields.spec import FieldsRun
+from hpctrain.workloads.fields.survey import First, SurveyMaps, survey_split
 
 log = logging.getLogger(__name__)
 LOGVAR_RANGE = (-14.0, 6.0)  # keeps exp(-logvar) finite at the start of training
@@ -47,34 +48,33 @@ class FieldTask(SupervisedTask[FieldsRun]):
         d = self.cfg.data
         if d.path is None:
             return [d.omega_m, d.sigma_8]  # tuples already (pydantic)
+        if d.kind == "des":
+            self.dataset(
+                "train"
+            )  # opened now: missing or misshapen files are one line before anything is built
+            return [d.omega_m, d.sigma_8]  # the box of the simulations the survey's maps are compared with
         train = self.dataset("train")
-        assert isinstance(train, ShardFields)
+        shards = train.inner if isinstance(train, First) else train
+        assert isinstance(shards, ShardFields)
         for key in ("kind", "size", "box_size"):
-            if train.meta[key] != getattr(d, key):
+            if shards.meta[key] != getattr(d, key):
                 log.warning(
                     "data.%s=%s is ignored: the shards in %s hold %s",
                     key,
                     getattr(d, key),
                     d.path,
-                    train.meta[key],
+                    shards.meta[key],
                 )
-        return train.prior
+        return shards.prior
 
     def dataset(self, split: str) -> Dataset[Batch] | None:
         """The split's data set (None when it has no maps)."""
         if split not in self._datasets:
             d = self.cfg.data
+            n = {"train": d.n_train, "val": d.n_val, "test": d.n_test}[split]
             if d.path is not None:
-                folder = Path(d.path) / split
-                if split == "train" and not (folder / "meta.json").is_file():
-                    missing = " (no such folder)" if not Path(d.path).is_dir() else ""
-                    raise UserError(
-                        f"data.path={d.path!r} has no train/meta.json{missing}; "
-                        "write it with `hpctrain data generate --kind fields --out ...`"
-                    )
-                self._datasets[split] = ShardFields(folder) if (folder / "meta.json").is_file() else None
+                self._datasets[split] = self._first(split, self._from_path(split), n)
             else:
-                n = {"train": d.n_train, "val": d.n_val, "test": d.n_test}[split]
                 self._datasets[split] = (
                     GeneratedFields(d.kind, split, n, d.data_seed, d.size, d.box_size, [d.omega_m, d.sigma_8])
                     if n
@@ -82,12 +82,55 @@ class FieldTask(SupervisedTask[FieldsRun]):
                 )
         return self._datasets[split]
 
+    def _from_path(self, split: str) -> ShardFields | SurveyMaps | None:
+        d = self.cfg.data
+        assert d.path is not None
+        if d.kind == "des":
+            survey = survey_split(Path(d.path), split)
+            if survey is not None and survey.size != d.size and split == "train":
+                log.warning(
+                    "data.size=%d is ignored: the survey maps in %s are %d x %d",
+                    d.size,
+                    d.path,
+                    survey.size,
+                    survey.size,
+                )
+            return survey
+        folder = Path(d.path) / split
+        if split == "train" and not (folder / "meta.json").is_file():
+            missing = " (no such folder)" if not Path(d.path).is_dir() else ""
+            raise UserError(
+                f"data.path={d.path!r} has no train/meta.json{missing}; "
+                "write it with `hpctrain data generate --kind fields --out ...` (or data.kind=des for your "
+                "survey's maps)"
+            )
+        return ShardFields(folder) if (folder / "meta.json").is_file() else None
+
+    def _first(self, split: str, found: ShardFields | SurveyMaps | None, n: int) -> Dataset[Batch] | None:
+        """data.n_<split> set with data.path (TRAIN_SAMPLES, VAL_SAMPLES): the first n maps of the split."""
+        key = f"n_{split}"
+        if found is None or key not in self.cfg.data.model_fields_set:
+            return found
+        if n == 0:
+            return None
+        if n > len(found):
+            log.warning(
+                "data.%s=%d: %s holds %d %s maps; all of them are used",
+                key,
+                n,
+                self.cfg.data.path,
+                len(found),
+                split,
+            )
+            return found
+        return First(found, n)
+
     def build_data(self, split: str, seed: int) -> Any:
         d = self.cfg.data
         dataset = self.dataset(split)
         if split == "train":
             assert dataset is not None
-            files = dataset.file_list() if isinstance(dataset, ShardFields) else None
+            files = dataset.file_list() if isinstance(dataset, (ShardFields, SurveyMaps, First)) else None
             return IndexedStream.from_config(dataset, d, seed, self.env, collate_fn=as_batch, files=files)
         if dataset is None:
             return None
