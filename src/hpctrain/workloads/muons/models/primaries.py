@@ -112,8 +112,8 @@ def check(primaries: np.ndarray, what: str, named: bool = True, first_row: int =
     )
     finite = np.isfinite(values)
     zenith = values[:, 1]
-    tests = [
-        (~finite.all(axis=1), None, "is not finite"),
+    tests: list[tuple[np.ndarray, int | None, str]] = [
+        (~np.all(finite, axis=1), None, "is not finite"),
         (values[:, 0] <= 0, 0, "is not positive (GeV)"),
         ((zenith < 0) | (zenith > HALF_PI), 1, "is outside [0, pi/2] (radians; 0 is vertical)"),
         (values[:, 2] <= 0, 2, "is not positive (GeV)"),
