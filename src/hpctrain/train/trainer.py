@@ -531,6 +531,13 @@ class Trainer:
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
+        if (
+            not sums or sums.get("count") == 0.0
+        ):  # every validation sample removed or skipped: no figure at all
+            self.console.message(
+                f"eval at update {self.counters.step}: the validation data gave no sample to judge"
+            )
+            return EvalResult()
         metrics = self.task.finish_eval(sums)
         if self.env.is_main:
             self.trackers.log_scalars(self.counters.step, metrics)

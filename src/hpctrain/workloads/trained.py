@@ -70,10 +70,9 @@ class Trained:
     def __repr__(self) -> str:
         """A few lines (a notebook cell shows this): what it is, where from, which weights; `.config` has the rest."""
         params = sum(p.numel() for m in self.models.values() for p in m.parameters())
-        where = f"run {self.config.run.name!r}" if self.run_dir is not None else f"{self.checkpoint}"
         lines = [
-            f"Trained {self.model_type} model, update {self.step} of {where}",
-            f"  checkpoint {self.checkpoint}" if self.run_dir is not None else "",
+            f"Trained {self.model_type} model, update {self.step} of run {self.config.run.name!r}",
+            f"  from {self.checkpoint}",
             f"  networks {', '.join(self.models)} ({params:,} parameters) on {self.device}",
             f"  params_sha256 {self.params_sha256[:16]}...",
         ]
@@ -81,7 +80,7 @@ class Trained:
             lines.append(
                 "  .sampler: sample(n_events, seed), generate(primaries, seed) (help() for the units)"
             )
-        return "\n".join(line for line in lines if line)
+        return "\n".join(lines)
 
 
 def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:

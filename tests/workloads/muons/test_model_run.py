@@ -196,6 +196,13 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     assert "classifier two-sample test" in done.out and "truth vs truth" in done.out, done.out
     result = json.loads((reference / "evaluate.json").read_text())
     assert result["info"]["truth_version"] == "v1"
+    # the muon cap on both sides, in one line: removed from training, clamped in the judge on both sides
+    info = result["info"]
+    assert info["muon_cap"] == CAP and info["data_max_muons_per_event"] == CAP
+    assert 0 <= info["generated_events_at_cap"] <= 400 and info["truth_events_clamped_at_cap"] > 0
+    said = f"muon cap {CAP}: the training removed the true events above data.max_muons_per_event={CAP}; here "
+    said += f"{info['truth_events_clamped_at_cap']} of the 400 true events"
+    assert said in done.out and "of the generated events" in done.out, done.out
     metrics = result["metrics"]
     # the classifier test beside the per-feature table: AUC overall and per energy bin with its null band
     classifier = result["two_sample"]
@@ -215,6 +222,8 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     done = hpctrain("report", str(reference), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert done.code == 0, done.err
     page, panels = check_report(tmp_path / "report")
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert f"The muon cap ({CAP} muons per event)" in html and "true events judged" in html
     judged = result["quality"]["features"]
     assert list(judged) == list(FEATURES) and set(result["distributions"]) == set(DRAWN)
     for kind in ("dist", "energy_bins", "zenith_bins"):

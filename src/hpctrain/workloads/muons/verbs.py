@@ -185,6 +185,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
 
     from hpctrain.workloads.muons import truth_versions
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
+    from hpctrain.workloads.muons.evaluation.cap_note import cap_statement
     from hpctrain.workloads.muons.models import sampling
 
     if args.truth:
@@ -217,6 +218,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         "events)"
     )
     evaluate.print_tables(result)
+    print(f"  {cap_statement(info)}")
     print(f"wrote {out}")
     return 0
 

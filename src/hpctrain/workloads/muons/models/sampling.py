@@ -189,7 +189,8 @@ def _check(n_events: int, seed: int, batch_size: int) -> None:
 
 @torch.no_grad()
 def sample_counts(model: LoadedModel, primaries: np.ndarray, batch_size: int = SAMPLE_BATCH) -> np.ndarray:
-    """(n,) sampled multiplicities for physical primaries (n, 4) (torch's global RNG: seed it first)."""
+    """(n,) sampled multiplicities, capped at the model's cap, for physical primaries (n, 4) (energy GeV, zenith
+    rad, mass GeV, depth m: checked by the caller) (torch's global RNG: seed it first)."""
     head: MultiplicityHead = (
         model.modules["generator"].multiplicity  # type: ignore[assignment]
         if "generator" in model.modules
@@ -212,7 +213,8 @@ def generate_chunks(
     batch_size: int = SAMPLE_BATCH,
     counts: np.ndarray | None = None,
 ) -> Iterator[layouts.Events]:
-    """Generated bundles for physical primaries (n, 4), one `layouts.Events` per batch of `batch_size` events
+    """Generated bundles for physical primaries (n, 4) (energy GeV, zenith rad, mass GeV, depth m: checked by the
+    caller, primaries.py), muons (energy GeV, x m, y m), one `layouts.Events` per batch of `batch_size` events
     (a caller that writes each chunk holds one batch at a time); `counts` (n,) fixes the multiplicities
     instead of sampling them. Uses torch's global RNG: seed it first."""
     if "generator" not in model.modules:
