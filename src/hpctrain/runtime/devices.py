@@ -1,15 +1,13 @@
 """A device the user names (`hpctrain.load(run, device=...)`, `--device`), checked against this machine and this
-torch build: a mistake is one UserError line naming it, never torch's AssertionError from deep inside `.to()`.
-Torch is imported when a device is checked, not with this module (login nodes import the verbs)."""
+torch build: a mistake is one UserError line naming it, never torch's AssertionError from deep inside `.to()`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from hpctrain.errors import UserError
-
-if TYPE_CHECKING:
-    import torch
 
 CHOICES = "cpu, cuda, cuda:N or mps"
 
@@ -17,8 +15,6 @@ CHOICES = "cpu, cuda, cuda:N or mps"
 def usable_device(name: Any, culprit: str) -> torch.device:
     """`name` (a string, a torch.device, or None: CUDA when there is one, else the CPU) as a torch.device this
     machine has; `culprit` is how the user gave it (`--device cuda`, `device='cuda'`), for the error line."""
-    import torch
-
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -21,9 +21,9 @@ from hpctrain.config.loading import validate
 from hpctrain.errors import RunError, UserError
 from hpctrain.runtime.devices import usable_device
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.checkpoint import find_checkpoint, load_verified, strip_prefixes
+from hpctrain.train.checkpoint import find_checkpoint, load_verified
 from hpctrain.train.exported import check_params, is_export
-from hpctrain.train.parts import params_sha256
+from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads import registry
 
 # (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
@@ -129,8 +129,8 @@ def build(found: Found, device: torch.device) -> Trained:
     task = registry.task_factory(cfg.model.type)(cfg, ClusterEnv())
     with torch.random.fork_rng(devices=[]):  # building initialises weights: the caller's RNG stays as it was
         models = task.build_modules()
-    for name, module in models.items():
-        _load_weights(module, state["modules"], name, file)
+    load_weights(models, state["modules"], file)
+    for module in models.values():
         module.to(device).eval()
     digest = params_sha256(models)
     check_params(state, file, digest)
@@ -140,20 +140,3 @@ def build(found: Found, device: torch.device) -> Trained:
     if spec is not None and spec.verbs.sampler is not None:
         trained.sampler = spec.verbs.sampler(trained)
     return trained
-
-
-def _load_weights(module: nn.Module, saved: dict[str, Any], name: str, file: Path) -> None:
-    """Network `name`'s weights from a checkpoint's `modules`; weights that do not fit the network this hpctrain
-    builds for the config (another version's layers) are one line."""
-    weights = saved.get(name)
-    if not isinstance(weights, dict):
-        raise UserError(f"{file}: holds no weights of network {name!r} (it holds {sorted(saved)})")
-    try:
-        module.load_state_dict(strip_prefixes(weights))
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        why = " ".join(line.strip() for line in first[:2])[:300]
-        raise UserError(
-            f"{file}: the weights of network {name!r} do not fit the network this hpctrain builds for its "
-            f"config ({why})"
-        ) from None

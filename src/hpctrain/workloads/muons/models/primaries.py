@@ -11,7 +11,6 @@ Columns, from a dict of arrays, a pandas DataFrame, a NumPy structured array or 
 
 Other columns are ignored. A plain (n, 4) array (or list, or tensor) holds them in that order: energy_GeV,
 zenith_rad, mass_GeV, depth_m. Any value out of range is one UserError line naming the row and the column.
-No torch here.
 """
 
 from __future__ import annotations
@@ -20,6 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from hpctrain.errors import UserError
 
@@ -141,8 +143,6 @@ def is_table(path: str) -> bool:
         return True
     if not path.lower().endswith(TABLE_SUFFIXES):
         return False
-    import pyarrow.parquet as pq
-
     try:
         return "energy_GeV" in pq.read_schema(path).names
     except Exception:  # not Parquet at all: the muon file readers say what it is
@@ -151,16 +151,10 @@ def is_table(path: str) -> bool:
 
 def table_chunks(path: str, chunk: int) -> Iterator[np.ndarray]:
     """The checked primaries of a CSV or Parquet table of named columns, `chunk` rows at a time."""
-    import pyarrow as pa
-
     try:
         if path.lower().endswith(".csv"):
-            import pyarrow.csv as pacsv
-
             batches: Any = pacsv.read_csv(path).to_batches(max_chunksize=chunk)
         else:
-            import pyarrow.parquet as pq
-
             batches = pq.ParquetFile(path).iter_batches(batch_size=chunk)
         start = 0
         for batch in batches:

@@ -21,19 +21,22 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
+from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
 from hpctrain.runtime.devices import usable_device
+from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
 from hpctrain.train.checkpoint import find_checkpoint
+from hpctrain.train.exported import check_params
+from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads.muons import physics, truth
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
 from hpctrain.workloads.muons.models import primaries as named
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, muon_cap
-from hpctrain.workloads.registry import Found
-from hpctrain.workloads.trained import build
+from hpctrain.workloads.registry import Found, config_model, task_factory
 
 log = logging.getLogger("hpctrain.muons")
 MUON_MODELS = ("muon_wgan", "muon_flow", "muon_multiplicity")
@@ -64,16 +67,24 @@ def load_model(
     """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint (or export), verified, in eval mode
     on `device` (default: CUDA when there is one). `found`: the checkpoint `path` names, when the caller has read
     it already."""
-    found = found if found is not None else find_checkpoint(path)
-    state, file, _ = found
+    state, file, run_dir = found if found is not None else find_checkpoint(path)
     config = state.get("config")
     kind = (config.get("model") or {}).get("type") if isinstance(config, dict) else None
     if kind not in MUON_MODELS:
         raise UserError(f"{file}: model.type={kind!r} is not a muon model ({', '.join(MUON_MODELS)})")
-    trained = build(found, usable_device(device, f"--device {device}"))
-    return LoadedModel(
-        trained.config, trained.models, trained.step, trained.run_dir, trained.checkpoint, trained.device
-    )
+    cfg = validate(config_model(), state["config"])
+    dev = usable_device(device, f"--device {device}")
+    if dev.type == "cpu":
+        cfg.train.device = "cpu"  # what the networks are built for (as hpctrain.load builds them)
+    task = task_factory(cfg.model.type)(cfg, ClusterEnv())
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: the caller's RNG stays as it was
+        modules = task.build_modules()
+    load_weights(modules, state["modules"], file)
+    for module in modules.values():
+        module.to(dev).eval()
+    check_params(state, file, params_sha256(modules))
+    step = int(state.get("counters", {}).get("step", 0))
+    return LoadedModel(cfg, modules, step, run_dir, file, dev)
 
 
 class Sampler:
