@@ -460,3 +460,27 @@ def test_urgent_stop_reason_signal_and_deadline():
     # Saves are spaced so that they take at most 2% of the time: 10 s -> 500 s, even if asked for 1 minute.
     assert budget.save_interval(1.0) == 500.0 and budget.save_interval(30.0) == 1800.0
     assert math.isclose(budget.save_interval(0.0), 500.0)
+
+
+def test_a_run_of_empty_batches_still_hears_a_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Empty batches are skipped without a check step (nothing trained, nothing counted): after a few real updates
+    the data gives only empty batches, and a USR1 must still stop the run (issue 45 U1: it spun deaf to TERM and
+    USR1 at 100 % CPU). Deaf, this stream gives up after 5,000 empty batches and the test fails."""
+    original = IndexedStream.__iter__
+
+    def iterate(self):
+        for handed, batch in enumerate(original(self)):
+            if handed < 5:
+                yield batch
+                continue
+            for empty in range(5000):
+                if empty == 50:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                yield tuple(t[:0] for t in batch)
+            raise AssertionError("5,000 empty batches and no stop: the loop never asked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(IndexedStream, "__iter__", iterate)
+        assert run(cfg_for(tmp_path, "train.total_updates=30"), ClusterEnv()) == EXIT_RESUMABLE
+    result = summary(tmp_path / "t")
+    assert (result["status"], result["reason"], result["step"]) == ("stopped", "signal", 5)

@@ -1,14 +1,15 @@
-"""`hpctrain export RUN --out DIR [--which latest|best|step_N]`: a trained model for use outside hpctrain.
+"""`hpctrain export RUN --out DIR [--which latest|best|step_N]`: a trained model for use outside hpctrain and
+outside its run folder (train/exported.py: what the folder holds, how it is written and checked).
 
 DIR gets one plain state dict per network (`model.pt`, `generator.pt`, ...: `torch.load(path, weights_only=True)`
-gives parameter name -> tensor, nothing around it), the run's resolved `config.yaml`, `export.json` (what was
-exported: run, checkpoint, update, params_sha256, each network's class and constructor settings) and a README.md
-with the loading code, with and without hpctrain.
+gives parameter name -> tensor, nothing around it), the run's `config.yaml` (the machine's own paths cleared),
+`export.json` (what was exported: run name, checkpoint, update, params_sha256, each network's class and
+constructor settings, every file's SHA-256) and a README.md with the loading code, with and without hpctrain.
+`hpctrain.load(DIR)`, `hpctrain sample DIR` and `hpctrain evaluate DIR` read it on any machine.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -18,12 +19,16 @@ import torch
 
 from hpctrain import __version__
 from hpctrain.commands.common import ArgParser
-from hpctrain.config.dump import to_yaml
-from hpctrain.errors import UserError
-from hpctrain.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from hpctrain.train.exported import (
+    CONFIG_FILE,
+    EXPORT_JSON,
+    earlier_export,
+    portable_config,
+    state_bytes,
+    write_export,
+)
 from hpctrain.workloads.trained import Trained, load
 
-EXPORT_JSON = "export.json"
 SHOWN_TENSORS = 24  # tensors listed per network in the README (all of them are in the file)
 
 
@@ -32,90 +37,84 @@ def main(argv: list[str]) -> int:
         prog="hpctrain export",
         description="Write a trained model's networks as plain state dicts, with its config and loading code.",
     )
-    parser.add_argument("run", help="run folder or checkpoint file")
+    parser.add_argument("run", help="run folder, checkpoint file, or an earlier export folder")
     parser.add_argument("--out", required=True, help="folder to write (new, empty, or an earlier export)")
     parser.add_argument(
         "--which", default="latest", help="latest (default), best, or step_N: which checkpoint of the run"
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
-    old = _check_out(out)
+    earlier_export(out)  # a folder of other files is refused before the model loads
 
     trained = load(args.run, args.which, "cpu")
-    written = write_export(trained, out, args.run, args.which, old)
+    files, meta = export_files(trained, args.which)
+    written, left = write_export(out, files, meta, lambda m: readme(m, out))
+    kept = f"; left {', '.join(left)} (not as the earlier export wrote them)" if left else ""
     print(
         f"exported update {trained.step} of {args.run} ({trained.checkpoint.name}) to {out}: "
-        f"{', '.join(written)}; params_sha256={trained.params_sha256}"
+        f"{', '.join(written)}{kept}; params_sha256={trained.params_sha256}"
     )
     return 0
 
 
-def _check_out(out: Path) -> list[str]:
-    """The files an earlier export in `out` wrote ([] when there is none); refuses a folder that holds anything
-    else, so an export never mixes with or overwrites other files."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file; name a folder")
-    if not out.is_dir() or not any(out.iterdir()):
-        return []
-    try:
-        old = json.loads((out / EXPORT_JSON).read_text())
-        return [str(net["file"]) for net in old["networks"].values()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UserError(
-            f"--out {out}: holds other files and no earlier export; name a new or empty folder"
-        ) from None
-
-
-def write_export(trained: Trained, out: Path, run: str, which: str, old: list[str]) -> list[str]:
-    """Write the export's files into `out` (each atomically; the README last). Returns their names."""
-    out.mkdir(parents=True, exist_ok=True)
+def export_files(trained: Trained, which: str) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The export's files (name -> bytes; the README aside) and export.json's content less the files' hashes.
+    No absolute path: the run by its name, the checkpoint by its place in the run folder."""
+    files: dict[str, bytes] = {}
     networks: dict[str, Any] = {}
     for name, module in trained.models.items():
-        state = {key: value.detach().cpu() for key, value in module.state_dict().items()}
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        atomic_write_bytes(out / f"{name}.pt", buffer.getvalue())
+        files[f"{name}.pt"] = state_bytes(module)
         cls = type(module)
         networks[name] = {
             "file": f"{name}.pt",
             "class": f"{cls.__module__}.{cls.__qualname__}",
             "settings": trained.settings.get(name),
             "parameters": sum(p.numel() for p in module.parameters()),
-            "tensors": {key: list(value.shape) for key, value in state.items()},
+            "tensors": {key: list(value.shape) for key, value in module.state_dict().items()},
         }
-    for stale in set(old) - {net["file"] for net in networks.values()}:
-        (out / stale).unlink(missing_ok=True)  # a network of the earlier export that this model has not
-    atomic_write_text(out / "config.yaml", to_yaml(trained.config))
+    config, cleared = portable_config(trained.config)
+    files[CONFIG_FILE] = config.encode()
+    checkpoint = trained.checkpoint
+    if trained.run_dir is not None and checkpoint.is_relative_to(trained.run_dir):
+        where = checkpoint.relative_to(trained.run_dir).as_posix()
+    else:
+        where = checkpoint.name
     meta = {
-        "run": str(trained.run_dir.absolute()) if trained.run_dir is not None else None,
-        "source": str(run),
-        "checkpoint": str(trained.checkpoint.absolute()),
+        "run": str(trained.config.run.name),
+        "checkpoint": where,
         "which": which,
         "step": trained.step,
         "params_sha256": trained.params_sha256,
         "model_type": trained.model_type,
         "networks": networks,
+        "config_paths_cleared": cleared,
         "sampler": trained.sampler is not None,
         "hpctrain": __version__,
         "torch": torch.__version__,
         "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    atomic_write_json(out / EXPORT_JSON, meta)
-    atomic_write_text(out / "README.md", readme(meta))
-    return [*(net["file"] for net in networks.values()), "config.yaml", EXPORT_JSON, "README.md"]
+    return files, meta
 
 
-def readme(meta: dict[str, Any]) -> str:
-    """The export folder's README: what it holds and the loading code (with hpctrain, then with torch alone)."""
+def readme(meta: dict[str, Any], out: Path) -> str:
+    """The export folder's README: what it holds and the loading code (with hpctrain, then with torch alone).
+    Names no absolute path: the folder by its own name, the checkpoint by its place in the run folder."""
     nets = meta["networks"]
     first, net = next(iter(nets.items()))
     module, _, cls = net["class"].rpartition(".")
-    source = meta["run"] or meta["checkpoint"]
+    folder = out.resolve().name or "."
+    cleared = meta["config_paths_cleared"]
+    paths = (
+        f" The exporting machine's own paths are cleared ({', '.join(cleared)}): set yours, e.g. "
+        f"`{cleared[0]}=...` on the command line."
+        if cleared
+        else ""
+    )
     lines = [
         f"# {meta['model_type']} model, update {meta['step']}",
         "",
         f"Exported by hpctrain {meta['hpctrain']} (torch {meta['torch']}) on {meta['exported']} from "
-        f"`{meta['checkpoint']}` (`--which {meta['which']}`).",
+        f"`{meta['checkpoint']}` of run `{meta['run']}` (`--which {meta['which']}`).",
         f"params_sha256 `{meta['params_sha256']}` (over every network's state dict: the figure the run's "
         "summary.json and last line give for the same checkpoint).",
         "",
@@ -123,22 +122,28 @@ def readme(meta: dict[str, Any]) -> str:
         "|---|---|---|---:|",
         *(f"| `{n['file']}` | {name} | `{n['class']}` | {n['parameters']:,} |" for name, n in nets.items()),
         "",
-        "`config.yaml` is the run's resolved configuration (`hpctrain train --config config.yaml run.name=NEW` "
-        "trains the same model afresh); "
-        "`export.json` lists the files, each network's class and its constructor settings (`settings`).",
+        "`config.yaml` is the run's configuration (`hpctrain train --config config.yaml run.name=NEW` trains the "
+        f"same model afresh).{paths} "
+        f"`{EXPORT_JSON}` lists the files with their SHA-256, each network's class and its constructor settings "
+        "(`settings`); hpctrain checks every file against it before use.",
         "",
         "## With hpctrain",
+        "",
+        "This folder is what `hpctrain.load`, `hpctrain sample` and `hpctrain evaluate` take, on any machine:",
         "",
         "```python",
         "import hpctrain",
         "",
-        f'trained = hpctrain.load("{source}")  # which="best" | "step_N"; device="cuda"',
+        f'trained = hpctrain.load("{folder}")  # this folder, by any path; device="cuda"',
         f'net = trained.models["{first}"]  # in eval mode; trained.config, trained.step, trained.params_sha256',
     ]
     if meta["sampler"]:
-        lines.append(
-            "events = trained.sampler.sample(10_000, seed=0)  # the bundles `hpctrain sample` writes"
-        )
+        lines += [
+            "events = trained.sampler.sample(10_000, seed=0)  # the bundles `hpctrain sample --events` writes",
+            "# for primaries of your own, by named columns with units (help(trained.sampler.generate)):",
+            'events = trained.sampler.generate({"energy_GeV": [1e6], "zenith_rad": [0.0], "mass_GeV": [0.938], '
+            '"depth_m": [1500.0]}, seed=0)',
+        ]
     lines += [
         "```",
         "",

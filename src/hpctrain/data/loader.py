@@ -283,23 +283,40 @@ class IndexedStream:
 
     def _loaded(self) -> Iterator[Any]:
         while True:
+            whole, given = self.position == 0, 0
             for batch in self._loader.epoch(self.epoch):
                 self.position += self.batch_size * self.world_size
+                given += 1
                 yield batch
-            self.epoch += 1
-            self.position = 0
+            self._next_epoch(whole, given)
 
     def _fetched(self) -> Iterator[Any]:
         """The batches of the indices _RankBatches hands the DataLoader, fetched here (0 workers, nothing
         pinned)."""
         fetch, global_batch = self._fetch, self.batch_size * self.world_size
         while True:
+            whole, given = self.position == 0, 0
             for index in self.rank_indices():
                 batch = fetch(index)
                 self.position += global_batch
+                given += 1
                 yield batch
-            self.epoch += 1
-            self.position = 0
+            self._next_epoch(whole, given)
+
+    def _next_epoch(self, whole: bool, given: int) -> None:
+        """On to the next epoch; a whole epoch that gave no batch would spin here without handing anything out
+        (deaf to stops): one line instead (the data set shrank below a global batch since it was checked)."""
+        if whole and not given:
+            check_one_batch(
+                len(self.dataset),
+                self.batch_size,
+                self.world_size,
+                f"the training set holds {len(self.dataset)} samples",
+                "use more data",
+            )
+            raise UserError(f"epoch {self.epoch} of the training data gave no batch")
+        self.epoch += 1
+        self.position = 0
 
     def rank_indices(self) -> Iterator[torch.Tensor]:
         """(batch_size,) this rank's sample indices of each global batch of the epoch, from the position on."""

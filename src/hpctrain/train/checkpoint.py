@@ -31,6 +31,7 @@ import torch
 
 from hpctrain.errors import RunError, UserError
 from hpctrain.fsutil import atomic_write_bytes, atomic_write_text, make_folders
+from hpctrain.train.exported import is_export, read_export
 from hpctrain.train.runlock import clean_temporaries
 
 log = logging.getLogger(__name__)
@@ -375,19 +376,23 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     return state
 
 
-def load_verified(path: Path) -> dict[str, Any]:
+def load_verified(path: Path, named: bool = True) -> dict[str, Any]:
     """Read a checkpoint file the user named, checking its sidecar hash when there is one (warned when there is
-    none); a bad one is one line saying why (UserError)."""
+    none; refused then unless `named`: a file of a run folder, which has its sidecar); a bad one is one line
+    saying why (UserError)."""
     try:
-        return read_checkpoint(path, named=True)
+        return read_checkpoint(path, named=named)
     except Unreadable as exc:
         raise UserError(f"{path}: not a readable hpctrain checkpoint ({exc})") from None
 
 
 def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None]:
-    """(state, checkpoint file, run folder or None) for a run folder (its latest checkpoint) or a checkpoint
-    file: what `hpctrain sample` and `hpctrain evaluate` are given."""
+    """(state, checkpoint file, run folder or None) for a run folder (its latest checkpoint), a checkpoint file
+    or an export folder (train/exported.py: the folder in place of the file): what `hpctrain sample`,
+    `hpctrain evaluate`, `hpctrain export` and `hpctrain.load` are given."""
     target = Path(path)
+    if target.is_dir() and is_export(target):
+        return read_export(target)
     if target.is_dir():
         folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
         try:
@@ -401,6 +406,12 @@ def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None
         return state, file, folder.parent if folder.name == "checkpoints" else None
     if not target.is_file():
         raise UserError(f"{path}: no such run folder or checkpoint file")
-    verified = load_verified(target)
     run_dir = target.parent.parent if target.parent.name == "checkpoints" else None
+    # a run's own checkpoint has its sidecar beside it: loaded only verified; a file copied alone, with a warning
+    verified = load_verified(target, named=run_dir is None or not is_run_checkpoint(target))
     return verified, target, run_dir
+
+
+def is_run_checkpoint(path: Path) -> bool:
+    """Whether `path` is named as a save of a run names its files (step_XXXXXXXX.pt, best.pt)."""
+    return bool(_STEP_FILE.match(path.name)) or path.name == "best.pt"

@@ -127,6 +127,8 @@ def data_failure(error: UserError | None, step: int) -> UserError:
     """The error to end with after a bad file met mid-run, once the updates before it are saved (every rank
     saved; the stream's position was put back before the failed fetch, so nothing is skipped)."""
     cause = str(error) if error is not None else "another rank met bad data (see its log)"
+    if step == 0:  # nothing trained, nothing saved: the same command starts afresh once the data is fixed
+        return UserError(cause)
     return UserError(
         f"{cause} (the {step} updates done so far are saved: once the data is fixed, the same command "
         "continues from there)"

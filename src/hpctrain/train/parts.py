@@ -10,6 +10,7 @@ state and the config) that one checkpoint file holds; the *counters* (counters.p
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -18,9 +19,10 @@ from torch import nn
 
 from hpctrain.config.dump import config_hash, dump_config
 from hpctrain.config.schema import ConfigBase
+from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.seeding import rng_state
-from hpctrain.train.checkpoint import FORMAT_VERSION
+from hpctrain.train.checkpoint import FORMAT_VERSION, strip_prefixes
 
 
 class Stateful(Protocol):
@@ -72,6 +74,24 @@ def _gather_rng() -> list[dict[str, Any]]:
     gathered: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(gathered, mine)
     return gathered
+
+
+def load_weights(modules: dict[str, nn.Module], saved: dict[str, Any], found_in: Path) -> None:
+    """Each network's weights from a checkpoint's (or an export's) `modules`, by name (DDP/compile prefixes
+    stripped). Weights missing, or not fitting the network this hpctrain builds for the config (another
+    version's layers), are one UserError line naming `found_in`."""
+    for name, module in modules.items():
+        weights = saved.get(name)
+        if not isinstance(weights, dict):
+            raise UserError(f"{found_in}: holds no weights of network {name!r} (it holds {sorted(saved)})")
+        try:
+            module.load_state_dict(strip_prefixes(weights))
+        except RuntimeError as exc:
+            why = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])[:300]
+            raise UserError(
+                f"{found_in}: the weights of network {name!r} do not fit the network this hpctrain builds for "
+                f"its config ({why})"
+            ) from None
 
 
 def params_sha256(modules: dict[str, nn.Module]) -> str:

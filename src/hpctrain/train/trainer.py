@@ -289,7 +289,10 @@ class Trainer:
             reason = self._train()
             if reason is None or reason == "early_stop":
                 return self._finish(reason or "finished")
-            if self.checkpointer.last_saved_step != self.counters.step:
+            untrained = (
+                reason == "data_error" and self.counters.step == 0
+            )  # a new run refused its data: no save
+            if self.checkpointer.last_saved_step != self.counters.step and not untrained:
                 self._save()
             if reason == "data_error":
                 self._result("stopped", "data_error", EXIT_BAD_INPUT)
@@ -350,10 +353,13 @@ class Trainer:
     def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
         """The next update's micro-batches, and what all ranks agreed about it (one collective per update, none
         at world size 1): skip it (empty somewhere) or stop (a signal or the deadline during a data wait, or a
-        bad file met mid-run under data.on_bad_file=fail: what was trained is kept)."""
+        bad file met mid-run under data.on_bad_file=fail: what was trained is kept). An empty update asks the
+        budget too: skipped updates never reach a check step, and a run of them must still hear a stop."""
         try:
             micro = self._next_update(batches)
             votes = GO if micro is not None else EMPTY
+            if micro is None and (urgent := self.budget.urgent_stop_reason()) is not None:
+                votes = FetchVotes(empty=True, stop=CODES[urgent])
         except StopRequested as stop:
             micro, votes = None, FetchVotes(stop=CODES[stop.reason])
         except UserError as bad:
@@ -538,6 +544,13 @@ class Trainer:
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
+        if (
+            not sums or sums.get("count") == 0.0
+        ):  # every validation sample removed or skipped: no figure at all
+            self.console.message(
+                f"eval at update {self.counters.step}: the validation data gave no sample to judge"
+            )
+            return EvalResult()
         metrics = self.task.finish_eval(sums)
         if self.env.is_main:
             self.trackers.log_scalars(self.counters.step, metrics)

@@ -2,7 +2,9 @@
 `hpctrain export`), with the workload's sampler where it has one (the registry extra "sampler").
 
 Which checkpoint: `latest` (the run's latest readable one, as a resume would pick), `best` (best.pt) or
-`step_N` (the checkpoint of update N), of a run folder; a checkpoint file names itself.
+`step_N` (the checkpoint of update N), of a run folder, each verified against its sidecar hash; a checkpoint
+file names itself; an export folder (`hpctrain export`, train/exported.py) holds one update, verified against
+export.json.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from torch import nn
 
 from hpctrain.config.loading import validate
 from hpctrain.errors import RunError, UserError
+from hpctrain.runtime.devices import usable_device
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.checkpoint import find_checkpoint, load_verified, strip_prefixes
-from hpctrain.train.parts import params_sha256
+from hpctrain.train.checkpoint import find_checkpoint, load_verified
+from hpctrain.train.exported import check_params, is_export
+from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads import registry
 
 # (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
@@ -28,7 +32,7 @@ Found = tuple[dict[str, Any], Path, Path | None]
 _STEP = re.compile(r"^step_0*(\d+)$")
 
 
-@dataclass
+@dataclass(repr=False)
 class Trained:
     """The networks of one checkpoint, in eval mode on `device`, and what they came from.
 
@@ -63,6 +67,21 @@ class Trained:
     def __getitem__(self, name: str) -> nn.Module:
         return self.models[name]
 
+    def __repr__(self) -> str:
+        """A few lines (a notebook cell shows this): what it is, where from, which weights; `.config` has the rest."""
+        params = sum(p.numel() for m in self.models.values() for p in m.parameters())
+        lines = [
+            f"Trained {self.model_type} model, update {self.step} of run {self.config.run.name!r}",
+            f"  from {self.checkpoint}",
+            f"  networks {', '.join(self.models)} ({params:,} parameters) on {self.device}",
+            f"  params_sha256 {self.params_sha256[:16]}...",
+        ]
+        if self.sampler is not None:
+            lines.append(
+                "  .sampler: sample(n_events, seed), generate(primaries, seed) (help() for the units)"
+            )
+        return "\n".join(lines)
+
 
 def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
     """The checkpoint `which` of a run folder (or the checkpoint file `path` names, with which=latest). Every
@@ -71,6 +90,8 @@ def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
     if which not in ("latest", "best") and match is None:
         raise UserError(f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
     target = Path(path)
+    if which != "latest" and target.is_dir() and is_export(target):
+        raise UserError(f"{path}: an export holds one update; which={which} needs the run folder")
     if which == "latest":
         try:
             return find_checkpoint(target)
@@ -86,41 +107,35 @@ def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
         steps = sorted(int(p.stem[5:]) for p in folder.glob("step_*.pt") if p.stem[5:].isdigit())
         held = [f"step_{step}" for step in steps] + (["best"] if (folder / "best.pt").exists() else [])
         raise UserError(f"{path}: no {name} in {folder} (it holds: {', '.join(held) or 'nothing'})")
-    state = load_verified(file)
+    state = load_verified(file, named=False)  # a run's own file: only with its sidecar's hash
     return state, file, folder.parent if folder.name == "checkpoints" else None
 
 
 def load(path: str | Path, which: str = "latest", device: str | torch.device = "cpu") -> Trained:
-    """The networks of checkpoint `which` of run folder (or checkpoint file) `path`, in eval mode on `device`,
-    with the workload's sampler."""
-    state, file, run_dir = pick_checkpoint(path, which)
+    """The networks of checkpoint `which` of run folder (or checkpoint file, or export folder) `path`, in eval
+    mode on `device`, with the workload's sampler. A device this machine has not is one UserError line."""
+    dev = usable_device(device, f"device={str(device)!r}")
+    return build(pick_checkpoint(path, which), dev)
+
+
+def build(found: Found, device: torch.device) -> Trained:
+    """The `Trained` of a checkpoint's state (or an export's) that was found and read already."""
+    state, file, run_dir = found
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{file}: holds no configuration, so no workload to build its networks with")
     cfg = validate(registry.config_model(), state["config"])
-    dev = torch.device(device)
-    if dev.type == "cpu":
+    if device.type == "cpu":
         cfg.train.device = "cpu"  # what the networks are built for (e.g. no channels_last on a CPU)
     task = registry.task_factory(cfg.model.type)(cfg, ClusterEnv())
     with torch.random.fork_rng(devices=[]):  # building initialises weights: the caller's RNG stays as it was
         models = task.build_modules()
-    for name, module in models.items():
-        saved = state["modules"].get(name)
-        if saved is None:
-            raise UserError(
-                f"{file}: holds no weights of network {name!r} (it holds {sorted(state['modules'])})"
-            )
-        module.load_state_dict(strip_prefixes(saved))
-        module.to(dev).eval()
-    trained = Trained(
-        models,
-        cfg,
-        task.network_settings(),
-        int(state.get("counters", {}).get("step", 0)),
-        file,
-        run_dir,
-        dev,
-        params_sha256(models),
-    )
+    load_weights(models, state["modules"], file)
+    for module in models.values():
+        module.to(device).eval()
+    digest = params_sha256(models)
+    check_params(state, file, digest)
+    step = int(state.get("counters", {}).get("step", 0))
+    trained = Trained(models, cfg, task.network_settings(), step, file, run_dir, device, digest)
     spec = registry.workload_of(cfg.model.type)
     if spec is not None and spec.verbs.sampler is not None:
         trained.sampler = spec.verbs.sampler(trained)

@@ -387,3 +387,48 @@ def test_a_bad_file_met_mid_run_saves_the_updates_before_it(tmp_path: Path) -> N
     done = train(tmp_path, *common, "data.on_bad_file=skip")
     assert done.code == 0, done.err
     assert "resumed from" in done.out and "at update 1" in done.out
+
+
+def _bundles_of_two_or_more(path: Path, events: int, seed: int) -> None:
+    data = synthetic_events(events, seed, 0)
+    many = np.flatnonzero(data.counts >= 2)
+    rows = np.concatenate([np.arange(data.offsets[i], data.offsets[i + 1]) for i in many])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = layouts.Events(data.primaries[many], data.muons[rows], data.counts[many], data.ids[many])
+    layouts.write_events(str(path), kept, "parquet", 100)
+
+
+def test_data_whose_every_event_is_removed_is_one_line_or_no_figure(tmp_path: Path) -> None:
+    """Issue 45 U1: a training set whose every event is above data.max_muons_per_event spun at 100 % CPU for ever;
+    now one line, exit 2, and no checkpoint (nothing trained: a fixed config starts afresh). A validation set
+    emptied the same way gives no figure (it gave val_loss 0, which would win best.pt)."""
+    _bundles_of_two_or_more(tmp_path / "big" / "f0.parquet", 400, 5)
+    done = train(
+        tmp_path, f"data.paths=[{tmp_path / 'big'}]", "data.max_muons_per_event=1", "data.batch_size=16"
+    )
+    line = error_line(done)
+    assert (
+        line.startswith("error: muon data, train split: no event of the ") and "is left to train on" in line
+    )
+    assert (
+        "max_muons_per_event=1" in line and not (tmp_path / "runs" / "t" / "checkpoints" / "latest").exists()
+    )
+    assert (
+        "of its" in done.err and "100.00 % of them, with 100.00 % of their" in done.err
+    )  # said once, before
+    files = write_set(tmp_path / "some", files=1, events=300)
+    done = train(
+        tmp_path,
+        f"data.paths=[{files[0]}]",
+        f"data.val_paths=[{tmp_path / 'big'}]",
+        "data.max_muons_per_event=1",
+        "data.batch_size=16",
+        "train.eval_every=1",
+        name="v",
+    )
+    assert done.code == 0, done.err
+    assert "eval at update 2: the validation data gave no sample to judge" in done.out
+    records = [
+        json.loads(line) for line in (tmp_path / "runs" / "v" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert not any("val_loss" in r for r in records)

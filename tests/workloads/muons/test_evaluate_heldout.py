@@ -83,6 +83,9 @@ def test_end_of_training_writes_the_validation_table(reference: Path) -> None:  
     text = (reference / "evaluate_val.txt").read_text()
     assert text.startswith("quality at update 10") and all(name in text for name in quality.FEATURES)
     assert "classifier two-sample test" in text and result["two_sample"]["null_source"] == "swap"
+    assert (
+        text.rstrip().splitlines()[-1].startswith("muon cap 150: the training removed the true events above ")
+    )
 
 
 @pytest.mark.integration

@@ -133,6 +133,44 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
     assert len(layouts.read_all(str(again))[1]) == 5
 
 
+def test_sample_takes_a_table_of_named_primaries_and_checks_units(reference: Path, tmp_path: Path):
+    """`--primaries` as a CSV of named columns with units (a cosine named cos_zenith); a zenith in degrees, a
+    bad device: one line, exit 2, naming the file and row."""
+    table = tmp_path / "primaries.csv"
+    table.write_text(
+        "energy_GeV,cos_zenith,mass_GeV,depth_m,note\n1e6,1.0,0.938,1500,vertical\n1e7,0.5,52.1,2000,x\n"
+    )
+    out = tmp_path / "gen.parquet"
+    done = hpctrain("sample", str(reference), "--primaries", str(table), "--out", str(out), cwd=tmp_path)
+    assert done.code == 0, done.err
+    assert "at the model's cap of" in done.out
+    _, events = layouts.read_all(str(out))
+    assert np.allclose(events.primaries, [[1e6, 0.0, 0.938, 1500], [1e7, np.pi / 3, 52.1, 2000]], rtol=1e-6)
+    assert events.ids[:, 1].tolist() == [0, 1]
+    table.write_text("energy_GeV,zenith_rad,mass_GeV,depth_m\n1e6,0.1,0.938,1500\n1e6,30,0.938,1500\n")
+    bad = hpctrain(
+        "sample", str(reference), "--primaries", str(table), "--out", str(out), "--overwrite", cwd=tmp_path
+    )
+    assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1, bad.err
+    assert f"{table} row 1: zenith_rad 30 is outside [0, pi/2]" in bad.err
+    bad = hpctrain(
+        "sample",
+        str(reference),
+        "--events",
+        "3",
+        "--device",
+        "gpu",
+        "--out",
+        str(out),
+        "--overwrite",
+        cwd=tmp_path,
+    )
+    assert (
+        bad.code == 2
+        and bad.err.strip() == "error: --device gpu: no such device; choose cpu, cuda, cuda:N or mps"
+    )
+
+
 def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Path):
     bad = hpctrain("evaluate", str(reference), "--batch-size", "0", cwd=tmp_path)
     assert bad.code == 2 and bad.err.strip() == "error: --batch-size must be at least 1, not 0", bad.err
@@ -158,6 +196,13 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     assert "classifier two-sample test" in done.out and "truth vs truth" in done.out, done.out
     result = json.loads((reference / "evaluate.json").read_text())
     assert result["info"]["truth_version"] == "v1"
+    # the muon cap on both sides, in one line: removed from training, clamped in the judge on both sides
+    info = result["info"]
+    assert info["muon_cap"] == CAP and info["data_max_muons_per_event"] == CAP
+    assert 0 <= info["generated_events_at_cap"] <= 400 and info["truth_events_clamped_at_cap"] > 0
+    said = f"muon cap {CAP}: the training removed the true events above data.max_muons_per_event={CAP}; here "
+    said += f"{info['truth_events_clamped_at_cap']} of the 400 true events"
+    assert said in done.out and "of the generated events" in done.out, done.out
     metrics = result["metrics"]
     # the classifier test beside the per-feature table: AUC overall and per energy bin with its null band
     classifier = result["two_sample"]
@@ -177,6 +222,8 @@ def test_evaluate_writes_figures_json_and_metrics(reference: Path, tmp_path: Pat
     done = hpctrain("report", str(reference), "--out", str(tmp_path / "report"), cwd=tmp_path)
     assert done.code == 0, done.err
     page, panels = check_report(tmp_path / "report")
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert f"The muon cap ({CAP} muons per event)" in html and "true events judged" in html
     judged = result["quality"]["features"]
     assert list(judged) == list(FEATURES) and set(result["distributions"]) == set(DRAWN)
     for kind in ("dist", "energy_bins", "zenith_bins"):

@@ -183,11 +183,21 @@ def test_bad_events(tmp_path: Path) -> None:
     assert np.isfinite(batch.normalize().primaries.numpy()).all()
 
 
+def _removed_line(split: str, n: int, scope: str, events: int, muons: int, lost: int, what: str) -> str:
+    share = f"{100 * n / events:.2f} % of them" + (
+        f", with {100 * lost / muons:.2f} % of their {muons:,} muons" if lost else ""
+    )
+    return f"muon data, {split} split: {n:,} of {scope} ({share}) {what}; said once"
+
+
+OUTLIERS = "have more than data.max_muons_per_event={cap} muons and are removed (raise the limit to keep them; data.outliers_dir=DIR writes them out for a look)"
+
+
 def test_outliers_and_empty_events(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     files = write_set(tmp_path / "d", files=1, events=300)
     _, events = layouts.read_all(files[0])
     cap = int(np.quantile(events.counts, 0.95))
-    big = int((events.counts > cap).sum())
+    big = events.counts > cap
     out = tmp_path / "outliers"
     names = []
     for _ in range(2):  # a second run never overwrites the first one's files
@@ -206,67 +216,107 @@ def test_outliers_and_empty_events(tmp_path: Path, caplog: pytest.LogCaptureFixt
         assert sum(len(b) for b in batches) == int(((events.counts <= cap) & (events.counts > 0)).sum())
         names.append(sorted(p.name for p in out.iterdir()))
     assert set(names[0]) < set(names[1])
-    # The warning says which split, which limit, and what to do.
-    said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
-    assert said and said[0].startswith(f"muon data, train split: {big} events with more than ")
-    assert f"data.max_muons_per_event={cap} muons removed (raise the limit" in said[0]
-    # once per split and stream (hop), not at every doubling; each stream's total at its close
-    firsts = [line for line in said if "this hop in all" not in line]
-    assert len(firsts) == 2 and "so far" not in said[0]
-    assert [line for line in said if "this hop in all" in line] == [
-        f"muon data, train split, this hop in all: {big} events with more than "
-        f"data.max_muons_per_event={cap} muons removed"
-    ] * 2
+    # Said once per stream (hop): the distinct events, their share of the events and of the muons, the limit,
+    # and what to do.
+    said = [r.getMessage() for r in caplog.records if "muon data" in r.getMessage()]
+    total = int(events.counts.sum())
+    outliers = _removed_line(
+        "train",
+        int(big.sum()),
+        "its 300 events",
+        300,
+        total,
+        int(events.counts[big].sum()),
+        OUTLIERS.format(cap=cap),
+    )
+    empty = int((events.counts == 0).sum())
+    dropped = _removed_line(
+        "train",
+        empty,
+        "its 300 events",
+        300,
+        total,
+        0,
+        "have no muons and are dropped (data.drop_empty_events=true)",
+    )
+    assert said == [outliers, dropped] * 2
     table = pq.read_table(out).to_pydict()
-    assert len(table["source_row"]) == 2 * big
-    rows = table["source_row"][:big]
+    n_big = int(big.sum())
+    assert len(table["source_row"]) == 2 * n_big
+    rows = table["source_row"][:n_big]
     assert set(table["source_file"]) == {files[0]}
-    assert sorted(table["primary_minor_id"][:big]) == sorted(rows)  # ids are the row numbers here
+    assert sorted(table["primary_minor_id"][:n_big]) == sorted(rows)  # ids are the row numbers here
     assert all(len(m) > cap for m in table["muons"])
 
 
-def test_removed_events_once_per_split_and_hop_and_the_totals_at_its_end(
+def test_removed_events_are_distinct_and_said_once_per_split_and_hop(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The training stream and the validation passes of a hop share their counts: each split says the first
-    removed events once however many results (and evaluation passes) hold some, and the training stream's close
-    (the end of the hop) gives each split's total, beside the run's since its first hop."""
+    """Issue 43: 89 distinct events above the cap were said as 71, then 694, then 1,032 (counted again each
+    epoch). The training stream and the validation passes of a hop share their counts: each split is said once,
+    with its distinct removed events and their share of events and muons, however many epochs and passes met
+    them; the next hop says it again, once."""
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.workloads.muons.events.stream import ValBatches
     from hpctrain.workloads.muons.spec import MuonData
 
     files = write_set(tmp_path / "d", files=2, events=300, row_group=50)
-    counts = np.concatenate([layouts.read_all(f)[1].counts for f in files])
+    per_file = [layouts.read_all(f)[1].counts for f in files]
+    counts = np.concatenate(per_file)
     cap = int(np.quantile(counts, 0.9))
-    in_val = int((layouts.read_all(files[1])[1].counts > cap).sum())
-    stream = event_stream(files, 50, seed=0, max_muons_per_event=cap, prefetch_batches=0)
-    state = stream.state_dict()
-    stream.load_state_dict({**state, "stats": {"outliers": 7}})  # an earlier hop removed 7
+    what = OUTLIERS.format(cap=cap)
+    big = counts > cap
+    train = _removed_line(
+        "train", int(big.sum()), "its 600 events", 600, int(counts.sum()), int(counts[big].sum()), what
+    )
+    val_big = per_file[1] > cap
+    val = _removed_line(
+        "val",
+        int(val_big.sum()),
+        "its 300 events",
+        300,
+        int(per_file[1].sum()),
+        int(per_file[1][val_big].sum()),
+        what,
+    )
     section = MuonData.model_validate(
         {"batch_size": 50, "pin_memory": False, "val_paths": [files[1]], "max_muons_per_event": cap}
     )
-    with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):
-        take(stream, 6)
-        for _ in range(2):  # two evaluations in the hop
-            assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None, stream.counts)) > 0
-        this_hop = stream.stats["outliers"] - 7
-        stream.close()
-    said = [r.getMessage() for r in caplog.records if "events with more than" in r.getMessage()]
-    removed = f"events with more than data.max_muons_per_event={cap} muons removed"
-    assert len([line for line in said if line.startswith("muon data, train split: ")]) == 1
-    assert len([line for line in said if line.startswith("muon data, val split: ")]) == 1
-    assert this_hop > 0 and in_val > 0
-    assert [line for line in said if "this hop in all" in line] == [
-        f"muon data, train split, this hop in all: {this_hop} {removed} ({this_hop + 7} since the run began)",
-        f"muon data, val split, this hop in all: {2 * in_val} {removed}",
-    ]
-    assert len(said) == 4
+    for _hop in range(2):
+        caplog.clear()
+        stream = event_stream(files, 50, seed=0, max_muons_per_event=cap, prefetch_batches=0)
+        with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):
+            take(stream, 30)  # two and a half epochs: every event met two or three times
+            for _ in range(2):  # two evaluations in the hop
+                assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None, stream.counts)) > 0
+            assert stream.stats == {"outliers": int(big.sum())}  # distinct
+            stream.close()
+        assert [r.getMessage() for r in caplog.records] == [train, val]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hpctrain.muons"):  # a pass of its own (`hpctrain evaluate`)
         assert sum(len(b) for b in ValBatches(section, 0, ClusterEnv(), None)) > 0
-    assert [r.getMessage() for r in caplog.records] == [
-        f"muon data, val split, this pass in all: {in_val} {removed}"
-    ]
+    assert [r.getMessage() for r in caplog.records] == [val]
+
+
+def test_a_training_set_whose_every_event_is_removed_is_one_line(tmp_path: Path) -> None:
+    """Issue 45 U1: every event above data.max_muons_per_event gave endless empty batches (a run spinning at 100 %
+    CPU); the first whole epoch that keeps no event is one line naming why and what to do."""
+    data = synthetic_events(400, 0, 0)
+    many = np.flatnonzero(data.counts >= 2)  # every event has two muons or more
+    rows = np.concatenate([np.arange(data.offsets[i], data.offsets[i + 1]) for i in many])
+    kept = layouts.Events(data.primaries[many], data.muons[rows], data.counts[many], data.ids[many])
+    path = tmp_path / "big.parquet"
+    layouts.write_events(str(path), kept, "parquet", 50)
+    stream = event_stream([str(path)], 20, seed=0, max_muons_per_event=1, prefetch_batches=0)
+    with pytest.raises(UserError) as refused:
+        for _, batch in zip(range(1000), stream):  # (bounded: a stream that spins fails the test, not hangs)
+            assert len(batch) == 0
+    stream.close()
+    n = len(many)
+    assert str(refused.value).startswith(
+        f"muon data, train split: no event of the {n} read in epoch 0 is left to train on ({n} have more "
+        "than data.max_muons_per_event=1 muons and are removed): raise the limit"
+    ), str(refused.value)
 
 
 def test_one_pass_keeps_the_tail(muon_files: list[str]) -> None:

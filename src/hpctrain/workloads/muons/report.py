@@ -13,6 +13,7 @@ import numpy as np
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
 from hpctrain.track.report.generic import RATIO_TOP, clip_note, ratio_panel
 from hpctrain.track.report.panels import figure, fmt, legend_outside
+from hpctrain.workloads.muons.evaluation.cap_note import cap_table
 from hpctrain.workloads.muons.evaluation.classifier_report import classifier_panels, classifier_table
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
 
@@ -148,5 +149,5 @@ def pivot_tables(data: RunData) -> list[Table]:
 REPORT = WorkloadReport(
     groups=groups,
     panels=(quality_panels, classifier_panels, binned_panels),
-    tables=(quality_table, classifier_table, pivot_tables),
+    tables=(quality_table, classifier_table, cap_table, pivot_tables),
 )

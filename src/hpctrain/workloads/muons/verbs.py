@@ -30,7 +30,13 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     """The options of `hpctrain sample` for a muon model."""
     g = parser.add_argument_group("muon models")
     source = g.add_mutually_exclusive_group(required=True)
-    source.add_argument("--primaries", help="muon file/folder/glob (any layout) whose primaries to use")
+    source.add_argument(
+        "--primaries",
+        metavar="PATH",
+        help="the primaries to generate for: a CSV or Parquet table with named columns energy_GeV, zenith_rad "
+        "(radians, 0 = vertical, to pi/2) or cos_zenith, mass_GeV, depth_m; or muon files (file, folder, glob; "
+        "any layout) whose primaries to use",
+    )
     # --events as in `data inspect` and `data generate --events-per-file` (--n-events, the old name, still works)
     source.add_argument(
         "--events",
@@ -51,22 +57,6 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
         help=f"events generated at once (default {SAMPLE_BATCH}; more on a GPU)",
     )
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
-
-
-def usable_device(name: str | None) -> str | None:
-    """--device, refused in one line when this machine has no such device (cuda, mps)."""
-    import torch
-
-    if name is None or name == "cpu":
-        return name
-    kind = name.split(":")[0]
-    mps = getattr(torch.backends, "mps", None)
-    present = {"cuda": torch.cuda.is_available(), "mps": mps is not None and mps.is_available()}
-    if kind not in present:
-        raise UserError(f"--device {name}: choose cpu, cuda or mps")
-    if not present[kind]:
-        raise UserError(f"--device {name}: this machine (or this torch build) has no {kind} device; use cpu")
-    return name
 
 
 def sample(args: argparse.Namespace, found: Found) -> int:
@@ -95,11 +85,17 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.muons.models import sampling
 
     start = time.perf_counter()
-    model = sampling.load_model(args.model, usable_device(args.device), found)
+    model = sampling.load_model(args.model, args.device, found)
     torch.manual_seed(args.seed)
+    at_cap = [0]  # events whose sampled multiplicity hit the cap
+
+    def counted(chunk: Any) -> Any:
+        at_cap[0] += int((chunk.counts >= model.cap).sum())
+        return chunk
+
     # streamed: primaries, generation and the Parquet writer hold one batch at a time (10M events fit)
     chunks = (
-        chunk
+        counted(chunk)
         for primaries, ids in sampling.primary_chunks(
             args.n_events, args.primaries, args.seed, args.batch_size
         )
@@ -108,7 +104,8 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     events, muons = sampling.write_stream(args.out, chunks)
     print(
         f"wrote {events} events, {muons} muons to {args.out} (model {model.checkpoint}, "
-        f"update {model.step}, device {model.device}, {time.perf_counter() - start:.1f} s)"
+        f"update {model.step}, device {model.device}, {time.perf_counter() - start:.1f} s); "
+        + sampling.cap_line(at_cap[0], events, model.cap)
     )
     return 0
 
@@ -188,13 +185,14 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
 
     from hpctrain.workloads.muons import truth_versions
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
+    from hpctrain.workloads.muons.evaluation.cap_note import cap_statement
     from hpctrain.workloads.muons.models import sampling
 
     if args.truth:
         truth_versions.get(args.truth)  # an unknown version is one line before the model loads
     if args.truth and args.data:
         raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
-    model = sampling.load_model(args.model, usable_device(args.device), found)
+    model = sampling.load_model(args.model, args.device, found)
     data, truth, why = None, args.truth or truth_versions.DEFAULT, "chosen with --truth"
     if not args.data and not args.truth:
         truth, why = truth_versions.training_version(list(model.cfg.data.paths))
@@ -220,6 +218,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         "events)"
     )
     evaluate.print_tables(result)
+    print(f"  {cap_statement(info)}")
     print(f"wrote {out}")
     return 0
 

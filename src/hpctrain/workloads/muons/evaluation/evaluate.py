@@ -24,6 +24,7 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.evaluation import quality, two_sample
+from hpctrain.workloads.muons.evaluation.cap_note import cap_statement
 from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
 from hpctrain.workloads.muons.events import layouts
@@ -143,6 +144,8 @@ def evaluate_model(
         "floor_draws": len(floor) if data is None else quality.FLOOR_DRAWS,  # held out: splits
         "generated_draws": len(floor) if data is None else quality.FLOOR_DRAWS,
         "truth_events_clamped_at_cap": clamped,
+        "generated_events_at_cap": int((generated.counts >= cap).sum()),
+        "data_max_muons_per_event": int(model.cfg.data.max_muons_per_event),
         "muon_cap": cap,
         **sizes(generated, true, seed, start),
     }
@@ -257,7 +260,10 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
     head = f"quality at update {step} on {len(data) // 2} validation events (floor: the other half)"
     classifier = two_sample.table_lines(result["two_sample"]) if result.get("two_sample") else []
-    text = "\n".join([head, *quality.table(result["quality"]), *classifier]) + "\n"
+    text = (
+        "\n".join([head, *quality.table(result["quality"]), *classifier, cap_statement(result["info"])])
+        + "\n"
+    )
     atomic_write_text(run_dir / "evaluate_val.txt", text)
     log.info(text)
     return path

@@ -21,9 +21,10 @@ from hpctrain.data.stream.lent_buffers import Borrowed
 from hpctrain.data.stream.read_ahead import ReadAhead
 from hpctrain.errors import UserError
 from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.events.event_counts import UnitTally
 from hpctrain.workloads.muons.events.event_index import EventIndex, note_bad_file
 from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult, Recycled, gather
-from hpctrain.workloads.muons.events.outliers import EventRules, muons_fine
+from hpctrain.workloads.muons.events.outliers import REASONS, EventRules, muons_fine
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
 _OPEN_FILES = 4  # readers kept open per worker
@@ -165,10 +166,11 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         reader = self._reader(unit.file)
         return reader, reader.fetch_unit(unit.unit)
 
-    def _read(self, f: int, u: int, rows: int, stats: dict[str, int]) -> layouts.Events | None:
-        """Unit u of file f (its first `rows` events), or None when the file is bad and skipped."""
+    def _read(self, f: int, u: int, rows: int, skipped: list[UnitTally]) -> layouts.Events | None:
+        """Unit u of file f (its first `rows` events), or None when the file is bad and skipped (tallied in
+        `skipped`)."""
         if self._paths is not None and f not in self._paths:  # could not be staged: noted by the sampler
-            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            skipped.append(UnitTally(f, u, rows, 0, (("bad_file_events", rows, 0),)))
             return None
         try:
             unit = Unit(f, u, rows)
@@ -186,7 +188,7 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
             if self.read.on_bad_file != "skip":
                 raise UserError(f"{path}: {reason}; set data.on_bad_file=skip to go on without it") from None
             note_bad_file(self.read.run_dir, path, reason)
-            stats["bad_file_events"] = stats.get("bad_file_events", 0) + rows
+            skipped.append(UnitTally(f, u, rows, 0, (("bad_file_events", rows, 0),)))
             return None
         if len(events) > rows:  # data.max_events cut this unit
             off = events.offsets
@@ -214,14 +216,14 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         unit = np.searchsorted(unit_starts, wanted, side="right") - 1
         return Located(plan, units, unit_starts, lo, hi, wanted, where, unit)
 
-    def _decode(self, units: list[Unit], need: np.ndarray, stats: dict[str, int]) -> Decoded:
-        """The units `need` (indices into `units`) decoded and concatenated."""
+    def _decode(self, units: list[Unit], need: np.ndarray, skipped: list[UnitTally]) -> Decoded:
+        """The units `need` (indices into `units`) decoded and concatenated (unreadable ones in `skipped`)."""
         parts, sources, keys = [], [], []
         base = np.full(len(units), -1, dtype=np.int64)
         rows_so_far = 0
         for j in need:
             f, u, rows = units[j]
-            unit_events = self._read(f, u, rows, stats)
+            unit_events = self._read(f, u, rows, skipped)
             if unit_events is None:
                 continue
             base[j] = rows_so_far
@@ -259,14 +261,14 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         if item.paths is not None:
             self._use_staged(item.paths)
         at = self._located.pop((item.epoch, item.chunk), None) or self._locate(item)
-        stats: dict[str, int] = {}
-        decoded = self._decode(at.units, np.unique(at.unit), stats)
+        skipped: list[UnitTally] = []
+        decoded = self._decode(at.units, np.unique(at.unit), skipped)
         data = decoded.events
         offsets = data.offsets
         proven = self._muons_proven(decoded)
-        keep_all = self.rules.keep(
-            data, offsets, item.epoch, lambda r: self._source(decoded, r), stats, proven
-        )
+        why = np.zeros(len(data), dtype=np.int8)
+        keep_all = self.rules.keep(data, offsets, item.epoch, lambda r: self._source(decoded, r), why, proven)
+        tallies = (*_tallies(decoded, why), *skipped)
         # `row`: each wanted event's row in the decoded concatenation (dropped: unit unreadable or filtered)
         row = decoded.base[at.unit] + (at.wanted - at.unit_starts[at.unit])
         ok = decoded.base[at.unit] >= 0
@@ -283,9 +285,34 @@ class ChunkDataset(Dataset[ItemResult | ItemError]):
         events, buffer, in_lent = gather(data, offsets, row, where + start, self._recycled, lent)
         slot = item.loan.slot if item.loan is not None else -1
         proofs = tuple(decoded.keys) if proven else ()  # for the main process to remember (see remember)
-        return ItemResult(events, sizes, stats, item.epoch, item.chunk, buffer, slot, in_lent, proofs)
+        return ItemResult(events, sizes, tallies, item.epoch, item.chunk, buffer, slot, in_lent, proofs)
 
     def remember(self, proven: tuple[Any, ...]) -> None:
         """Main side: units a worker proved fine. Workers started later (not persistent: every epoch) are
         forked from this object, so they begin with what the earlier ones proved."""
         self._proven.update(proven)
+
+
+def _tallies(decoded: Decoded, why: np.ndarray) -> tuple[UnitTally, ...]:
+    """Each decoded unit's events and muons, and per reason the events removed from it and their muons (`why`:
+    EventRules.keep's codes): what event_counts.py counts once per unit."""
+    data = decoded.events
+    starts = np.array([b for b in decoded.base if b >= 0], dtype=np.int64)  # in the order of decoded.sources
+    n = len(starts)
+    if n == 0:
+        return ()
+    lengths = np.diff(np.append(starts, len(data)))
+    unit_of = np.repeat(np.arange(n), lengths)  # (events,) which unit each decoded event is of
+    counts = data.counts.astype(np.float64)
+    muons = np.bincount(unit_of, weights=counts, minlength=n)
+    removed: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]
+    for code in np.unique(why[why > 0]) if why.any() else ():
+        mask = why == code
+        events = np.bincount(unit_of[mask], minlength=n)
+        lost = np.bincount(unit_of[mask], weights=counts[mask], minlength=n)
+        for i in np.flatnonzero(events):
+            removed[i].append((REASONS[int(code) - 1], int(events[i]), int(lost[i])))
+    return tuple(
+        UnitTally(f, u, int(lengths[i]), int(muons[i]), tuple(removed[i]))
+        for i, (f, u) in enumerate(decoded.sources)
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from hpctrain.data.stream.epoch_plan import PieceSize
 from hpctrain.data.stream.ragged import take_ragged, take_rows
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.batch import MuonBatch, from_buffer, packed, packed_size
+from hpctrain.workloads.muons.events.event_counts import UnitTally
 
 
 @dataclass
@@ -36,11 +37,12 @@ class ItemResult:
 
     `slot`: the loan that came with the item (-1: none), `in_slot`: whether the events were written into it.
     `proven`: keys of the units whose muons the worker proved fine (decode.py), for the main process to remember:
-    workers that are not persistent start each epoch from its copy."""
+    workers that are not persistent start each epoch from its copy. `tallies`: each unit decoded, with the events
+    removed from it and why (event_counts.py)."""
 
     events: MuonBatch
     sizes: list[PieceSize]
-    stats: dict[str, int] = field(default_factory=dict)
+    tallies: tuple[UnitTally, ...] = ()
     epoch: int = -1
     chunk: int = -1
     buffer: torch.Tensor | None = None
@@ -50,7 +52,7 @@ class ItemResult:
 
     def _head(self) -> tuple[Any, ...]:
         """Everything but the events and their buffer (what `_result` takes back)."""
-        return self.sizes, self.stats, self.epoch, self.chunk, self.slot, self.proven
+        return self.sizes, self.tallies, self.epoch, self.chunk, self.slot, self.proven
 
     def __reduce__(self) -> tuple[Any, ...]:
         shape = (len(self.events), self.events.num_muons)
@@ -114,8 +116,8 @@ def _result(
     events: MuonBatch, head: tuple[Any, ...], buffer: torch.Tensor | None = None, in_slot: bool = False
 ) -> ItemResult:
     """An ItemResult from its events, `ItemResult._head()` and the buffer the events are views into."""
-    sizes, stats, epoch, chunk, slot, proven = head
-    return ItemResult(events, sizes, stats, epoch, chunk, buffer, slot, in_slot, proven)
+    sizes, tallies, epoch, chunk, slot, proven = head
+    return ItemResult(events, sizes, tallies, epoch, chunk, buffer, slot, in_slot, proven)
 
 
 def _rebuild_item(buffer: torch.Tensor, shape: tuple[int, int], head: tuple[Any, ...]) -> ItemResult:

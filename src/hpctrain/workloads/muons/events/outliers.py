@@ -25,6 +25,8 @@ from hpctrain.workloads.muons.events import layouts
 
 # row of the decoded events -> (file, row in that file), for messages and the outlier files
 Locate = Callable[[int], tuple[str, int]]
+# why an event was removed (EventRules.keep's `why` codes are these indices + 1; event_counts.py's kinds)
+REASONS = ("bad_events", "outliers", "empty_dropped")
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,11 @@ class EventRules:
         offsets: np.ndarray,
         epoch: int,
         locate: Locate,
-        stats: dict[str, int],
+        why: np.ndarray,
         muons_proven: bool | None = None,
     ) -> np.ndarray:
-        """(events,) bool: events kept after the bad-event, outlier and empty-event rules; counts in `stats`.
+        """(events,) bool: events kept after the bad-event, outlier and empty-event rules; `why` (events,) int8
+        is set to the reason of each removed one (its index in REASONS + 1; 0: kept).
 
         `muons_proven`: whether muons_fine holds for `data.muons`, when the caller knows (True: only the
         primaries are checked; False: the muons are checked event by event; None: proven here first)."""
@@ -62,19 +65,19 @@ class EventRules:
                     f"events"
                 )
             keep &= ~bad
-            stats["bad_events"] = int(bad.sum())
+            why[bad] = REASONS.index("bad_events") + 1
         cap = self.max_muons_per_event
         if cap:
             big = keep & (data.counts > cap)
             if big.any():
                 keep &= ~big
-                stats["outliers"] = int(big.sum())
+                why[big] = REASONS.index("outliers") + 1
                 if self.outliers_dir and epoch == 0:  # once: later epochs would only repeat them
                     write_outliers(data, offsets, np.flatnonzero(big), locate, self.outliers_dir, self.rank)
         if self.drop_empty_events:
             empty = keep & (data.counts == 0)
             keep &= ~empty
-            stats["empty_dropped"] = int(empty.sum())
+            why[empty] = REASONS.index("empty_dropped") + 1
         return keep
 
 

@@ -40,7 +40,7 @@ from hpctrain.remote.uris import is_remote
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.muons.events.batch import MuonBatch
 from hpctrain.workloads.muons.events.decode import ChunkDataset, ReadOptions
-from hpctrain.workloads.muons.events.event_counts import EventCounts
+from hpctrain.workloads.muons.events.event_counts import EventCounts, what_and_advice
 from hpctrain.workloads.muons.events.event_index import EventIndex, build_index, note_bad_file
 from hpctrain.workloads.muons.events.item_result import ItemError, ItemResult
 from hpctrain.workloads.muons.events.outliers import EventRules
@@ -95,9 +95,19 @@ class _Items(Sampler[WorkItem]):
         return items if s._lent is None else s._lend(items)
 
     def _epochs(self, epoch: int, position: int) -> Iterator[WorkItem]:
-        """Endless: the next epoch's items follow this one's without a pause (local inputs)."""
+        """Endless: the next epoch's items follow this one's without a pause (local inputs). A whole epoch without
+        an item would make this loop spin without handing anything out (deaf to stops): one line instead."""
         while True:
-            yield from self._epoch(epoch, position)
+            given = 0
+            for item in self._epoch(epoch, position):
+                given += 1
+                yield item
+            if not given and position == 0:
+                s = self.stream
+                raise UserError(
+                    f"muon data, {s.split} split: epoch {epoch} has no work for rank {s.rank} ({s.index.total} "
+                    f"events, global batch {s.batch_size * s.world_size}): add files or lower data.batch_size"
+                )
             epoch, position = epoch + 1, 0
 
 
@@ -165,12 +175,13 @@ class EventStream:
         self._files_state: tuple[tuple[int, int], dict[str, Any]] | None = None
         self.epoch, self.position = 0, 0
         self._start_epoch, self._start_position = 0, 0
-        self.stats: dict[str, int] = {}  # since the run began (checkpointed with the position)
-        # removed/skipped events said once per split and hop; a stream with its own counts says the totals at
-        # its close (a validation pass given the task's counts leaves that to the training stream)
+        # removed/skipped events, each counted once, said once per split and hop (event_counts.py); a stream with
+        # its own counts says what is left to say at its close (a validation pass given the task's counts leaves
+        # that to the training stream)
         self._own_counts = counts is None
         self.counts = counts if counts is not None else EventCounts(data)
         self.split = split
+        self.counts.expect(split, sum(1 for rows in self.index.unit_rows for n in rows if n > 0))
         self._continuous = False  # the sampler goes on into the next epochs (_endless, local inputs)
         self._prefetcher: Prefetcher[tuple[MuonBatch, int, int]] | None = None
         options = LoaderOptions.from_config(data, persistent=train)
@@ -300,9 +311,7 @@ class EventStream:
         if self._lent is not None:
             self._lent.note(result.slot, result.in_slot, result.nbytes)
             self._dataset.remember(result.proven)  # (0 workers: the same object proved them)
-        for key, value in result.stats.items():
-            self.stats[key] = self.stats.get(key, 0) + value
-        self.counts.add(self.split, result.stats)
+        self.counts.add(self.split, result.tallies)
         if self._staged is not None:
             self._staged.done(result.epoch, result.chunk)
         return result
@@ -318,21 +327,48 @@ class EventStream:
         epoch, position = self.epoch, self.position
         if self._staged is not None:
             while True:
+                kept = 0
                 for batch, end in self.epoch_batches(epoch, position, then_next=True):
+                    kept += len(batch)
                     yield batch, epoch, end
+                self._epoch_done(epoch, position == 0, kept)
                 epoch, position = epoch + 1, 0
         self._start_epoch, self._start_position, self._continuous = epoch, position, True
         g, total = self.batch_size * self.world_size, self.index.total  # (a sum over the files)
         batches: Reassembly[MuonBatch] = Reassembly()
+        kept, whole = 0, position == 0
         for item in self._loader.epoch(epoch):
             result = self._take(item)
             if result.epoch != epoch:  # the first item of the next epoch: this one is complete
                 batches.check_done()
+                self._epoch_done(epoch, whole, kept)
                 batches, epoch, position = Reassembly(), result.epoch, 0
+                kept, whole = 0, True
+            kept += sum(size.samples for size in result.sizes)
             for size, piece in result.pieces():
                 batches.add(size, piece)
             for k, parts in batches.ready():
                 yield MuonBatch.concat(parts, self._pinned), epoch, min(position + (k + 1) * g, total)
+
+    def _epoch_done(self, epoch: int, whole: bool, kept: int) -> None:
+        """The end of an epoch of this stream: what was removed is said (once per hop), and a whole epoch that
+        kept no event is one line (UserError): its batches would all be empty, for ever."""
+        self.counts.say(self.split)
+        if not whole or kept:
+            return
+        removed = self.counts.removed(self.split)
+        events, _, _ = self.counts.read(self.split)
+        parts = [f"{n:,} {what_and_advice(kind, self.counts.data)[0]}" for kind, (n, _) in removed.items()]
+        advice = [what_and_advice(kind, self.counts.data)[1] for kind in removed]
+        raise UserError(
+            f"muon data, {self.split} split: no event of the {events:,} read in epoch {epoch} is left to train on"
+            + (f" ({'; '.join(parts)}): {advice[0]}" if parts else "")
+        )
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Distinct events removed this hop, per kind (event_counts.KINDS)."""
+        return {kind: n for kind, (n, _) in self.counts.removed(self.split).items()}
 
     def __iter__(self) -> Iterator[MuonBatch]:
         self._stop_prefetcher()
@@ -345,10 +381,8 @@ class EventStream:
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The position, the counts, and the file list the position refers to (see data/fingerprint.py)."""
-        return position_state(self.epoch, self.position, self._file_list_state()) | {
-            "stats": dict(self.stats)
-        }
+        """The position, and the file list the position refers to (see data/fingerprint.py)."""
+        return position_state(self.epoch, self.position, self._file_list_state())
 
     def _file_list_state(self) -> dict[str, Any]:
         key = (len(self.index.files), sum(self.index.events))
@@ -360,7 +394,6 @@ class EventStream:
         """Continue at the saved position; UserError if the files changed (unless allow_changed_files: then
         the saved epoch restarts from its start with the files found now)."""
         self.epoch, self.position = load_position(state, self.index.file_list(), self.allow_changed_files)
-        self.stats = dict(state.get("stats", {}))
 
     def _stop_prefetcher(self) -> None:
         if self._prefetcher is not None:
@@ -368,8 +401,8 @@ class EventStream:
             self._prefetcher = None
 
     def close(self) -> None:
-        if self._own_counts:  # the end of this stream's hop (or pass): its totals
-            self.counts.say_totals({self.split: self.stats})
+        if self._own_counts:  # the end of this stream's hop (or pass): what is left to say
+            self.counts.say_totals()
         self._stop_prefetcher()
         self._loader.close()
         self._dataset.close()
@@ -389,8 +422,8 @@ class ValBatches:
         self.data, self.seed, self.env, self.run_dir, self.counts = data, seed, env, run_dir, counts
 
     def __iter__(self) -> Iterator[MuonBatch]:
-        # a pass of its own (`hpctrain evaluate`): one line per kind of removed events, its total at the end
-        counts = self.counts or EventCounts(self.data, say_first=False)
+        # a pass of its own (`hpctrain evaluate`): its removed events said at its end
+        counts = self.counts or EventCounts(self.data)
         stream = EventStream.from_config(self.data, self.seed, self.env, self.run_dir, "val", counts)
         try:
             for batch, _ in stream.epoch_batches(0, 0):
@@ -399,4 +432,4 @@ class ValBatches:
         finally:
             stream.close()
             if self.counts is None:
-                counts.say_totals(scope="this pass")
+                counts.say_totals()

@@ -1,12 +1,16 @@
-"""Using a trained muon model: load it from a run folder or a checkpoint, generate bundles in batches.
+"""Using a trained muon model: load it from a run folder, a checkpoint or an export, generate bundles in batches.
 
-Generated events come back in physical units as `layouts.Events`, so they are written in the current Parquet
-layout by the same writer as the data (and `hpctrain data inspect` reads them).
+Units, everywhere here: primaries (energy GeV, zenith rad, mass GeV, depth m), given by named columns or checked
+in that order (primaries.py); generated events come back in physical units as `layouts.Events`: `primaries`
+(n, 4) as given, `muons` (M, 3) rows (energy GeV, x m, y m) in the shower plane, `counts` (n,) muons per event.
+So they are written in the current Parquet layout by the same writer as the data (`hpctrain data inspect` reads
+them). Sampled multiplicities are capped at the model's muon cap (spec.muon_cap): how many events hit it is said.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +24,22 @@ from torch import nn
 from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
+from hpctrain.runtime.devices import usable_device
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
-from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
+from hpctrain.train.checkpoint import find_checkpoint
+from hpctrain.train.exported import check_params
+from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads.muons import physics, truth
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
+from hpctrain.workloads.muons.models import primaries as named
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
-from hpctrain.workloads.muons.spec import SAMPLE_BATCH
+from hpctrain.workloads.muons.spec import SAMPLE_BATCH, muon_cap
 from hpctrain.workloads.registry import Found, config_model, task_factory
+
+log = logging.getLogger("hpctrain.muons")
+MUON_MODELS = ("muon_wgan", "muon_flow", "muon_multiplicity")
 
 
 @dataclass
@@ -44,39 +55,53 @@ class LoadedModel:
     def model_type(self) -> str:
         return str(self.cfg.model.type)
 
+    @property
+    def cap(self) -> int:
+        """The most muons a sampled event gets (model.multiplicity.max_muons_per_event, else the data's cap)."""
+        return muon_cap(self.cfg)
+
 
 def load_model(
     path: str | Path, device: str | torch.device | None = None, found: Found | None = None
 ) -> LoadedModel:
-    """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint, in eval mode on `device` (default: CUDA
-    when there is one). `found`: the checkpoint `path` names, when the caller has read it already."""
+    """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint (or export), verified, in eval mode
+    on `device` (default: CUDA when there is one). `found`: the checkpoint `path` names, when the caller has read
+    it already."""
     state, file, run_dir = found if found is not None else find_checkpoint(path)
+    config = state.get("config")
+    kind = (config.get("model") or {}).get("type") if isinstance(config, dict) else None
+    if kind not in MUON_MODELS:
+        raise UserError(f"{file}: model.type={kind!r} is not a muon model ({', '.join(MUON_MODELS)})")
     cfg = validate(config_model(), state["config"])
-    if cfg.model.type not in ("muon_wgan", "muon_flow", "muon_multiplicity"):
-        raise UserError(f"{file}: model.type={cfg.model.type!r} is not a muon model")
-    dev = (
-        torch.device(device)
-        if device is not None
-        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    dev = usable_device(device, f"--device {device}")
+    if dev.type == "cpu":
+        cfg.train.device = "cpu"  # what the networks are built for (as hpctrain.load builds them)
     task = task_factory(cfg.model.type)(cfg, ClusterEnv())
-    modules = task.build_modules()
-    for name, module in modules.items():
-        module.load_state_dict(strip_prefixes(state["modules"][name]))
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: the caller's RNG stays as it was
+        modules = task.build_modules()
+    load_weights(modules, state["modules"], file)
+    for module in modules.values():
         module.to(dev).eval()
+    check_params(state, file, params_sha256(modules))
     step = int(state.get("counters", {}).get("step", 0))
     return LoadedModel(cfg, modules, step, run_dir, file, dev)
 
 
 class Sampler:
-    """Bundles from a trained muon model in memory (`hpctrain.load(run).sampler`): the events `hpctrain sample`
-    writes, as `layouts.Events` in physical units. Each call seeds its own draws and leaves torch's global RNG
-    as it was."""
+    """Bundles from a trained muon model in memory (`hpctrain.load(run_or_export).sampler`): the events `hpctrain
+    sample` writes, as `layouts.Events` in physical units (module docstring). Each call seeds its own draws and
+    leaves torch's global RNG as it was. `at_cap`: how many events of the last call got a multiplicity at the
+    model's cap (`cap` muons; said as a warning when any did)."""
 
     def __init__(self, trained: Any) -> None:
         self.model = LoadedModel(
             trained.config, trained.models, trained.step, trained.run_dir, trained.checkpoint, trained.device
         )
+        self.at_cap = 0
+
+    @property
+    def cap(self) -> int:
+        return self.model.cap
 
     def sample(self, n_events: int, seed: int = 0, batch_size: int = SAMPLE_BATCH) -> layouts.Events:
         """`n_events` bundles for primaries drawn from the synthetic truth: the same events as
@@ -88,30 +113,44 @@ class Sampler:
                 for primaries, ids in primary_chunks(n_events, None, seed, batch_size)
                 for chunk in generate_chunks(self.model, primaries, ids, batch_size)
             ]
-        return (
-            layouts.concat_events(parts)
-            if parts
-            else generate_events(self.model, np.zeros((0, 4), np.float32))
-        )
+        events = layouts.concat_events(parts) if parts else _no_events()
+        self._say_cap(events.counts)
+        return events
 
     def generate(
         self,
-        primaries: np.ndarray,
-        counts: np.ndarray | None = None,
+        primaries: Any,
+        counts: Any = None,
         seed: int = 0,
         batch_size: int = SAMPLE_BATCH,
     ) -> layouts.Events:
-        """Bundles for physical primaries (n, 4) (energy GeV, cos zenith, mass GeV, depth m); `counts` (n,) fixes
-        the multiplicities instead of sampling them."""
-        _check(len(primaries), seed, batch_size)
+        """Bundles for your primaries, by named columns with units: a dict of arrays, a pandas DataFrame, a NumPy
+        structured array or a pyarrow Table with energy_GeV, zenith_rad (radians, 0 = vertical, to pi/2) or
+        cos_zenith, mass_GeV and depth_m; or a plain (n, 4) array in the order (energy_GeV, zenith_rad,
+        mass_GeV, depth_m). A value out of range (a zenith outside [0, pi/2], a non-positive energy, mass or
+        depth) is a UserError naming its row. `counts` (n,) fixes the multiplicities instead of sampling them
+        (then no cap applies). Returns `layouts.Events`: muons (M, 3) (energy GeV, x m, y m), counts (n,)."""
+        prims = named.as_primaries(primaries)
+        fixed = None if counts is None else _fixed_counts(counts, len(prims))
+        _check(len(prims), seed, batch_size)
         with self._seeded(seed):
-            return generate_events(self.model, np.asarray(primaries, np.float32), None, batch_size, counts)
+            events = generate_events(self.model, prims, None, batch_size, fixed)
+        self._say_cap(events.counts if fixed is None else None)
+        return events
 
-    def counts(self, primaries: np.ndarray, seed: int = 0, batch_size: int = SAMPLE_BATCH) -> np.ndarray:
-        """(n,) sampled multiplicities for physical primaries (n, 4)."""
-        _check(len(primaries), seed, batch_size)
+    def counts(self, primaries: Any, seed: int = 0, batch_size: int = SAMPLE_BATCH) -> np.ndarray:
+        """(n,) sampled multiplicities for primaries given as `generate` takes them."""
+        prims = named.as_primaries(primaries)
+        _check(len(prims), seed, batch_size)
         with self._seeded(seed):
-            return sample_counts(self.model, np.asarray(primaries, np.float32), batch_size)
+            drawn = sample_counts(self.model, prims, batch_size)
+        self._say_cap(drawn)
+        return drawn
+
+    def _say_cap(self, counts: np.ndarray | None) -> None:
+        self.at_cap = 0 if counts is None else int((counts >= self.cap).sum())
+        if self.at_cap:
+            log.warning("%s", cap_line(self.at_cap, len(counts) if counts is not None else 0, self.cap))
 
     @contextlib.contextmanager
     def _seeded(self, seed: int) -> Iterator[None]:
@@ -119,6 +158,36 @@ class Sampler:
         with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             yield
+
+
+def cap_line(at_cap: int, events: int, cap: int) -> str:
+    """What a sample says about its events at the muon cap."""
+    share = 100.0 * at_cap / events if events else 0.0
+    return (
+        f"{at_cap} of {events} generated events ({share:.2f} %) have a multiplicity at the model's cap of {cap} "
+        "muons (clamped there: the training removed the true events above data.max_muons_per_event)"
+    )
+
+
+def _no_events() -> layouts.Events:
+    return layouts.Events(
+        np.zeros((0, 4), np.float32),
+        np.zeros((0, 3), np.float32),
+        np.zeros(0, np.int64),
+        np.zeros((0, 2), np.int64),
+    )
+
+
+def _fixed_counts(counts: Any, n: int) -> np.ndarray:
+    try:
+        fixed = np.asarray(counts)
+    except (TypeError, ValueError):
+        fixed = np.zeros(0)
+    if fixed.shape != (n,) or not np.issubdtype(fixed.dtype, np.integer) or (fixed < 0).any():
+        raise UserError(
+            f"counts: expected ({n},) non-negative integers, one per primary; got shape {fixed.shape}"
+        )
+    return fixed.astype(np.int64)
 
 
 def _check(n_events: int, seed: int, batch_size: int) -> None:
@@ -131,7 +200,8 @@ def _check(n_events: int, seed: int, batch_size: int) -> None:
 
 @torch.no_grad()
 def sample_counts(model: LoadedModel, primaries: np.ndarray, batch_size: int = SAMPLE_BATCH) -> np.ndarray:
-    """(n,) sampled multiplicities for physical primaries (n, 4) (torch's global RNG: seed it first)."""
+    """(n,) sampled multiplicities, capped at the model's cap, for physical primaries (n, 4) (energy GeV, zenith
+    rad, mass GeV, depth m: checked by the caller) (torch's global RNG: seed it first)."""
     head: MultiplicityHead = (
         model.modules["generator"].multiplicity  # type: ignore[assignment]
         if "generator" in model.modules
@@ -154,7 +224,8 @@ def generate_chunks(
     batch_size: int = SAMPLE_BATCH,
     counts: np.ndarray | None = None,
 ) -> Iterator[layouts.Events]:
-    """Generated bundles for physical primaries (n, 4), one `layouts.Events` per batch of `batch_size` events
+    """Generated bundles for physical primaries (n, 4) (energy GeV, zenith rad, mass GeV, depth m: checked by the
+    caller, primaries.py), muons (energy GeV, x m, y m), one `layouts.Events` per batch of `batch_size` events
     (a caller that writes each chunk holds one batch at a time); `counts` (n,) fixes the multiplicities
     instead of sampling them. Uses torch's global RNG: seed it first."""
     if "generator" not in model.modules:
@@ -194,40 +265,53 @@ def generate_events(
 ) -> layouts.Events:
     """All of `generate_chunks` in one `layouts.Events` (for evaluation-sized requests)."""
     parts = list(generate_chunks(model, primaries, ids, batch_size, counts))
-    if not parts:
-        return layouts.Events(
-            np.zeros((0, 4), np.float32),
-            np.zeros((0, 3), np.float32),
-            np.zeros(0, np.int64),
-            np.zeros((0, 2), np.int64),
-        )
-    return layouts.concat_events(parts)
+    return layouts.concat_events(parts) if parts else _no_events()
 
 
 def primary_chunks(
     n_events: int | None, path: str | None, seed: int, chunk: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
     """(primaries (k, 4), ids (k, 2) or None) in chunks of at most `chunk` events: `n_events` drawn from the
-    synthetic truth (one stream, seed), or every event of the muon files `path` names (any layout, one
-    row group at a time, muons ignored). Memory: one chunk, whatever the request."""
+    synthetic truth (one stream, seed), or every event of the files `path` names: tables of named primaries
+    (CSV or Parquet, primaries.py), or muon files (any layout, one row group at a time, muons ignored). Every
+    primary read is checked (units, ranges: one line naming the file and row). Memory: one chunk."""
     if path is None:
         assert n_events is not None
         rng = numpy_rng(seed, TRUTH_PRIMARIES)
         for start in range(0, n_events, chunk):
-            yield truth.sample_primaries(min(chunk, n_events - start), rng), None
+            yield (
+                truth.sample_primaries(min(chunk, n_events - start), rng),
+                _ids(start, min(chunk, n_events - start)),
+            )
         return
     for file in local_files(path):
+        if named.is_table(file):
+            start = 0
+            for rows in named.table_chunks(file, chunk):
+                yield rows, _ids(start, len(rows))
+                start += len(rows)
+            continue
         try:
             reader = layouts.open_reader(file)
         except layouts.LayoutError as err:
-            raise UserError(str(err)) from None
+            raise UserError(
+                f"{err}; or a table of primaries (CSV or Parquet) with columns {', '.join(named.COLUMNS)}"
+            ) from None
         try:
+            first = 0
             for u in range(len(reader.unit_rows)):
                 unit = reader.read_unit(u)
+                named.check(unit.primaries, file, first_row=first)
+                first += len(unit)
                 for start in range(0, len(unit), chunk):
                     yield unit.primaries[start : start + chunk], unit.ids[start : start + chunk]
         finally:
             reader.close()
+
+
+def _ids(start: int, n: int) -> np.ndarray:
+    """(n, 2) ids (0, start + i) of events numbered from `start` in their file."""
+    return np.stack([np.zeros(n, np.int64), np.arange(start, start + n, dtype=np.int64)], 1)
 
 
 def write_stream(path: str, chunks: Iterable[layouts.Events]) -> tuple[int, int]:
@@ -245,13 +329,7 @@ def write_stream(path: str, chunks: Iterable[layouts.Events]) -> tuple[int, int]
                 events += len(part)
                 muons += len(part.muons)
             if writer is None:  # nothing asked: an empty file of the layout
-                empty = layouts.Events(
-                    np.zeros((0, 4), np.float32),
-                    np.zeros((0, 3), np.float32),
-                    np.zeros(0, np.int64),
-                    np.zeros((0, 2), np.int64),
-                )
-                pq.write_table(layouts.events_table(empty, "parquet"), str(tmp))
+                pq.write_table(layouts.events_table(_no_events(), "parquet"), str(tmp))
         finally:
             if writer is not None:
                 writer.close()
