@@ -19,7 +19,6 @@ from torch import nn
 
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.memory import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.evaluation.evaluate import evaluate_after_training
@@ -41,7 +40,7 @@ from hpctrain.workloads.muons.models.networks import (
     event_index,
 )
 from hpctrain.workloads.muons.spec import MuonWGANRun, muon_cap
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase, StepRng
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations
@@ -80,8 +79,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         self._last_fake: torch.Tensor | None = None
         # The step's randomness (latents, GP alphas and pairs) comes from this generator, checkpointed with the
         # task: the global RNG is also drawn by data loaders and evaluation, which must not shift training.
-        self._rng: torch.Generator | None = None
-        self._rng_state: torch.Tensor | None = None
+        self._rng = StepRng(cfg.run.seed, env.rank)
         self._compiled_penalty: Callable[..., torch.Tensor] | None = None
 
     # ---- networks and optimizers --------------------------------------------------------------------------
@@ -136,7 +134,7 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         state: dict[str, Any] = {"critic_updates": self.critic_updates, "scaler_ready": self.scaler_ready}
         state["updates"] = self.updates
         state["critic_steps"] = self.critic_steps
-        rng = self._rng.get_state() if self._rng is not None else self._rng_state
+        rng = self._rng.state()
         if rng is not None:
             state["rng"] = rng
         return state
@@ -147,18 +145,11 @@ class MuonWGANTask(MuonTaskBase[MuonWGANRun]):
         if self.cfg.model.adaptive_critic is not None:  # else critic_steps is the config's, as it may change
             self.critic_steps = int(state.get("critic_steps", self.cfg.model.critic_steps))
         self.scaler_ready = bool(state.get("scaler_ready", False))
-        self._rng_state = state.get("rng")
-        if self._rng is not None and self._rng_state is not None:
-            self._rng.set_state(self._rng_state)
+        self._rng.load(state.get("rng"))
 
     def rng(self, device: torch.device) -> torch.Generator:
         """The training generator on `device`, seeded from run.seed and the rank (or the checkpoint)."""
-        if self._rng is None:
-            self._rng = torch.Generator(device=device)
-            self._rng.manual_seed(derive(self.cfg.run.seed, TASK_STREAM, self.env.rank))
-            if self._rng_state is not None:
-                self._rng.set_state(self._rng_state)
-        return self._rng
+        return self._rng.get(device)
 
     # ---- the step -----------------------------------------------------------------------------------------
 
