@@ -512,6 +512,7 @@ class Trainer:
         start = time.perf_counter()
         rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
         sums, stop = self.evaluator.sums(self.raw_modules)
+        figures = {} if sums is None else self.evaluator.figures(self.raw_modules, self.counters.step)
         seconds = time.perf_counter() - start
         self.timers.add("eval", seconds)
         if sums is None:
@@ -525,7 +526,7 @@ class Trainer:
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
-        metrics = self.task.finish_eval(sums)
+        metrics = {**self.task.finish_eval(sums), **figures}
         if self.env.is_main:
             self.trackers.log_scalars(self.counters.step, metrics)
             shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
