@@ -7,8 +7,9 @@ RUN_DIR: a trained muon_flow or muon_wgan run folder (its latest checkpoint); it
 names other validation files. The subset is read once (not timed in the figures: the trainer reads it at the
 first evaluation and keeps it), then the judge runs --repeats times. Prints each time and the figures (the same
 at every repeat: the judge is deterministic); last line one JSON object: `seconds` (median), `seconds_min_max`,
-`read_seconds` (the first evaluation's extra), `events`, `per_bin`, `val_auc`, `threads`, `load` (1-minute load
-average at the start).
+`cpu_seconds` (median CPU time of the process's threads: what a loaded machine's wall time hides),
+`read_seconds` (the first evaluation's extra), `events`, `muons`, `per_bin`, `val_auc`, `threads`, `load`
+(1-minute load average at the start).
 """
 
 from __future__ import annotations
@@ -46,17 +47,20 @@ def main() -> None:
     start = time.perf_counter()
     events = judge.events()
     read = time.perf_counter() - start
-    times, figures = [], {}
+    times, cpu, figures = [], [], {}
     for i in range(args.repeats):
         state = rng_state()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         figures = judge.figures(model.modules, model.step)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         set_rng_state(state)
-        print(f"repeat {i + 1}: {times[-1]:.2f} s  " + " ".join(f"{k} {v:.4g}" for k, v in figures.items()))
+        shown = " ".join(f"{k} {v:.4g}" for k, v in figures.items())
+        print(f"repeat {i + 1}: {times[-1]:.2f} s ({cpu[-1]:.2f} s CPU)  {shown}")
     summary = {
         "seconds": round(statistics.median(times), 3),
         "seconds_min_max": [round(min(times), 3), round(max(times), 3)],
+        "cpu_seconds": round(statistics.median(cpu), 3),  # of all threads: the load-independent figure
         "read_seconds": round(read, 3),
         "events": len(events),
         "muons": len(events.muons),
