@@ -136,8 +136,8 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
         dest="n_events",
         type=int,
         default=None,
-        help=f"truth events to compare (default {EVALUATE_EVENTS}; fewer: a smoke check, not a verdict); with --data: at most this many held-out events "
-        "(default all)",
+        help=f"truth events to compare (default {EVALUATE_EVENTS}; fewer: a smoke check, not a verdict); with "
+        "--data: at most this many held-out events (default all)",
     )
     g.add_argument(
         "--seed", type=int, default=EVALUATE_SEED, help="seed of the truth sample and the generation"
