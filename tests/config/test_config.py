@@ -285,3 +285,23 @@ def test_unreadable_config_and_env_files_and_infinite_values_are_one_line(tmp_pa
     # the default .env may be missing or a folder (a virtualenv named .env): nothing is read, nothing refused
     (tmp_path / ".env").mkdir()
     assert hpctrain("config", "show", cwd=tmp_path).code == 0
+
+
+def test_best_metric_auto_is_the_models_own_and_a_named_one_is_kept():
+    """checkpoint.best_metric=auto (the default) is resolved into the config: a muon generator's best.pt follows
+    its judge (val_auc), every other model its val_loss; a named metric is kept (issue 43)."""
+    from hpctrain.config.identity import MAY_CHANGE, classify
+
+    assert load().checkpoint.best_metric == "val_loss"
+    assert load("model.type=muon_multiplicity").checkpoint.best_metric == "val_loss"
+    for model in ("muon_flow", "muon_wgan"):
+        cfg = load(f"model.type={model}")
+        assert cfg.checkpoint.best_metric == "val_auc" and cfg.checkpoint.best_mode == "min"
+        assert dump_config(cfg)["checkpoint"]["best_metric"] == "val_auc"  # what config.yaml and status read
+        assert (
+            load(f"model.type={model}", "checkpoint.best_metric=val_loss").checkpoint.best_metric
+            == "val_loss"
+        )
+    # which checkpoint is kept watches the run, it does not make another one: a hop may change it
+    marks = classify(load())
+    assert marks["checkpoint.best_metric"] == marks["checkpoint.best_mode"] == MAY_CHANGE

@@ -140,3 +140,21 @@ def test_compare_real_runs_by_update_and_wall_time(tmp_path: Path) -> None:
             caption.startswith("loss_mean (solid) and val_loss (dashed) of each run")
             and "No wall" not in caption
         )
+
+
+def test_runs_of_generators_are_ordered_by_their_best_auc_with_the_goal_count(tmp_path: Path) -> None:
+    runs = [fields_run(tmp_path / name) for name in ("x", "y", "z")]
+    for run, aucs, met in zip(runs, ([0.6, 0.57], [0.52, 0.55], None), (6, 8, None)):
+        records = [{"step": 60 * (i + 1), "val_auc": v} for i, v in enumerate(aucs or [])]
+        records += [{"step": 120, "eval_features_goal_met": met, "eval_features_total": 10}] if met else []
+        with open(run / "metrics.jsonl", "a") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in records))
+    data = [RunData.load(r) for r in runs]
+    table = figures_table(data, ["x", "y", "z"], metric_groups(data))
+    rows = [dict(zip(table.header, row)) for row in table.rows]
+    assert [(r["run"], r["best AUC"], r["goal"]) for r in rows] == [
+        ("y", "0.52", "8/10"), ("x", "0.57", "6/10"), ("z", "-", "-")
+    ]  # fmt: skip
+    assert any(line.startswith("best AUC: ") for line in table.legend)
+    plain = figures_table(data[2:] * 2, ["z1", "z2"], metric_groups(data[2:]))
+    assert "best AUC" not in plain.header and not plain.legend

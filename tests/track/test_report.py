@@ -135,8 +135,13 @@ def test_muon_report_shows_the_judged_table_per_feature_and_bin(
     for row in table[1:]:
         f = judged["features"][row[0]]
         assert row[1:4] == [fmt(f[k]) for k in ("ours_w1", "baseline_w1", "floor_w1")]  # "-": none judged
-        assert row[-2:] == [f"{f['bins_ok']}/{f['bins_judged']}", goal_word(f)]
+        assert row[-2:] == [f"{f['bins_ok']}/{f['bins_judged']}", goal_word(f, smoke=True)]
         assert f["bins_judged"] or row[-1].startswith("not judged")  # never "0/0 NOT met" (issue 31)
+    # 2,000 events: a smoke check, titled so; every column explained under the tables, one line each
+    html = (muon_report / "index.html").read_text()
+    assert "Judged quality per feature (smoke check)" in html and "SMOKE CHECK, not a verdict: 2,000" in html
+    for column in ("ours W1", "base W1", "floor W1", "KS", "base/ours", "bins ok", "goal", "smoke ok"):
+        assert f"<li>{column}: " in html, column
     # the doubled energies fail in nearly every judged bin (one draw against a floor of 3: the tolerance of a bin
     # of ~100 muons spans the 0.3 shift)
     energy = judged["features"]["energy"]

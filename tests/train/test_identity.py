@@ -159,3 +159,24 @@ def test_checkpoints_of_an_older_version_keep_working(
     hops = json.loads((tmp_path / "old" / "chain.json").read_text())
     expected = {"train.total_updates": [40, 50]} if has_config else {}
     assert [h["last_update"] for h in hops] == [40, 50] and hops[1]["allowed_changes"] == expected
+
+
+def test_another_best_metric_may_come_and_best_pt_is_chosen_afresh(tmp_path: Path) -> None:
+    """checkpoint.best_metric and best_mode watch the run (issue 43): a hop may change them, and then the best so
+    far, of the other measure, is no yardstick: best.pt is chosen afresh from the next evaluation."""
+    every = "train.eval_every=20"
+    assert hpctrain("train", *SHORT, every, cwd=tmp_path).code == EXIT_OK
+    run_dir = tmp_path / "logs" / "debug"
+    assert "best_metric: val_loss" in (run_dir / "config.yaml").read_text()  # auto: the regression's val_loss
+    done = hpctrain(
+        "train", "train.total_updates=60", "train.threads=1", every, "checkpoint.best_metric=val_mae",
+        "checkpoint.best_mode=max", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.code == EXIT_OK, done.err
+    assert "checkpoint.best_metric val_loss -> val_mae, checkpoint.best_mode min -> max" in done.err
+    assert "checkpoint.best_metric and checkpoint.best_mode changed: the best so far" in done.err
+    # the old best (a small val_loss) would beat every val_mae under max only by chance; afresh, update 60's is it
+    mae = {r["step"]: r["val_mae"] for r in read_jsonl(run_dir / "metrics.jsonl") if "val_mae" in r}
+    assert sorted(mae) == [20, 40, 60]
+    assert json.loads((run_dir / "summary.json").read_text())["best"] == mae[60]
+    assert json.loads((run_dir / "checkpoints" / "best.json").read_text())["step"] == 60

@@ -311,7 +311,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON (a list of objects for a table)")
     parser.add_argument("--sort", metavar="KEY", help="order the table by KEY (name, state, update, progress, "
-                        "last, best, hops, goodput, activity; default name)")  # fmt: skip
+                        "last, best, auc, goal, hops, goodput, activity; default name); auc and goal order a "
+                        "sweep of generators by physics, the best first")  # fmt: skip
     parser.add_argument("--reverse", action="store_true", help="the table in the opposite order")
     args = parser.parse_args(argv)
     runs = [] if not args.run_dir.is_dir() or is_run_dir(args.run_dir) else find_runs(args.run_dir)

@@ -23,8 +23,24 @@ from hpctrain.track.chain import read_json
 from hpctrain.track.run_state import lock_holder, run_state
 from hpctrain.track.runs import Tail, read_config, tail_records
 
-# `--sort` keys: the column each sorts by (rows without a value come last, whatever the order).
-SORT_KEYS = ("name", "state", "update", "progress", "last", "best", "hops", "goodput", "activity")
+# `--sort` keys: the column each sorts by (rows without a value come last, whatever the order; `goal` puts the
+# most features met first).
+SORT_KEYS = (
+    "name",
+    "state",
+    "update",
+    "progress",
+    "last",
+    "best",
+    "auc",
+    "goal",
+    "hops",
+    "goodput",
+    "activity",
+)
+# A generator's figures of merit in its records: the periodic judge's classifier AUC (lower is better) and the
+# features meeting the goal in its last `hpctrain evaluate` (of how many it judged).
+AUC_KEY, GOAL_KEY, GOAL_OF_KEY = "val_auc", "eval_features_goal_met", "eval_features_total"
 _STATE_SHOWN = {
     "stopped": "stopped-resumable",
     "cancelled": "cancelled-resumable",
@@ -110,6 +126,20 @@ def metric_figures(
     }
 
 
+def physics_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last AUC_KEY and the last GOAL_KEY (with GOAL_OF_KEY) among `records` (None where absent)."""
+    auc = [(r["step"], v) for r in records if (v := _number(r.get(AUC_KEY))) is not None]
+    goal = [r for r in records if _number(r.get(GOAL_KEY)) is not None]
+    last = goal[-1] if goal else {}
+    return {
+        "auc": auc[-1][1] if auc else None,
+        "auc_update": auc[-1][0] if auc else None,
+        "goal_met": int(last[GOAL_KEY]) if goal else None,
+        "goal_features": int(n) if (n := _number(last.get(GOAL_OF_KEY))) is not None else None,
+        "goal_update": last.get("step"),
+    }
+
+
 def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict[str, Any]:
     """One row of the table: what `hpctrain status RUN_DIR` says first, plus the live figures."""
     hops = _hops(run_dir)
@@ -149,6 +179,7 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
         "update": max([saved] + [r["step"] for r in tail.records]),  # live: records outrun checkpoints
         "total_updates": total,
         **metric_figures(tail, cfg, summary, hops[-1]["start"] if state == "running" and hops else None),
+        **physics_figures(tail.records),
         "hops": len(hops),
         "goodput": trained / wall if wall > 0 else None,
         "last_activity": max(activity) if activity else None,
@@ -180,6 +211,9 @@ def sort_rows(rows: list[dict[str, Any]], key: str, reverse: bool = False) -> li
         if key == "progress":
             total = row["total_updates"]
             return row["update"] / total if total else None
+        if key == "goal":  # most features met first, then the lower AUC
+            met = row["goal_met"]
+            return None if met is None else (-met, row["auc"] if row["auc"] is not None else math.inf)
         return row[{"name": "name", "activity": "last_activity"}.get(key, key)]
 
     rows = sorted(rows, key=lambda r: r["name"])
@@ -201,9 +235,19 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _goal(row: dict[str, Any]) -> str:
+    if row["goal_met"] is None:
+        return "-"
+    return f"{row['goal_met']}/{row['goal_features'] if row['goal_features'] is not None else '?'}"
+
+
 def render_table(rows: list[dict[str, Any]]) -> str:
     now = time.time()
-    header = ["run", "state", "update", "metric", "last", "best", "hops", "goodput", "last activity"]
+    # the physics columns where some run has their figures (a generator's), else none
+    physics = any(row["auc"] is not None or row["goal_met"] is not None for row in rows)
+    header = ["run", "state", "update", "metric", "last", "best"]
+    header += ["AUC", "goal"] if physics else []
+    header += ["hops", "goodput", "last activity"]
     cells = [
         [
             row["name"],
@@ -212,6 +256,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
             row["metric"] or "-",
             _figure(row["last"]),
             _figure(row["best"]) + ("*" if row["best_of"] not in (None, "run") else ""),
+            *([_figure(row["auc"]), _goal(row)] if physics else []),
             str(row["hops"]),
             "-" if row["goodput"] is None else f"{row['goodput']:.2f}",
             _age(row["last_activity"], now),
@@ -233,6 +278,12 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         f"{len(rows)} run{'s' if len(rows) > 1 else ''}: "
         + ", ".join(f"{n} {_STATE_SHOWN.get(s, s)}" for s, n in sorted(counts.items()))
     )
+    if physics:
+        lines.append(
+            "AUC: the last classifier AUC of the generator's bundles against a fixed validation subset (val_auc, "
+            "at each evaluation; 0.5: indistinguishable); goal: features meeting the goal in the run's last "
+            "`hpctrain evaluate` (--sort auc or --sort goal: the best first)"
+        )
     if any(row["best_of"] not in (None, "run") for row in rows):
         lines.append(
             "* the best of the records read from the end of metrics.jsonl (--json: best_of), not of the whole run"

@@ -182,6 +182,9 @@ class ModelConfigBase(Section):
 
     Model fields are identity keys unless marked MAY_CHANGE (e.g. a memory format)."""
 
+    # What checkpoint.best_metric=auto selects best.pt by, for this model (a workload's model config may say
+    # otherwise: muon generators use their classifier AUC).
+    BEST_METRIC: ClassVar[str] = "val_loss"
     if TYPE_CHECKING:
         type: str  # each workload's model config declares it as a Literal
 
@@ -451,12 +454,14 @@ class CheckpointConfig(Section):
         description="true: restore everything; false: fine-tune (weights only, fresh optimizer/schedule).",
     )
     best_metric: str = Field(
-        "val_loss",
-        description="Evaluation metric that selects the `best` checkpoint.",
-        json_schema_extra=IDENTITY,  # the best value kept so far is of this metric
+        "auto",
+        description="Evaluation metric that selects the `best` checkpoint (and that early stopping watches); "
+        "auto: the model's own choice (muon_flow, muon_wgan: val_auc, the classifier two-sample AUC of the "
+        "generator on a fixed validation subset; other models: val_loss). Changed when a run continues: the "
+        "best so far was of the other metric, so best.pt is chosen afresh from the next evaluation.",
     )
     best_mode: Literal["min", "max"] = Field(
-        "min", description="Whether lower or higher best_metric is better.", json_schema_extra=IDENTITY
+        "min", description="Whether lower or higher best_metric is better (changed: as best_metric)."
     )
     mirror_to: str | None = Field(
         None,
@@ -635,6 +640,14 @@ class ConfigBase(Section):
         # Set by build_config_model: discriminated unions of the workloads' own sections, on `type`.
         model: ModelConfigBase
         data: DataConfigBase
+
+    @model_validator(mode="after")
+    def _best_metric_of_the_model(self) -> ConfigBase:
+        """checkpoint.best_metric=auto: the model's own (ModelConfigBase.BEST_METRIC), written into the
+        config so that every reader (status, reports, the next hop) sees the metric itself."""
+        if self.checkpoint.best_metric == "auto" and hasattr(self, "model"):
+            self.checkpoint.best_metric = type(self.model).BEST_METRIC
+        return self
 
     @model_validator(mode="after")
     def _accepted_keys_exist(self) -> ConfigBase:

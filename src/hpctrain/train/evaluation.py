@@ -12,6 +12,7 @@ from torch import nn
 from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget
+from hpctrain.runtime.seeding import rng_state, set_rng_state
 from hpctrain.train.counters import Counters
 from hpctrain.train.task import Task, UpdateContext
 
@@ -60,6 +61,24 @@ class Evaluator:
         keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
         reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
         return {k: float(v) for k, v in reduced.items()}, None
+
+    @torch.no_grad()
+    def figures(self, raw_modules: dict[str, nn.Module], step: int) -> dict[str, float]:
+        """The task's `model_figures`, computed on the main rank (networks in eval mode, every random stream
+        as it was afterwards: a resumed run trains on bit for bit) and handed to every rank, so that all judge
+        best.pt and early stopping alike."""
+        figures: dict[str, float] = {}
+        if self.task.env.is_main:
+            state = rng_state()
+            for module in raw_modules.values():
+                module.eval()
+            try:
+                figures = self.task.model_figures(raw_modules, step)
+            finally:
+                for module in raw_modules.values():
+                    module.train()
+                set_rng_state(state)
+        return dist.broadcast_object(figures)  # type: ignore[return-value]
 
     def _local_sums(self) -> tuple[dict[str, torch.Tensor], int]:
         """This rank's sums over its validation batches, or a stop code when a stop came first: asked before

@@ -314,6 +314,7 @@ class _Restore:
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])  # type: ignore[attr-defined]
         self.counters.load_state_dict(state["counters"])
+        self._best_afresh_if_judged_otherwise()
         for name in ("data", "task", "budget"):  # the data position exactly; the task's and timings if saved
             self.parts[name].load_state_dict(state[name] if name == "data" else state.get(name, {}))  # type: ignore[attr-defined]
         self.counters.tracker_state = state.get("trackers", {})  # the trackers are built after the resume
@@ -329,6 +330,22 @@ class _Restore:
                 len(rngs),
                 env.world_size,
             )
+
+    def _best_afresh_if_judged_otherwise(self) -> None:
+        """checkpoint.best_metric or best_mode changed since the checkpoint: the best kept is of another measure,
+        so best.pt (and early stopping's patience) start afresh at the next evaluation."""
+        changed = {**self.done.changes["accepted"], **self.done.changes["allowed"]}
+        keys = [k for k in ("checkpoint.best_metric", "checkpoint.best_mode") if k in changed]
+        if not keys or self.counters.best is None:
+            return
+        if self.where.env.is_main:
+            log.info(
+                "%s changed: the best so far (%.6g) was of %s, so best.pt is chosen afresh from the next evaluation",
+                " and ".join(keys),
+                self.counters.best,
+                " ".join(str(changed[k][0]) for k in keys),
+            )
+        self.counters.best, self.counters.evals_without_improvement = None, 0
 
     def _judge_config(self, state: dict[str, Any]) -> None:
         """A run folder continues only its own run (config/identity.py): identity keys that differ from the

@@ -167,6 +167,13 @@ class Task(ABC, Generic[C]):
         count = max(sums.get("count", 1.0), 1.0)
         return {f"val_{k[:-4]}": v / count for k, v in sums.items() if k.endswith("_sum")}
 
+    def model_figures(self, modules: dict[str, nn.Module], step: int) -> dict[str, float]:
+        """Figures of the networks themselves at each evaluation, beyond the validation sums (e.g. a generator's
+        samples judged against held-out data): run on the main rank only, with the networks in eval mode and
+        the random streams restored afterwards; the trainer hands them to every rank and logs them with the
+        evaluation's metrics (so checkpoint.best_metric may name one). No collectives here; none by default."""
+        return {}
+
     def after_training(self, modules: dict[str, nn.Module], step: int) -> None:
         """Called once on the main rank when the run has finished (after the final save): e.g. a workload's
         own quality report in the run folder. No collectives here; nothing by default."""

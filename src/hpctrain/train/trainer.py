@@ -531,6 +531,11 @@ class Trainer:
         start = time.perf_counter()
         rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
         sums, stop = self.evaluator.sums(self.raw_modules)
+        # every validation sample removed or skipped: no figure at all (below)
+        empty = sums is not None and (not sums or sums.get("count") == 0.0)
+        figures = (
+            {} if sums is None or empty else self.evaluator.figures(self.raw_modules, self.counters.step)
+        )
         seconds = time.perf_counter() - start
         self.timers.add("eval", seconds)
         if sums is None:
@@ -544,14 +549,12 @@ class Trainer:
             return EvalResult(abandoned=stop)
         self.budget.eval_owed = None
         self.budget.eval.observe(seconds)
-        if (
-            not sums or sums.get("count") == 0.0
-        ):  # every validation sample removed or skipped: no figure at all
+        if empty:
             self.console.message(
                 f"eval at update {self.counters.step}: the validation data gave no sample to judge"
             )
             return EvalResult()
-        metrics = self.task.finish_eval(sums)
+        metrics = {**self.task.finish_eval(sums), **figures}
         if self.env.is_main:
             self.trackers.log_scalars(self.counters.step, metrics)
             shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())

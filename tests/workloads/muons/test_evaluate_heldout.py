@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.workloads.muons.evaluation import evaluate, quality
+from hpctrain.workloads.muons.evaluation import evaluate, quality, two_sample
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.models import sampling
 from tests.conftest import hpctrain
@@ -19,6 +19,7 @@ from tests.workloads.muons.conftest import write_set
 from tests.workloads.muons.test_model_run import data, make_cfg, reference  # noqa: F401 (fixtures)
 
 EVENTS = 240
+BINS = [two_sample.bin_label(i) for i in range(len(two_sample.ENERGY_BINS_LOG10_GEV) - 1)]
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +82,56 @@ def test_end_of_training_writes_the_validation_table(reference: Path) -> None:  
     assert result["info"]["source"] == "held-out files" and result["info"]["step"] == 10
     assert set(result["quality"]["features"]) == set(quality.FEATURES)
     text = (reference / "evaluate_val.txt").read_text()
+    assert text.splitlines() == result["summary"]  # evaluate.json's human summary is the text
     assert text.startswith("quality at update 10") and all(name in text for name in quality.FEATURES)
     assert "classifier two-sample test" in text and result["two_sample"]["null_source"] == "swap"
-    assert (
-        text.rstrip().splitlines()[-1].startswith("muon cap 150: the training removed the true events above ")
+    assert any(
+        line.strip().startswith("muon cap 150: the training removed the true events above ")
+        for line in text.splitlines()
     )
+    # the same command judges the same way: the check says which one it repeats
+    assert "as `hpctrain evaluate " in text.splitlines()[0] and "--events 20000`" in text.splitlines()[0]
+    # 30 validation events a half: a smoke check, saying so with its counts and the command that judges; its
+    # tables never say "met" or "within null"
+    smoke = text.splitlines()[1]
+    assert (
+        smoke.startswith("SMOKE CHECK, not a verdict: 30 events judged")
+        and "The judge: `hpctrain evaluate" in smoke
+    )
+    words = _words(result["summary"])
+    assert words and words <= {"smoke ok", "NOT met", "DIFFERS", "-", "not judged"}
+    # every column explained, one line each
+    legend = text.split("columns:")[1]
+    for column in ("ours W1", "base W1", "floor W1", "KS", "base/ours", "bins ok", "goal", "AUC", "null band",
+                   "FPD / KPD", "smoke ok"):  # fmt: skip
+        assert f"\n    {column}:" in legend, column
+
+
+def _words(lines: list[str]) -> set[str]:
+    """The verdict words of the tables' rows: the per-feature goal and the classifier's bins."""
+    words = set()
+    for line in lines:
+        cells = line.strip().split("  ")
+        first = cells[0].split(" ")[0]
+        if first in quality.FEATURES or first == "all" or first in BINS:
+            words.add(cells[-1].strip().split(" (")[0])
+    return words
+
+
+def test_a_table_of_enough_events_is_a_verdict(reference: Path) -> None:  # noqa: F811
+    from hpctrain.workloads.muons.evaluation import verdict
+
+    result = json.loads((reference / "evaluate_val.json").read_text())
+    assert verdict.is_smoke(result)
+    # the same tables, judged on as many events as evaluate's
+    result["info"]["events"] = verdict.EVALUATE_EVENTS
+    lines = verdict.summary(result, "head", "the judge")
+    assert lines[0] == "head" and not any("SMOKE" in line or "smoke ok" in line for line in lines)
+    met = {name for name, f in result["quality"]["features"].items() if f["goal_met"]}
+    rows = {line.split()[0]: line for line in lines if line.strip().split(" ")[0] in quality.FEATURES}
+    assert set(rows) == set(quality.FEATURES)
+    for name, row in rows.items():
+        assert row.endswith("  met") if name in met else ("  NOT met" in row or "  not judged" in row), row
 
 
 @pytest.mark.integration

@@ -176,14 +176,37 @@ def _best(values: np.ndarray, mode: str) -> float | None:
     return (float(values.min()) if mode == "min" else float(values.max())) if values.size else None
 
 
+# A generator's figures of merit (status_table's): the periodic judge's classifier AUC, lower is better, and the
+# features meeting the goal in the run's last `hpctrain evaluate` (of how many).
+AUC_KEY, GOAL_KEY, GOAL_OF_KEY = "val_auc", "eval_features_goal_met", "eval_features_total"
+
+
+def _physics(data: RunData) -> tuple[float | None, str | None]:
+    """(the run's lowest AUC_KEY, "met/of" of its last evaluation) or None where it has none."""
+    aucs, met, of = data.series(AUC_KEY)[1], data.series(GOAL_KEY)[1], data.series(GOAL_OF_KEY)[1]
+    goal = f"{int(met[-1])}/{int(of[-1]) if of.size else '?'}" if met.size else None
+    return (float(aucs.min()) if aucs.size else None), goal
+
+
+def by_physics(runs: list[RunData]) -> list[int]:
+    """The runs' order by their lowest AUC (runs without one after, in the order given)."""
+    aucs = [_physics(data)[0] for data in runs]
+    return sorted(range(len(runs)), key=lambda i: (aucs[i] is None, aucs[i] or 0.0, i))
+
+
 def figures_table(runs: list[RunData], names: list[str], groups: list[tuple[str, list[str]]]) -> Table:
     """One row per run: status, updates, hops, goodput, wall time, its best_metric's final and best value, and the
-    final value of every other metric."""
+    final value of every other metric; runs of a generator also their best AUC and goal count, ordered by the
+    AUC (the best first)."""
     metrics = [k for _, keys in groups for k in keys if k != "lr"]
+    physics = [_physics(data) for data in runs]
+    shown = any(auc is not None or goal is not None for auc, goal in physics)
     header = ["run", "status", "updates", "hops", "goodput", "wall time", "best metric", "final", "best"]
+    header += ["best AUC", "goal"] if shown else []
     header += [f"final {k}" for k in metrics]
     rows = []
-    for data, name in zip(runs, names):
+    for i in by_physics(runs) if shown else range(len(runs)):
+        data, name = runs[i], names[i]
         s = data.summary
         total = s.get("total_updates", (data.config.get("train") or {}).get("total_updates"))
         done = max([int(h.get("last_update") or 0) for h in data.hops] + [r["step"] for r in data.metrics])
@@ -196,12 +219,18 @@ def figures_table(runs: list[RunData], names: list[str], groups: list[tuple[str,
             [name, s.get("status", "no summary.json (running or killed)"), f"{done} of {total or '?'}",
              len(data.hops), s.get("run_goodput"), _wall(data), f"{metric} ({mode})",
              float(values[-1]) if values.size else None, best,
-             *[float(v[-1]) if v.size else None for v in finals]]
+             *(physics[i] if shown else ()), *[float(v[-1]) if v.size else None for v in finals]]
         )  # fmt: skip
     note = (
         "best: of checkpoint.best_metric (summary.json's, else the best logged); final: the last logged value"
     )
-    return Table("Runs: final and best figures", header, [[fmt(c) for c in row] for row in rows], note)
+    legend = [
+        f"best AUC: the lowest classifier AUC of the generator's bundles against a fixed validation subset "
+        f"({AUC_KEY}, at each evaluation; 0.5: indistinguishable); rows ordered by it, the best first",
+        "goal: features meeting the goal (per-feature table) in the run's last `hpctrain evaluate`",
+    ]
+    table = [[fmt(c) for c in row] for row in rows]
+    return Table("Runs: final and best figures", header, table, note, legend=legend if shown else [])
 
 
 def _wall(data: RunData) -> str | None:

@@ -47,6 +47,8 @@ class Table:
     note: str = ""
     # A header row above `header` for a pivot table: (name, columns spanned), e.g. [("", 2), ("energy", 2)].
     header_groups: list[tuple[str, int]] = field(default_factory=list)
+    # What the columns mean, one line each ("column: meaning"), listed under the table.
+    legend: list[str] = field(default_factory=list)
 
 
 Panel = Callable[[RunData], list[Image]]

@@ -16,6 +16,7 @@ from hpctrain.track.report.panels import figure, fmt, legend_outside
 from hpctrain.workloads.muons.evaluation.cap_note import cap_table
 from hpctrain.workloads.muons.evaluation.classifier_report import classifier_panels, classifier_table
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
+from hpctrain.workloads.muons.evaluation.two_sample import ENERGY_BINS_LOG10_GEV, bin_label
 
 FEATURES = {  # name -> (axis label, unit)
     "multiplicity": ("muons per event", "count"),
@@ -32,8 +33,25 @@ PER_MUON = ("energy", "lateral_distance")  # one value per muon; the others one 
 BY = {"energy": ("log10(E_primary / GeV)", "primary-energy bin"), "zenith": ("zenith [deg]", "zenith band")}
 
 
+# The judge at each evaluation of a generator (evaluation/val_judge.py): its AUC overall and per energy bin beside
+# the band a perfect generator stays under, then its feature-cloud distances
+JUDGE = [
+    ScalarGroup(
+        "classifier AUC at each evaluation (0.5: indistinguishable)",
+        (
+            "val_auc",
+            *(f"val_auc_{bin_label(i)}" for i in range(len(ENERGY_BINS_LOG10_GEV) - 1)),
+            "val_auc_null_upper",
+        ),
+        "AUC, true vs generated",
+    ),
+    ScalarGroup("FPD and KPD at each evaluation", ("val_fpd", "val_kpd"), "distance [standardised features]"),
+]
+
+
 def groups(data: RunData) -> list[ScalarGroup]:
-    """The model's own scalars by what they are: each model type's loss titled by what it measures."""
+    """The model's own scalars by what they are: each model type's loss titled by what it measures; a
+    generator's judge at each evaluation first."""
     nll = ScalarGroup(
         "multiplicity NLL", ("multiplicity_nll", "val_multiplicity_nll"), "NLL per event [nats]"
     )
@@ -41,6 +59,7 @@ def groups(data: RunData) -> list[ScalarGroup]:
         return [ScalarGroup("multiplicity NLL", ("loss_mean", "loss", "val_loss"), "NLL per event [nats]")]
     if data.model_type == "muon_flow":  # trained by likelihood: no critic
         return [
+            *JUDGE,
             ScalarGroup(
                 "loss: negative log-likelihood (multiplicity + muons)",
                 ("loss_mean", "loss", "val_loss"),
@@ -50,6 +69,7 @@ def groups(data: RunData) -> list[ScalarGroup]:
             nll,
         ]
     return [
+        *JUDGE,
         ScalarGroup("generator loss", ("generator_loss",), "-E[D(fake)] [critic units]"),
         ScalarGroup(
             "critic loss (E[D(fake)] - E[D(real)] + GP)", ("loss_mean", "loss"), "critic loss [critic units]"

@@ -26,6 +26,12 @@ SAMPLE_BATCH = 1024
 # the rows fitted); one null replicate, as the band's edge is at least 0.5 + 3 sigma anyway
 JUDGE_FOLDS = 2
 JUDGE_NULL_REPLICATES = 1
+# `hpctrain evaluate`'s defaults: the events a verdict ("met", "within null") needs (a table of fewer is a smoke
+# check: evaluation/verdict.py) and the seed, which the end-of-training check shares so that its command repeats it
+EVALUATE_EVENTS = 10_000
+EVALUATE_SEED = 12345
+# best.pt of a generator follows the classifier AUC of the evaluation's judge (tasks/task_base.py), lower better
+GENERATOR_BEST_METRIC = "val_auc"
 
 UNIT_EVENTS = (
     65536  # events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says
@@ -187,6 +193,7 @@ class MuonWGANConfig(ModelConfigBase):
     """Conditional WGAN-GP generating muon bundles (see docs/muons.md)."""
 
     type: Literal["muon_wgan"] = "muon_wgan"
+    BEST_METRIC: ClassVar[str] = GENERATOR_BEST_METRIC
     latent_global: int = Field(32, ge=1, description="Size of the per-event latent vector.")
     latent_local: int = Field(16, ge=1, description="Size of the per-muon latent vector.")
     hidden: int = Field(256, ge=4, description="Width of the generator's event context.")
@@ -300,6 +307,7 @@ class MuonFlowConfig(ModelConfigBase):
     and the others under it (a conditional VAE with a flow decoder, trained on its ELBO; docs/muons.md)."""
 
     type: Literal["muon_flow"] = "muon_flow"
+    BEST_METRIC: ClassVar[str] = GENERATOR_BEST_METRIC
     hidden: int = Field(64, ge=4, description="Width of the event context and the flow's conditioner.")
     flow_bins: int = Field(8, ge=2, le=64, description="Spline bins per muon feature.")
     latent: int = Field(

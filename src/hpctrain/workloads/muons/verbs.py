@@ -16,9 +16,16 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.workloads.muons.spec import (
+    EVALUATE_EVENTS,
+    EVALUATE_SEED,
+    SAMPLE_BATCH,
+    MuonFlowRun,
+    MuonMultiplicityRun,
+    MuonWGANRun,
+)
 from hpctrain.workloads.muons.spec import JUDGE_FOLDS as FOLDS
 from hpctrain.workloads.muons.spec import JUDGE_NULL_REPLICATES as NULL_REPLICATES
-from hpctrain.workloads.muons.spec import SAMPLE_BATCH, MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
 from hpctrain.workloads.registry import DataVerbs, FilesVerb, Found, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
@@ -126,10 +133,12 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
         dest="n_events",
         type=int,
         default=None,
-        help="truth events to compare (default 10000); with --data: at most this many held-out events "
-        "(default all)",
+        help=f"truth events to compare (default {EVALUATE_EVENTS}; fewer: a smoke check, not a verdict); with "
+        "--data: at most this many held-out events (default all)",
     )
-    g.add_argument("--seed", type=int, default=12345, help="seed of the truth sample and the generation")
+    g.add_argument(
+        "--seed", type=int, default=EVALUATE_SEED, help="seed of the truth sample and the generation"
+    )
     g.add_argument(
         "--truth",
         default=None,
@@ -185,7 +194,6 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
 
     from hpctrain.workloads.muons import truth_versions
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
-    from hpctrain.workloads.muons.evaluation.cap_note import cap_statement
     from hpctrain.workloads.muons.models import sampling
 
     if args.truth:
@@ -200,9 +208,20 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         data = evaluate.held_out_events(model.cfg, args.data, args.n_events or 0)
         if len(data) < 2:
             raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
-    n_events = args.n_events or 10_000
+    n_events = args.n_events or EVALUATE_EVENTS
     options = two_sample.Options(args.folds, args.null_replicates)
     result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options, truth)
+    info = result["info"]
+    head = (
+        f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "
+        f"{info['source']}{'' if args.data else f' ({why})'} (floor from {info['floor_events']} independent "
+        "events)"
+    )
+    judge = (
+        f"`hpctrain evaluate {args.model}` ({EVALUATE_EVENTS:,} events of the synthetic truth), or --data FILES "
+        f"holding at least {2 * EVALUATE_EVENTS:,} held-out events"
+    )
+    evaluate.print_summary(result, head, judge)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -211,14 +230,6 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         out = evaluate.write_outputs(model.run_dir, result)
     else:
         raise UserError(f"{args.model}: not inside a run folder; pass --out FILE for the JSON")
-    info = result["info"]
-    print(
-        f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "
-        f"{info['source']}{'' if args.data else f' ({why})'} (floor from {info['floor_events']} independent "
-        "events)"
-    )
-    evaluate.print_tables(result)
-    print(f"  {cap_statement(info)}")
     print(f"wrote {out}")
     return 0
 
@@ -243,7 +254,9 @@ def evaluate_files_args(parser: argparse.ArgumentParser) -> None:
         "event is paired with the true event of the same primary",
     )
     g.add_argument("--events", type=int, default=0, help="judge at most this many pairs (default all)")
-    g.add_argument("--seed", type=int, default=12345, help="seed of the splits, folds and null replicates")
+    g.add_argument(
+        "--seed", type=int, default=EVALUATE_SEED, help="seed of the splits, folds and null replicates"
+    )
     g.add_argument("--out", help="also write the figures as JSON (evaluate.json's form) to this file")
     classifier_args(g)
     r = parser.add_argument_group(
@@ -303,13 +316,16 @@ def evaluate_files(args: argparse.Namespace) -> int:
             message = message.replace(key, option)
         raise UserError(message) from None
     info = result["info"]
-    print(
+    head = (
         f"judged {info['events']} sample events ({len(info['sample'])} file(s), {', '.join(info['sample_layouts'])}) "
         f"against the true events of the same primaries ({len(info['data'])} file(s), "
         f"{', '.join(info['data_layouts'])}; {info['data_events_unpaired']} without a sample partner left out) "
         f"in {info['seconds']:.1f} s"
     )
-    evaluate.print_tables(result)
+    judge = (
+        f"the same with at least {2 * EVALUATE_EVENTS:,} paired events (one half is judged against the other)"
+    )
+    evaluate.print_summary(result, head, judge)
     if out is not None:
         atomic_write_text(out, json.dumps(evaluate.clean(result), indent=1, allow_nan=False) + "\n")
         print(f"wrote {out}")

@@ -11,7 +11,8 @@ import numpy as np
 
 from hpctrain.track.report import Image, RunData, Table
 from hpctrain.track.report.panels import figure, fmt
-from hpctrain.workloads.muons.evaluation.two_sample import NULL_SIGMAS
+from hpctrain.workloads.muons.evaluation import verdict
+from hpctrain.workloads.muons.evaluation.two_sample import LEGEND, NULL_SIGMAS, verdict_word
 
 
 def _num(value: Any) -> float:
@@ -72,9 +73,10 @@ def classifier_table(data: RunData) -> list[Table]:
     judged = data.evaluation.get("two_sample")
     if not judged:
         return []
+    smoke = verdict.is_smoke(data.evaluation)
     rows = [
         [r["bin"], r["events"], fmt(_num(r["auc"])), fmt(_num(r["null_mean"])), fmt(_num(r["null_upper"])),
-         "-" if r["within_null"] is None else ("within" if r["within_null"] else "DIFFERS")]
+         verdict_word(r["within_null"], smoke)]
         for r in judged["table"]
     ]  # fmt: skip
     note = (
@@ -84,4 +86,6 @@ def classifier_table(data: RunData) -> list[Table]:
         f"(null {fmt(_num(judged['kpd_null']))}) on the standardised features with the primary."
     )
     header = ["bin", "pairs", "AUC", "null mean", "null upper", "verdict"]
-    return [Table("Classifier two-sample test per primary-energy bin", header, rows, note)]
+    legend = LEGEND + ([verdict.SMOKE_LEGEND] if smoke else [])
+    title = "Classifier two-sample test per primary-energy bin" + (" (smoke check)" if smoke else "")
+    return [Table(title, header, rows, note, legend=legend)]

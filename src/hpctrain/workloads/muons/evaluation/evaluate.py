@@ -23,15 +23,14 @@ from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.workloads.muons import truth_versions
-from hpctrain.workloads.muons.evaluation import quality, two_sample
-from hpctrain.workloads.muons.evaluation.cap_note import cap_statement
+from hpctrain.workloads.muons.evaluation import quality, two_sample, verdict
 from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.stream import ValBatches
 from hpctrain.workloads.muons.models import sampling
 from hpctrain.workloads.muons.models.sampling import LoadedModel
-from hpctrain.workloads.muons.spec import muon_cap
+from hpctrain.workloads.muons.spec import EVALUATE_EVENTS, EVALUATE_SEED, muon_cap
 
 log = logging.getLogger("hpctrain.muons")
 
@@ -123,6 +122,7 @@ def evaluate_model(
             "min_feature_ratio": math.nan if q["min_feature_ratio"] is None else q["min_feature_ratio"],
             "features_within_floor": float(q["features_within_floor"]),
             "features_goal_met": float(q["features_goal_met"]),
+            "features_total": float(len(q["features"])),  # goal met by features_goal_met of these
         }
     )
     if only == FEATURES:  # a multiplicity model's bundles have no muons for the classifier to look at
@@ -242,46 +242,51 @@ def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.
     return events
 
 
-VAL_EVENTS = 20_000  # at most this many validation events in the end-of-training table
+VAL_EVENTS = 2 * EVALUATE_EVENTS  # validation events of the end-of-training check: a verdict's in each half
 
 
 def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_dir: Path) -> Path:
-    """The table of `hpctrain evaluate --data <data.val_paths>` at the end of training: evaluate_val.json and
-    the table as text (evaluate_val.txt) in the run folder."""
+    """`hpctrain evaluate RUN --data <data.val_paths> --events VAL_EVENTS` at the end of training, the same
+    figures (same seed, rules and bins): evaluate_val.json (with its "summary") and the summary as text
+    (evaluate_val.txt) in the run folder, and on the log. Fewer validation events than a verdict needs in each
+    half: a smoke check, labelled so, with the command that judges (verdict.py)."""
     device = next(modules["generator"].parameters()).device
     model = LoadedModel(cfg, modules, step, run_dir, run_dir, device)
     data = held_out_events(cfg, list(cfg.data.val_paths), VAL_EVENTS)
     if len(data) < 2:
         log.warning("no quality table: data.val_paths hold %d event(s)", len(data))
         return run_dir
+    training = {name: module.training for name, module in modules.items()}
     with torch.random.fork_rng(devices=[]):  # the training's global RNG stays as it was
-        result = evaluate_model(model, VAL_EVENTS, cfg.run.seed, data=data)
+        try:
+            for module in modules.values():
+                module.eval()  # as `hpctrain evaluate` loads them
+            result = evaluate_model(model, VAL_EVENTS, EVALUATE_SEED, data=data)
+        finally:
+            for name, module in modules.items():
+                module.train(training[name])
+    same = f"hpctrain evaluate {run_dir} --data {' '.join(cfg.data.val_paths)} --events {VAL_EVENTS}"
+    head = (
+        f"quality at update {step} on {result['info']['events']:,} validation events (floor: the other "
+        f"{result['info']['floor_events']:,}), as `{same}` says"
+    )
+    judge = (
+        f"`hpctrain evaluate {run_dir}` ({EVALUATE_EVENTS:,} events of the synthetic truth), or the same with "
+        f"--data FILES holding at least {VAL_EVENTS:,} held-out events"
+    )
+    result["summary"] = verdict.summary(result, head, judge)
     path = run_dir / "evaluate_val.json"
     atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
-    head = f"quality at update {step} on {len(data) // 2} validation events (floor: the other half)"
-    classifier = two_sample.table_lines(result["two_sample"]) if result.get("two_sample") else []
-    text = (
-        "\n".join([head, *quality.table(result["quality"]), *classifier, cap_statement(result["info"])])
-        + "\n"
-    )
+    text = "\n".join(result["summary"]) + "\n"
     atomic_write_text(run_dir / "evaluate_val.txt", text)
     log.info(text)
     return path
 
 
-def print_tables(result: dict[str, Any]) -> None:
-    """The per-feature table, its summary line and the classifier test's table, indented, on stdout."""
-    q = result["quality"]
-    for line in quality.table(q):
-        print("  " + line)
-    ratio = q["min_feature_ratio"]
-    print(
-        f"  min_feature_ratio {'n/a' if ratio is None else f'{ratio:.2f}'} | features within the floor "
-        f"{q['features_within_floor']}/{len(q['features'])} | goal met {q['features_goal_met']}/{len(q['features'])}"
-    )
-    if result.get("two_sample"):
-        for line in two_sample.table_lines(result["two_sample"]):
-            print("  " + line)
+def print_summary(result: dict[str, Any], head: str, judge: str) -> None:
+    """verdict.summary's lines on stdout, kept as evaluate.json's "summary"."""
+    result["summary"] = verdict.summary(result, head, judge)
+    print("\n".join(result["summary"]))
 
 
 def write_outputs(run_dir: Path, result: dict[str, Any]) -> Path:

@@ -159,6 +159,7 @@ def judge_files(
             "min_feature_ratio": math.nan if q["min_feature_ratio"] is None else q["min_feature_ratio"],
             "features_within_floor": float(q["features_within_floor"]),
             "features_goal_met": float(q["features_goal_met"]),
+            "features_total": float(len(q["features"])),  # goal met by features_goal_met of these
             **judged.metrics(),
         }
     )
@@ -171,6 +172,7 @@ def judge_files(
         "data": data_files,
         "data_layouts": sorted(set(data_layouts)),
         "events": len(true),
+        "table_events": len(runs[0][1]),  # the per-feature table compares one half with the other
         "data_events_unpaired": len(data) - len(rows_d),
         "floor_draws": quality.FLOOR_DRAWS,
         **sizes(generated, true, seed, start),

@@ -19,12 +19,13 @@ import numpy as np
 
 from hpctrain.track.report import Image, RunData, Table
 from hpctrain.track.report.panels import figure, fmt
+from hpctrain.workloads.muons.evaluation import verdict
 from hpctrain.workloads.muons.evaluation.quality import (
     BASELINE_FACTOR,
     MIN_VALUES,
-    TOLERANCE_SIGMAS,
     goal_word,
 )
+from hpctrain.workloads.muons.evaluation.quality_judge import LEGEND
 
 LABELS = {  # feature -> what the axis says (the values are quality.features': log10 units)
     "multiplicity": "muons per event, log10(N+1)",
@@ -75,8 +76,8 @@ def _series(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return out
 
 
-def _verdict(name: str, feature: dict[str, Any]) -> str:
-    met = f"goal {goal_word(feature)}"
+def _verdict(name: str, feature: dict[str, Any], smoke: bool = False) -> str:
+    met = f"goal {goal_word(feature, smoke)}"
     return f"{name}: {feature['bins_ok']}/{feature['bins_judged']} bins ok, {met}"
 
 
@@ -163,6 +164,7 @@ def _cmap() -> Any:
 def quality_panels(data: RunData) -> list[Image]:
     """One per-bin figure per judged feature and the overview of ours / floor maps (none without "quality")."""
     features = (data.evaluation.get("quality") or {}).get("features") or {}
+    smoke = verdict.is_smoke(data.evaluation)
     images = []
     for name, feature in features.items():
         rows = feature["bins"]
@@ -173,7 +175,7 @@ def quality_panels(data: RunData) -> list[Image]:
                           handlelength=1.6)  # fmt: skip
         _ratio_map(axes[0, 1], rows, fig)
         axes[0, 1].set_title("ours / floor per bin", fontsize=9)
-        fig.suptitle(f"{_verdict(name, feature)}  [{LABELS.get(name, name)}]", fontsize=10)
+        fig.suptitle(f"{_verdict(name, feature, smoke)}  [{LABELS.get(name, name)}]", fontsize=10)
         images.append(
             Image(
                 f"quality_bins_{name}",
@@ -185,17 +187,19 @@ def quality_panels(data: RunData) -> list[Image]:
             )
         )
     if features:
-        images.insert(0, _overview(features))
+        images.insert(0, _overview(features, smoke))
     return images
 
 
-def _overview(features: dict[str, Any]) -> Image:
+def _overview(features: dict[str, Any], smoke: bool) -> Image:
     cols = min(len(features), 3)
     rows = (len(features) + cols - 1) // cols
     fig, axes = figure(360 * cols + 60, 60 + 290 * rows, rows, cols)
     for ax, (name, feature) in zip(axes.flat, features.items()):
         _ratio_map(ax, feature["bins"], fig, colorbar=False)
-        ax.set_title(_verdict(name, feature), fontsize=9, color="k" if feature["goal_met"] else "darkred")
+        ax.set_title(
+            _verdict(name, feature, smoke), fontsize=9, color="k" if feature["goal_met"] else "darkred"
+        )
     for ax in list(axes.flat)[len(features) :]:
         ax.set_visible(False)
     from matplotlib.cm import ScalarMappable
@@ -213,27 +217,29 @@ def _overview(features: dict[str, Any]) -> Image:
 
 
 def quality_table(data: RunData) -> list[Table]:
-    """evaluate.json's judged table: per feature, means over judged bins for reading, the verdict per bin."""
+    """evaluate.json's judged table: per feature, means over judged bins for reading, the verdict per bin; a
+    table of too few events is titled a smoke check (verdict.py) and never says met."""
     judged = data.evaluation.get("quality") or {}
     features = judged.get("features") or {}
     if not features:
         return []
+    smoke = verdict.is_smoke(data.evaluation)
     rows = [
         [name, *(fmt(_num(f[k])) for k in ("ours_w1", "baseline_w1", "floor_w1", "ours_ks", "baseline_ks",
                                             "floor_ks")),
-         fmt(f.get("ratio")), f"{f['bins_ok']}/{f['bins_judged']}", goal_word(f)]
+         fmt(f.get("ratio")), f"{f['bins_ok']}/{f['bins_judged']}", goal_word(f, smoke)]
         for name, f in features.items()
     ]  # fmt: skip
+    met = "smoke ok" if smoke else "goal met"
     note = (
-        f"W1 (log10 units) and KS: means over the judged bins (at least {MIN_VALUES} true values), for reading; "
-        f"the goal is judged bin by bin and over all bins together: ours within the floor's tolerance (floor + "
-        f"{TOLERANCE_SIGMAS:g} standard deviations of ours - floor, from the truth-vs-truth replicates) or "
-        f"ours <= {BASELINE_FACTOR:g} x baseline (the bundle of the nearest primary of a reference sample). "
-        f"baseline/ours over the judged bins. Goal met for {judged.get('features_goal_met')} of "
-        f"{len(features)} features; within the floor: {judged.get('features_within_floor')}; "
-        f"min_feature_ratio {fmt(judged.get('min_feature_ratio'))}."
+        f"{met} for {judged.get('features_goal_met')} of {len(features)} features; within the floor: "
+        f"{judged.get('features_within_floor')}; min_feature_ratio {fmt(judged.get('min_feature_ratio'))}."
     )
-    header = ["feature", "ours W1", "baseline W1", "floor W1", "ours KS", "baseline KS", "floor KS",
-              "baseline/ours", "bins ok", "goal"]  # fmt: skip
-    verdict = "met" if judged.get("goal_met") else "NOT met"
-    return [Table(f"Judged quality per feature (goal {verdict})", header, rows, note)]
+    if smoke:
+        note = verdict.smoke_line(data.evaluation, f"`hpctrain evaluate {data.run_dir}`") + " " + note
+    # the console's column names (quality_judge.table), which LEGEND explains
+    header = ["feature", "ours W1", "base W1", "floor W1", "ours KS", "base KS", "floor KS", "base/ours",
+              "bins ok", "goal"]  # fmt: skip
+    word = "smoke check" if smoke else ("goal met" if judged.get("goal_met") else "goal NOT met")
+    legend = LEGEND + ([verdict.SMOKE_LEGEND] if smoke else [])
+    return [Table(f"Judged quality per feature ({word})", header, rows, note, legend=legend)]

@@ -300,14 +300,37 @@ def judge_events(
     )
 
 
+# What each column of the classifier test's table means, one line each (as quality_judge.LEGEND).
+LEGEND = [
+    "bin: the primary's energy, log10(E/GeV) (all: every pair); events (pairs): the primaries paired in it, "
+    "each with one true and one generated bundle",
+    "AUC: cross-validated area under the ROC curve of a classifier telling each primary's true bundle from the "
+    "generated one by per-event features (0.5: it cannot tell them apart; 1: always)",
+    f"null band: the AUCs a perfect generator shows; null mean: its replicates' mean; null upper: the largest "
+    f"replicate and at least 0.5 + {NULL_SIGMAS:g} Mann-Whitney sigma; above it: DIFFERS",
+    "FPD / KPD: Frechet and kernel (MMD, cubic kernel) distances of the standardised per-event feature clouds "
+    "(0: identical), beside the same between two true samples (or labels swapped)",
+]
+
+
 def format_table(result: Judgement) -> str:
     """The AUC per bin beside its null band, one line each."""
     return "\n".join(table_lines(result.as_dict()))
 
 
-def table_lines(judged: dict[str, Any]) -> list[str]:
+def verdict_word(within_null: bool | None, smoke: bool = False) -> str:
+    """A bin's word: within null / DIFFERS ("-": no pairs); `smoke` (too few events to pass a model:
+    verdict.py) says "smoke ok" where it would say within null."""
+    if within_null is None:
+        return "-"
+    if within_null:
+        return "smoke ok" if smoke else "within null"
+    return "DIFFERS"
+
+
+def table_lines(judged: dict[str, Any], smoke: bool = False) -> list[str]:
     """`Judgement.as_dict()` (evaluate.json's "two_sample") as text lines: the AUC per bin beside its null
-    band, then FPD and KPD beside their null values."""
+    band, then FPD and KPD beside their null values; `smoke`: as verdict_word's."""
     null = "truth vs truth" if judged["null_source"] == "truth" else "labels swapped"
     lines = [
         f"classifier two-sample test ({judged['folds']}-fold AUC) vs its null band ({judged['null_replicates']} "
@@ -315,7 +338,7 @@ def table_lines(judged: dict[str, Any]) -> list[str]:
         f"{'bin':<10} {'events':>7} {'AUC':>7} {'null mean':>9} {'null upper':>10}  verdict",
     ]
     for row in judged["table"]:
-        verdict = "-" if row["within_null"] is None else ("within null" if row["within_null"] else "DIFFERS")
+        verdict = verdict_word(row["within_null"], smoke)
         lines.append(
             f"{row['bin']:<10} {row['events']:>7} {_num(row['auc']):>7.4f} {_num(row['null_mean']):>9.4f} "
             f"{_num(row['null_upper']):>10.4f}  {verdict}"

@@ -1,7 +1,9 @@
 """MuonTaskBase: the data side of every muon task (streams, micro-batches, device moves, histograms).
 
 A muon model only adds `build_modules`, `train_step` and `eval_step`. Batches reach `train_step` as normalised
-MuonBatch objects on the device (see physics for the units), cut under `data.max_muons_per_batch`.
+MuonBatch objects on the device (see physics for the units), cut under `data.max_muons_per_batch`. A model with a
+`generator` is judged at each evaluation by its bundles' classifier AUC on a fixed validation subset
+(`model_figures`, evaluation/val_judge.py): `val_auc`, what best.pt follows by default.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch import nn
 
 from hpctrain.runtime.seeding import TASK_STREAM, derive
 from hpctrain.train.task import MicroBatch, Task
+from hpctrain.workloads.muons.evaluation.val_judge import ValJudge
 from hpctrain.workloads.muons.events import file_cache, first_batch
 from hpctrain.workloads.muons.events.batch import MuonBatch, split_by_muon_cap
 from hpctrain.workloads.muons.events.stream import EventStream, ValBatches, resolve_files
@@ -28,6 +32,7 @@ class MuonTaskBase(Task[M]):
 
     dynamic_shapes = True  # the number of muons changes with every batch
     _train_stream: EventStream | None = None  # built by build_data("train")
+    _judge: ValJudge | None = None  # built at the first evaluation (main rank), its events kept
 
     @property
     def run_dir(self) -> Path:
@@ -46,6 +51,15 @@ class MuonTaskBase(Task[M]):
         # the training stream's counts: removed events said once per hop, not at every evaluation pass
         counts = self._train_stream.counts if self._train_stream is not None else None
         return ValBatches(self.cfg.data, seed, self.env, self.run_dir, counts)
+
+    def model_figures(self, modules: dict[str, nn.Module], step: int) -> dict[str, float]:
+        """A generator's classifier AUC on a fixed subset of data.val_paths (evaluation/val_judge.py); nothing
+        for a model without one (muon_multiplicity) or a run without validation files."""
+        if "generator" not in modules or not self.cfg.data.val_paths:
+            return {}
+        if self._judge is None:
+            self._judge = ValJudge(self.cfg, self.run_dir)
+        return self._judge.figures(modules, step)
 
     def batch_samples(self, batch: MuonBatch) -> int:
         return len(batch)
