@@ -3,7 +3,7 @@ a time-limited hop with compile on, and the per-update syncs and recompiles.
 
     python bench/gpu.py                        # on a GPU node: every figure (~10 minutes on an H100, estimated)
     python bench/gpu.py --device cpu --tiny    # the same code paths on CPU in seconds (the test suite runs this)
-    python bench/gpu.py --only step            # one part: step | e2e | loader | hop
+    python bench/gpu.py --only step            # one part: step | e2e | loader | hop | quality
     bash bench/gpu_lease.sh hop e2e loader     # on a lent GPU machine: the parts in turn, results kept as they end
 
 Without a visible GPU the default (--device auto) runs the CPU check (--device cpu --tiny) and says so.
@@ -27,6 +27,11 @@ Parts:
   train.compile=auto (on CUDA the cold one compiles in the background while it trains eagerly), then a cold hop
   compiled in the training process as the baseline: updates done, their share of what the steady compiled rate
   (after the switch) would have done in the hop's training and compile time, and `background_gain_ratio`.
+- quality: the default muon model (configs/muons.yaml, its own batch and schedule, 4000 updates; tiny: 60) on
+  truth v2 with the periodic judge every 250 updates (tiny: 20): updates/s, events/s, the judge's `val_auc` per
+  evaluation with its wall seconds since the start, the first update and second where it is <= 0.52 (the
+  issue's goal: how long a real training takes to get there), and the final model's AUC overall and per energy
+  bin from the classifier test on 50,000 fresh truth-v2 pairs (tiny: 2,000) as bench/muon_quality.py judges.
 Last line: one JSON object with every figure.
 """
 
@@ -229,6 +234,56 @@ def bench_e2e(root: Path, device: str, args: argparse.Namespace, env: dict[str, 
     return out
 
 
+AUC_GOAL = 0.52  # the classifier test's goal overall (bench/muon_quality.py)
+
+
+def bench_quality(root: Path, device: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """The default muon model trained on truth v2 at its own settings, judged while it trains and at its end."""
+    files, events, val_events = (1, 3000, 1000) if args.tiny else (2, 20_000, 5000)
+    updates, every, pairs = (60, 20, 2000) if args.tiny else (4000, 250, 50_000)
+    data = root / "v2"
+    for split, seed, n, count in (("train", 1, files, events), ("val", 2, 1, val_events)):
+        if not (data / split).is_dir():
+            done = hpctrain(
+                ["data", "generate", "--kind", "muons", "--truth", "v2", "--out", str(data / split), "--files",
+                 str(n), "--events-per-file", str(count), "--seed", str(seed)],
+                env, 600,
+            )  # fmt: skip
+            if done.returncode:
+                raise SystemExit(f"data generate (v2) failed: {done.stderr[-2000:]}")
+    run_dir = root / "runs" / "quality"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    start = time.time()
+    done = hpctrain(
+        ["train", "--config", str(REPO / "configs" / "muons.yaml"), f"run.out_dir={root / 'runs'}",
+         "run.name=quality", f"train.device={device}", f"data.paths=[{data / 'train'}]",
+         f"data.val_paths=[{data / 'val'}]", f"train.total_updates={updates}", f"train.eval_every={every}",
+         "checkpoint.every=0", "checkpoint.resume=never", "logging.progress=lines", "logging.log_every=50"],
+        env, 3600,
+    )  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"quality training failed: {done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    judged = [[r["step"], round(r["time"] - start, 1), r["val_auc"]] for r in rows if "val_auc" in r]
+    reached = next(([step, seconds] for step, seconds, auc in judged if auc <= AUC_GOAL), None)
+    from hpctrain.workloads.muons.evaluation import evaluate
+    from hpctrain.workloads.muons.models import sampling
+
+    model = sampling.load_model(run_dir, device)
+    test = evaluate.classifier_on_truth(model, pairs, 778, truth="v2")
+    out = steady(run_dir, skip_first=2)
+    out.update(
+        val_auc=judged,
+        goal_reached=None if reached is None else {"update": reached[0], "seconds": reached[1]},
+        train_seconds=round(time.time() - start, 1),
+        auc=test.auc["all"],
+        auc_per_bin={k: v for k, v in test.auc.items() if k != "all"},
+        judge_pairs=pairs,
+    )
+    print(f"quality: {json.dumps(out)}", flush=True)
+    return out
+
+
 def bench_loader(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     from hpctrain.config.loading import ConfigRequest, load_config
     from hpctrain.runtime.env import ClusterEnv
@@ -348,7 +403,7 @@ def main() -> None:
         help="auto: cuda when a GPU is visible, else the CPU check (cpu, --tiny)",
     )
     parser.add_argument("--tiny", action="store_true", help="small sizes: the code paths in seconds")
-    parser.add_argument("--only", choices=["step", "e2e", "loader", "hop"], action="append")
+    parser.add_argument("--only", choices=["step", "e2e", "loader", "hop", "quality"], action="append")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--updates", type=int, default=3, help="updates per timed round (step)")
     parser.add_argument("--critic-steps", type=int, default=5)
@@ -381,7 +436,7 @@ def main() -> None:
             print("no CUDA device visible: the CPU check of the same code (--device cpu --tiny)", flush=True)
             args.tiny = True
     device = torch.device(args.device)
-    parts = args.only or ["step", "e2e", "loader", "hop"]
+    parts = args.only or ["step", "e2e", "loader", "hop", "quality"]
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                               "torch": torch.__version__, "tiny": args.tiny, "part_seconds": {}}  # fmt: skip
     # the runs' compile caches are the bench's to choose (cold or warm), not an inherited folder's
@@ -413,6 +468,8 @@ def main() -> None:
             run("e2e", lambda: bench_e2e(root, args.device, args, env))
         if "loader" in parts:
             run("loader", lambda: bench_loader(root, args))
+        if "quality" in parts:
+            run("quality", lambda: bench_quality(root, args.device, args, env))
     across_parts(result)
     if out is not None:
         out.write_text(json.dumps(result))
@@ -464,7 +521,7 @@ def merge(files: list[str], out: str | None) -> None:
                 raise SystemExit(2)
             result[key] = part.get(key)
         result["part_seconds"].update(part.get("part_seconds", {}))
-        result.update({k: v for k, v in part.items() if k in ("step", "e2e", "loader", "hop")})
+        result.update({k: v for k, v in part.items() if k in ("step", "e2e", "loader", "hop", "quality")})
     across_parts(result)
     if out is not None:
         try:

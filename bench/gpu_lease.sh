@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.py on a lent GPU machine, one part after another, each part's figures kept as soon as it ends.
 #
-#   bash bench/gpu_lease.sh [PART ...] [-- GPU.PY OPTIONS]    # PART: hop e2e loader step (default: all four)
+#   bash bench/gpu_lease.sh [PART ...] [-- GPU.PY OPTIONS]    # PART: hop e2e loader step quality (default: all)
 #
 # From the repository root on that machine (the device tool's `run`, `carry: [".whl"]`):
 # - installs the wheels in .whl/ (bench/gpu_wheels.sh downloads them on a machine with a package index) into
@@ -12,8 +12,9 @@
 #   gpu-PART.log (its output). A part stopped by the call's time limit keeps its log; the parts before keep
 #   their figures. The last line joins the parts' figures (`bench/gpu.py --merge`, also for files of two calls).
 # Expected on an H100 (estimated from its first figures, not yet timed as a whole; each part's JSON holds its
-# seconds): hop ~4 minutes, e2e and loader ~2, step 3-4. So one lease makes two calls, `hop e2e loader` then
-# `step`, each inside the 10-minute limit of a call.
+# seconds): hop ~4 minutes, e2e and loader ~2, step 3-4, quality 3-5 (4000 updates of the default muon model on
+# truth v2, judged every 250, and a 50 k-pair judge at the end). So one lease makes two calls, `hop e2e loader`
+# then `step quality`, each inside the 10-minute limit of a call.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,13 +23,13 @@ WORK=${GPU_WORKDIR:-/tmp/hpctrain-gpu}
 parts=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     case "$1" in
-        hop | e2e | loader | step) parts+=("$1") ;;
-        *) echo "error: bench/gpu_lease.sh: unknown part '$1' (hop, e2e, loader, step; options after --)" >&2; exit 2 ;;
+        hop | e2e | loader | step | quality) parts+=("$1") ;;
+        *) echo "error: bench/gpu_lease.sh: unknown part '$1' (hop, e2e, loader, step, quality; options after --)" >&2; exit 2 ;;
     esac
     shift
 done
 [ "${1:-}" = "--" ] && shift
-[ ${#parts[@]} -eq 0 ] && parts=(hop e2e loader step)
+[ ${#parts[@]} -eq 0 ] && parts=(hop e2e loader step quality)
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 

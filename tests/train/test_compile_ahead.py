@@ -98,13 +98,14 @@ def test_the_muon_gan_rehearses_every_phase_of_its_warm_up() -> None:
     the critic, adversarial), so a helper that rehearsed only the first would leave the others to compile in the
     training process later."""
     from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+    from hpctrain.workloads.muons.tasks.task_base import StepRng
 
     task = MuonWGANTask.__new__(MuonWGANTask)
     task.cfg = SimpleNamespace(
         model=SimpleNamespace(likelihood_warmup=10, critic_warmup=4, adaptive_critic=None)
     )
     task.critic_updates, task.critic_steps, task.scaler_ready = 0, 5, False
-    task._rng, task._rng_state = None, None
+    task._rng = StepRng(0, 0)
     for done, phases in ((0, [0, 6, 10]), (7, [7, 10]), (12, [12])):
         task.updates = done
         assert [s["updates"] for s in task.compile_rehearsals()] == phases
