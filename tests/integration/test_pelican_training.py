@@ -178,7 +178,9 @@ def test_bad_files_skipped_and_listed(served: FederationSetup, tmp_path: Path) -
     (fed.root / "ns" / "muons" / "muons-00002.parquet").unlink()
     try:
         seen = np.concatenate([ids(b) for b, _ in stream.epoch_batches(0, 0)])
-        skipped = stream.stats  # this hop's counts (a stream with counts of its own says and clears them at close)
+        skipped = (
+            stream.stats
+        )  # this hop's counts (a stream with counts of its own says and clears them at close)
         with pytest.raises(UserError, match=r"muons-00002\.parquet.*404.*on_bad_file=skip"):
             list(failing.epoch_batches(0, 0))
     finally:
