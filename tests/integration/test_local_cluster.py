@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -137,6 +139,44 @@ def test_second_cluster_side_by_side_then_down(
     status = local_cluster("status", "--state-dir", str(other.state_dir), check_rc=False)
     assert status.returncode != 0
     # The session cluster is untouched.
+    assert slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() == ["c1", "c2"]
+
+
+def test_down_ends_every_process_of_its_jobs_even_deaf_ones(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A job whose batch shell, srun and task ignore TERM, one process of it escaped from the job's tree, and a
+    controller that crashed (nothing cancels the job, its step daemons outlive slurmd): `down` still ends all of
+    them (TERM, then KILL after a grace), and nothing of the session cluster."""
+    other = start_cluster(
+        tmp_path_factory.mktemp("slurm3"), "--nodes", "1", "--gpus-per-node", "0", "--no-accounting"
+    )
+    work = other.state_dir / "work"
+    work.mkdir()
+    pids = work / "pids.txt"
+    write_script(
+        work / "task.sh",
+        f"trap '' TERM\necho \"task $$ $PPID\" >> {pids}\n"
+        f'( setsid bash -c \'trap "" TERM; echo "escaped $$" >> {pids}; exec sleep 300\' & )\nsleep 300\n',
+    )
+    script = write_script(
+        work / "deaf.sh",
+        f"trap '' TERM\necho \"batch $$ $PPID\" >> {pids}\nsrun {work / 'task.sh'} &\n"
+        f'echo "srun $!" >> {pids}\nwait\nsleep 300\n',
+    )
+    try:
+        other.sbatch(["-o", "/dev/null", str(script)], cwd=work)
+        text = wait_file(pids, r"escaped \d+", timeout=60)
+    except BaseException:
+        stop_cluster(other)
+        raise
+    seen = {
+        int(n) for line in text.splitlines() for n in line.split()[1:]
+    }  # the step daemons are the parents
+    assert len(seen) == 6 and all(running(pid) for pid in seen), text
+    os.kill(daemon_pids(other.state_dir)["slurmctld"], signal.SIGKILL)  # the controller crashes
+    local_cluster("down", "--state-dir", str(other.state_dir), timeout=120)
+    assert [pid for pid in seen if running(pid)] == [], text
     assert slurm_cluster.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() == ["c1", "c2"]
 
 
