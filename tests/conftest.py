@@ -60,11 +60,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 FAULT_HOOK = Path(__file__).parent / "faulthook"
 
 
-def save_pause(seconds: float) -> dict[str, str]:
+def save_pause(seconds: float, hops: int | None = None) -> dict[str, str]:
     """Environment for a subprocess whose checkpoint saves pause `seconds` before their rename (the window a
-    fault test kills in, or a way to make hops last): see tests/faulthook/sitecustomize.py."""
+    fault test kills in, or a way to make hops last), in a SLURM job's first `hops` runs only if given: see
+    tests/faulthook/sitecustomize.py."""
     path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
-    return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+    env = {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+    return env if hops is None else {**env, "_HPCTRAIN_TEST_SAVE_PAUSE_HOPS": str(hops)}
 
 
 def start_pause(seconds: float) -> dict[str, str]:

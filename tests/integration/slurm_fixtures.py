@@ -123,8 +123,9 @@ class SlurmCluster:
     def active_jobs(self) -> list[str]:
         return self.run(["squeue", "-h", "-t", ACTIVE_STATES, "-o", "%A"]).stdout.split()
 
-    def cancel_all(self, timeout: float = 20) -> None:
-        """Cancel every job of THIS cluster (no other cluster is touched) and wait until none is active."""
+    def cancel_all(self, timeout: float = 120) -> None:
+        """Cancel every job of THIS cluster (no other cluster is touched) and wait until none is active (a hop
+        that was starting saves and exits first: ~30 s on a loaded machine)."""
         jobs = self.active_jobs()
         if jobs:
             self.run(["scancel", *jobs], check=False)
