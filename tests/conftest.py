@@ -76,6 +76,13 @@ def start_pause(seconds: float) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_START_PAUSE": str(seconds), "PYTHONPATH": path}
 
 
+def start_gate(gate: Path) -> dict[str, str]:
+    """Environment for subprocesses in which each `hpctrain train` waits, before any hpctrain line runs, until the
+    file `gate` exists (a start held open until the test has acted): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_START_GATE": str(gate), "PYTHONPATH": path}
+
+
 def kill_once(marker: Path) -> dict[str, str]:
     """Environment for subprocesses of which the first to move `latest` a second time dies by SIGKILL there
     (one committed checkpoint behind it), once for all of them (`marker`): see tests/faulthook/sitecustomize.py."""

@@ -426,18 +426,29 @@ def test_resume_from_a_remote_checkpoint_file(setup: Setup) -> None:
 
 def test_uploader_never_waits_past_its_deadline() -> None:
     """A stop gives the upload under way only the time left; the newest pending job replaces older ones."""
+    import threading
+
     from hpctrain.remote.upload import Uploader
 
     ran: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> None:  # an upload under way until the test releases it
+        started.set()
+        release.wait(120)
+        ran.append(0)
+
     up = Uploader("test", retries=0)
-    up.submit(lambda: (time.sleep(1.0), ran.append(0)))
-    time.sleep(0.2)
+    up.submit(slow)
+    assert started.wait(60)
     for i in (1, 2, 3):
         up.submit(lambda i=i: ran.append(i))  # type: ignore[misc]
-    started = time.monotonic()
-    assert up.close(timeout=0.2) is False
-    assert time.monotonic() - started < 0.9
-    time.sleep(1.5)
+    assert up.close(timeout=0.2) is False  # gave up on the upload under way (it is still running)
+    assert ran == []
+    release.set()
+    deadline = time.monotonic() + 60
+    while len(ran) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert ran == [0, 3]  # 1 and 2 were replaced before they started
 
 
