@@ -118,8 +118,9 @@ class Done:
     err: str
 
 
-def hpctrain(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Done:
-    """Run `python -m hpctrain ARGS` in a subprocess (bounded), as a user would."""
+def hpctrain(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 480) -> Done:
+    """Run `python -m hpctrain ARGS` in a subprocess, as a user would: bounded, generously (a short training
+    takes minutes on a loaded machine; pytest's own limit is 600 s)."""
     proc = subprocess.run(
         [sys.executable, "-m", "hpctrain", *args],
         cwd=cwd,

@@ -103,11 +103,11 @@ def login(s: Setup, uri: str, *extra: str) -> str:
     match = re.search(r"open (\S+) and enter the code (\S+)", line)
     assert match, line + proc.communicate(timeout=30)[1]
     assert match.group(1).startswith(s.issuer.url)
-    deadline = time.time() + 30
+    deadline = time.time() + 120
     while "authorization_pending" not in s.issuer.log.answers and time.time() < deadline:
         time.sleep(0.05)  # the user takes a moment: the client is told authorization_pending meanwhile
     s.issuer.approve(match.group(2))
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return line + out + err
 

@@ -101,7 +101,7 @@ def _train(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 def test_a_real_time_limited_run_counts_hops_of_its_own_length(tmp_path: Path) -> None:
     proc = _train(tmp_path, "budget.time_limit=0:08")
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err
     done = hpctrain("status", "logs/r", "--json", cwd=tmp_path, env=clean_env(PATH=_bin(tmp_path)))
     info = json.loads(done.out)
@@ -116,12 +116,12 @@ def test_a_real_time_limited_run_counts_hops_of_its_own_length(tmp_path: Path) -
 
 def test_a_real_run_stopped_by_ctrl_c_has_no_hop_estimate(tmp_path: Path) -> None:
     proc = _train(tmp_path, "checkpoint.every=20")
-    deadline = time.time() + 60
+    deadline = time.time() + 300
     latest = tmp_path / "logs" / "r" / "checkpoints" / "latest"
     while not latest.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err
     done = hpctrain("status", "logs/r", cwd=tmp_path, env=clean_env(PATH=_bin(tmp_path)))
     assert done.code == 0, done.err
