@@ -62,7 +62,7 @@ FAULT_HOOK = Path(__file__).parent / "faulthook"
 
 def save_pause(seconds: float, hops: int | None = None) -> dict[str, str]:
     """Environment for a subprocess whose checkpoint saves pause `seconds` before their rename (the window a
-    fault test kills in, or a way to make hops last), in a SLURM job's first `hops` runs only if given: see
+    fault test kills in, or a way to make hops last), in the run's first `hops` hops only if given: see
     tests/faulthook/sitecustomize.py."""
     path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
     env = {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}

@@ -9,19 +9,25 @@ Production code reads no such variable. Use `tests.conftest.save_pause(S)` to bu
 import os
 
 _pause = os.environ.get("_HPCTRAIN_TEST_SAVE_PAUSE")
-# `_HPCTRAIN_TEST_SAVE_PAUSE_HOPS=N`: only in a SLURM job's first N runs (SLURM_RESTART_COUNT below N): those hops
-# run out of time whatever the machine's speed, the later ones train at full speed (a chain of known length).
+# `_HPCTRAIN_TEST_SAVE_PAUSE_HOPS=N`: only in the run's first N hops (its chain.json, beside the checkpoints
+# folder, holds N hops or fewer): those hops run out of time whatever the machine's speed, the later ones train at
+# full speed (a chain of a known length, under SLURM, `hpctrain supervise` or by hand).
 _pause_hops = os.environ.get("_HPCTRAIN_TEST_SAVE_PAUSE_HOPS")
-if _pause and _pause_hops and int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= int(_pause_hops):
-    _pause = None
 if _pause:
+    import json
     import time
     from pathlib import Path
 
     from hpctrain import fsutil
 
+    def _hops(checkpoint: Path) -> int:
+        try:
+            return len(json.loads((checkpoint.parent.parent / "chain.json").read_text()))
+        except (OSError, ValueError):
+            return 0
+
     def _pause_before_commit(tmp: Path, path: Path) -> None:
-        if path.suffix == ".pt":
+        if path.suffix == ".pt" and (not _pause_hops or _hops(path) <= int(_pause_hops)):
             time.sleep(float(_pause))
 
     fsutil.before_commit = _pause_before_commit
