@@ -61,11 +61,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 FAULT_HOOK = Path(__file__).parent / "faulthook"
 
 
-def save_pause(seconds: float) -> dict[str, str]:
+def save_pause(seconds: float, hops: int | None = None) -> dict[str, str]:
     """Environment for a subprocess whose checkpoint saves pause `seconds` before their rename (the window a
-    fault test kills in, or a way to make hops last): see tests/faulthook/sitecustomize.py."""
+    fault test kills in, or a way to make hops last), in the run's first `hops` hops only if given: see
+    tests/faulthook/sitecustomize.py."""
     path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
-    return {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+    env = {"_HPCTRAIN_TEST_SAVE_PAUSE": str(seconds), "PYTHONPATH": path}
+    return env if hops is None else {**env, "_HPCTRAIN_TEST_SAVE_PAUSE_HOPS": str(hops)}
 
 
 def start_pause(seconds: float) -> dict[str, str]:
@@ -73,6 +75,13 @@ def start_pause(seconds: float) -> dict[str, str]:
     (a slow start, the window before its signal handlers): see tests/faulthook/sitecustomize.py."""
     path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
     return {"_HPCTRAIN_TEST_START_PAUSE": str(seconds), "PYTHONPATH": path}
+
+
+def start_gate(gate: Path) -> dict[str, str]:
+    """Environment for subprocesses in which each `hpctrain train` waits, before any hpctrain line runs, until the
+    file `gate` exists (a start held open until the test has acted): see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_START_GATE": str(gate), "PYTHONPATH": path}
 
 
 def kill_once(marker: Path) -> dict[str, str]:
@@ -110,8 +119,9 @@ class Done:
     err: str
 
 
-def hpctrain(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Done:
-    """Run `python -m hpctrain ARGS` in a subprocess (bounded), as a user would."""
+def hpctrain(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 480) -> Done:
+    """Run `python -m hpctrain ARGS` in a subprocess, as a user would: bounded, generously (a short training
+    takes minutes on a loaded machine; pytest's own limit is 600 s)."""
     proc = subprocess.run(
         [sys.executable, "-m", "hpctrain", *args],
         cwd=cwd,

@@ -58,11 +58,11 @@ def refusal(tmp_path: Path, text: str | None, *overrides: str) -> str:
     ],
 )
 def test_alias_bombs_and_monsters_are_refused_quickly_naming_the_file(tmp_path: Path, text: str, says: str):
-    started = time.monotonic()
+    started = time.process_time()  # this process's CPU time: what a loaded machine does not stretch
     message = refusal(tmp_path, text)
     assert says in message and "c.yaml" in message, message
     assert len(message.splitlines()) == 1 and len(message) < 300
-    assert time.monotonic() - started < 10  # was 11.5 s and 750 MB for 8 levels; a bound, not a benchmark
+    assert time.process_time() - started < 10  # was 11.5 s and 750 MB for 8 levels; a bound, not a benchmark
 
 
 def test_the_same_bomb_in_an_override_is_refused_naming_the_key(tmp_path: Path):

@@ -9,14 +9,25 @@ Production code reads no such variable. Use `tests.conftest.save_pause(S)` to bu
 import os
 
 _pause = os.environ.get("_HPCTRAIN_TEST_SAVE_PAUSE")
+# `_HPCTRAIN_TEST_SAVE_PAUSE_HOPS=N`: only in the run's first N hops (its chain.json, beside the checkpoints
+# folder, holds N hops or fewer): those hops run out of time whatever the machine's speed, the later ones train at
+# full speed (a chain of a known length, under SLURM, `hpctrain supervise` or by hand).
+_pause_hops = os.environ.get("_HPCTRAIN_TEST_SAVE_PAUSE_HOPS")
 if _pause:
+    import json
     import time
     from pathlib import Path
 
     from hpctrain import fsutil
 
+    def _hops(checkpoint: Path) -> int:
+        try:
+            return len(json.loads((checkpoint.parent.parent / "chain.json").read_text()))
+        except (OSError, ValueError):
+            return 0
+
     def _pause_before_commit(tmp: Path, path: Path) -> None:
-        if path.suffix == ".pt":
+        if path.suffix == ".pt" and (not _pause_hops or _hops(path) <= int(_pause_hops)):
             time.sleep(float(_pause))
 
     fsutil.before_commit = _pause_before_commit
@@ -66,14 +77,21 @@ if _kill_marker:
 # `_HPCTRAIN_TEST_START_PAUSE=S`: a `hpctrain train` process sleeps S seconds here, before any line of hpctrain
 # runs (a slow start: imports from a loaded network file system), the window in which a stop signal would kill
 # a process that has no handlers yet. Other processes (the batch script's helpers) start at once.
+# `_HPCTRAIN_TEST_START_GATE=FILE`: the same, held until FILE exists (a window as long as the test needs it,
+# however loaded the machine; at most 10 minutes). See tests.conftest.start_pause / start_gate.
 _start_pause = os.environ.get("_HPCTRAIN_TEST_START_PAUSE")
-if _start_pause:
+_start_gate = os.environ.get("_HPCTRAIN_TEST_START_GATE")
+if _start_pause or _start_gate:
     import sys
 
     if "train" in sys.orig_argv and any(a.endswith("hpctrain") for a in sys.orig_argv):
         import time
 
-        time.sleep(float(_start_pause))
+        if _start_pause:
+            time.sleep(float(_start_pause))
+        _until = time.monotonic() + 600
+        while _start_gate and not os.path.exists(_start_gate) and time.monotonic() < _until:
+            time.sleep(0.05)
 
 # `_HPCTRAIN_TEST_EXIT_MARKS=FILE`: each process appends "exit-handlers rank=R" to FILE from an atexit handler and
 # "finalized rank=R" from the interpreter's finalization (a module global's __del__), R its RANK (or SLURM_PROCID): a

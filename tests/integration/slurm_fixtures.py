@@ -1,9 +1,7 @@
 """A real local SLURM cluster (hpc/local-cluster) as a session-scoped pytest fixture.
 
-Use it from another test module with (the fixture's name is `slurm_cluster`; importing it under this
-other name keeps ruff's F811 quiet about the test parameters):
-
-    from tests.integration.slurm_fixtures import slurm_cluster_fixture  # noqa: F401
+tests/conftest.py registers it for the whole suite (pytest_plugins): a test just names it. Do not import the
+fixture into a test module: pytest would take that for a second session fixture and start a second cluster.
 
     def test_something(slurm_cluster, tmp_path):
         job = slurm_cluster.sbatch(["-N1", "--gres=gpu:1", "job.sh"], cwd=tmp_path)
@@ -123,8 +121,9 @@ class SlurmCluster:
     def active_jobs(self) -> list[str]:
         return self.run(["squeue", "-h", "-t", ACTIVE_STATES, "-o", "%A"]).stdout.split()
 
-    def cancel_all(self, timeout: float = 20) -> None:
-        """Cancel every job of THIS cluster (no other cluster is touched) and wait until none is active."""
+    def cancel_all(self, timeout: float = 120) -> None:
+        """Cancel every job of THIS cluster (no other cluster is touched) and wait until none is active (a hop
+        that was starting saves and exits first: ~30 s on a loaded machine)."""
         jobs = self.active_jobs()
         if jobs:
             self.run(["scancel", *jobs], check=False)
@@ -174,16 +173,24 @@ def stop_cluster(cluster: SlurmCluster) -> None:
         local_cluster("down", "--state-dir", str(cluster.state_dir), timeout=60)
 
 
+_UP: list[SlurmCluster] = []  # the session's cluster, while it is up
+
+
 @pytest.fixture(scope="session", name="slurm_cluster")
 def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A 2-node local SLURM cluster for the whole test session; torn down at the end."""
+    """A 2-node local SLURM cluster for the whole test session; torn down at the end. A module that imports the
+    fixture registers it a second time: that one hands out the same cluster instead of starting another."""
+    if _UP:
+        yield _UP[0]
+        return
     cluster = start_cluster(tmp_path_factory.mktemp("slurm"), "--nodes", "2")
+    _UP.append(cluster)
     try:
         yield cluster
     finally:
+        _UP.clear()
         stop_cluster(cluster)
 
 
-# The same fixture under its own name. Importing this one makes ruff flag every test parameter called
-# `slurm_cluster` (F811); import `slurm_cluster_fixture` instead, which pytest registers as `slurm_cluster`.
+# The same fixture under its own name, for modules written when it had to be imported (no longer needed).
 slurm_cluster = slurm_cluster_fixture

@@ -11,6 +11,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,18 +87,25 @@ def failure_log(project: Path, job: str) -> str:
     return "\n".join(kept)
 
 
-def wait_done(cluster: SlurmCluster, project: Path, job: str, timeout: float) -> str:
-    """Wait for a terminal state in accounting (a requeued job passes through the controller's states)."""
+def wait_done(
+    cluster: SlurmCluster, project: Path, job: str, timeout: float, progress: Callable[[], Any] | None = None
+) -> str:
+    """Wait for a terminal state in accounting (a requeued job passes through the controller's states).
+
+    With `progress` (say, the run's chain.json), `timeout` is the longest wait WITHOUT a change in what it
+    returns: a chain that keeps hopping is waited for however slow the machine makes its hops, a stuck one fails.
+    """
     deadline = time.monotonic() + timeout
-    state = None
+    state, seen = None, progress() if progress else None
     while time.monotonic() < deadline:
         state = cluster.sacct_state(job)
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return state
         time.sleep(0.5)
-    raise TimeoutError(
-        f"job {job} still {state} after {timeout:.0f} s; log:\n{failure_log(project, job)[-6000:]}"
-    )
+        if progress is not None and (now := progress()) != seen:
+            seen, deadline = now, time.monotonic() + timeout
+    what = f"made no progress ({state})" if progress else f"still {state}"
+    raise TimeoutError(f"job {job} {what} for {timeout:.0f} s; log:\n{failure_log(project, job)[-6000:]}")
 
 
 def wait_for(predicate: Any, what: str, timeout: float, poll: float = 0.2) -> Any:

@@ -46,7 +46,7 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
         cwd=tmp_path,
         env=exit_marks(marks["ddp"]),
     )
-    out, err = proc.communicate(timeout=240)
+    out, err = proc.communicate(timeout=480)
     assert proc.returncode == 0, err[-3000:]
     single = hpctrain(
         "train",
@@ -80,11 +80,11 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path: Path):
 def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
     args = [*COMMON, "data.batch_size=16", "train.total_updates=120", "model.hidden=[256,256]"]
     ref = torchrun(*args, "run.out_dir=ref", cwd=tmp_path)
-    _, err = ref.communicate(timeout=240)
+    _, err = ref.communicate(timeout=480)
     assert ref.returncode == 0, err[-3000:]
     proc = torchrun(*args, "run.out_dir=cut", cwd=tmp_path)
     metrics = tmp_path / "cut" / "d" / "metrics.jsonl"
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     sent = False
     while time.time() < deadline and proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 30:
@@ -93,12 +93,12 @@ def test_ddp_signal_on_one_rank_stops_all_and_resumes_exactly(tmp_path: Path):
             sent = True
             break
         time.sleep(0.01)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert sent, "the run ended before it could be signalled"
     summary = json.loads((tmp_path / "cut" / "d" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["step"] < 120, err[-2000:]
     again = torchrun(*args, "run.out_dir=cut", cwd=tmp_path)
-    _, err = again.communicate(timeout=240)
+    _, err = again.communicate(timeout=480)
     assert again.returncode == 0, err[-3000:]
     done = json.loads((tmp_path / "cut" / "d" / "summary.json").read_text())
     reference = json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())
@@ -119,7 +119,7 @@ def test_world_size_change_continues_the_data_position_exactly(tmp_path: Path):
     proc = torchrun(
         *COMMON, "data.batch_size=16", "train.total_updates=40", "run.out_dir=grown", cwd=tmp_path
     )
-    out, err = proc.communicate(timeout=240)
+    out, err = proc.communicate(timeout=480)
     assert proc.returncode == 0, err[-3000:]
     assert "resumed from" in out and "at update 20" in out
     assert "world size 1 -> 2" in err and "train.total_updates 20 -> 40" in err
@@ -151,12 +151,13 @@ def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Pat
     from tests.conftest import clean_env, save_pause
 
     args = [*COMMON, "data.batch_size=16", "train.total_updates=60", "checkpoint.every=5"]
-    budget = ["budget.time_limit=0:10", "budget.margin_seconds=0.5"]
+    budget = ["budget.time_limit=0:25", "budget.margin_seconds=0.5"]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    # 13 saves pausing 0.6 s each: more than a 10 s hop holds, whatever the machine's speed
+    # In the first hop 12 saves pausing 4 s each: more than its 25 s hold, whatever the machine's speed (the
+    # build takes ~16 s of them at load 15); the next hops train at full speed
     done = hpctrain(
         "supervise", "--max-idle", "4", "--", *launcher, "-m", "hpctrain", "train", *args, *budget,
-        cwd=tmp_path, env=clean_env(**save_pause(0.6)), timeout=600,
+        cwd=tmp_path, env=clean_env(**save_pause(4.0, hops=1)), timeout=600,
     )  # fmt: skip
     assert done.code == 0, done.err[-3000:]
     hops = json.loads((tmp_path / "logs" / "d" / "chain.json").read_text())
@@ -165,7 +166,7 @@ def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Pat
     resolved = "ended with exit code 1 (summary.json: the run exited 75): stopped early and resumable"
     assert done.err.count(resolved) == len(hops) - 1
     ref = torchrun(*args, "run.out_dir=ref", cwd=tmp_path)
-    _, err = ref.communicate(timeout=240)
+    _, err = ref.communicate(timeout=480)
     assert ref.returncode == 0, err[-3000:]
     ours = json.loads((tmp_path / "logs" / "d" / "summary.json").read_text())["params_sha256"]
     assert ours == json.loads((tmp_path / "ref" / "d" / "summary.json").read_text())["params_sha256"]
@@ -178,7 +179,7 @@ def test_a_short_hop_under_ddp_does_not_compile_cold(tmp_path: Path):
         *COMMON, "run.out_dir=short", "train.compile=default", "budget.time_limit=0:50", "train.total_updates=4",
         cwd=tmp_path,
     )  # fmt: skip
-    out, err = proc.communicate(timeout=240)
+    out, err = proc.communicate(timeout=480)
     assert proc.returncode == 0, err[-3000:]
     assert "model: not compiled in this hop (train.compile=default, " in out
     assert " s left and not in the kept cache" in out

@@ -31,6 +31,8 @@ from tests.integration.slurm_project import (
 pytestmark = pytest.mark.integration
 # The CPU debug job's settings (as the uninterrupted reference runs them), not the template's own preset.
 DEBUG = ["--preset", "debug"]
+# distributed.timeout_seconds of the killed-rank test (the default is 300)
+PEER_TIMEOUT = 15
 
 
 @pytest.fixture
@@ -42,15 +44,19 @@ def hops(project: Path, name: str) -> list[dict]:
     return read_json(project / "logs" / name / "chain.json", [])
 
 
+@pytest.mark.timeout(900)  # ~2 minutes idle; at load 14 a hop's start alone takes ~30 s of its minute
 def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmCluster, project: Path) -> None:
-    # 1-minute hops; the trainer stops itself 42 s before the end (budget margin), so a hop trains ~5-15 s.
+    # 1-minute hops; the trainer stops itself 20 s before the end (budget margin: its save, exit and the requeue
+    # fit in it), so a hop trains for at most 40 s less its start. In the first two hops every save pauses 2.8 s:
+    # their work (30 saves: 84 s; 16 or more still left for the second) exceeds 40 s, so both run out of time on
+    # any machine; the third trains at full speed and finishes (on a loaded machine a fourth may).
     script = variant(project, "single_gpu", "chain", time="00:01:00", signal="B:USR1@15", cpus_per_task="1")
-    work = ["train.threads=1", "train.total_updates=600", "checkpoint.every=10", "logging.log_every=1"]
+    work = ["train.threads=1", "train.total_updates=600", "checkpoint.every=20", "logging.log_every=1"]
     job = submit(
         slurm_cluster,
         project,
-        [script.name, *DEBUG, "run.name=chain", "budget.margin_seconds=42", *work],
-        **save_pause(0.5),  # 60 saves x 0.5 s: at least 30 s of work
+        [script.name, *DEBUG, "run.name=chain", "budget.margin_seconds=20", *work],
+        **save_pause(2.8, hops=2),
     )
     # The same run without interruption, meanwhile, outside SLURM.
     ref = subprocess.Popen(
@@ -62,10 +68,10 @@ def test_chain_of_short_hops_equals_an_uninterrupted_run(slurm_cluster: SlurmClu
         text=True,
     )
     try:
-        assert wait_done(slurm_cluster, project, job, timeout=240) == "COMPLETED", failure_log(project, job)[
-            -3000:
-        ]
-        assert ref.wait(timeout=120) == 0, ref.stderr.read() if ref.stderr else ""
+        # However slow the hops, each one moves chain.json; 3 minutes without a change is a stuck chain.
+        state = wait_done(slurm_cluster, project, job, timeout=180, progress=lambda: hops(project, "chain"))
+        assert state == "COMPLETED", failure_log(project, job)[-3000:]
+        assert ref.wait(timeout=300) == 0, ref.stderr.read() if ref.stderr else ""
     finally:
         ref.kill()
         slurm_cluster.cancel_all()
@@ -101,11 +107,10 @@ def test_preemption_by_scancel_signal_usr1(slurm_cluster: SlurmCluster, project:
     )
     try:
         run = project / "logs" / "preempt"
-        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=60)
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
         slurm_cluster.run(["scancel", "--signal=USR1", job])  # to the job's steps, as a preemption does
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", failure_log(project, job)[
-            -3000:
-        ]
+        state = wait_done(slurm_cluster, project, job, timeout=180, progress=lambda: hops(project, "preempt"))
+        assert state == "COMPLETED", failure_log(project, job)[-3000:]
     finally:
         slurm_cluster.cancel_all()
     chain = hops(project, "preempt")
@@ -141,25 +146,24 @@ def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmClu
         "train.threads=1",
         "train.total_updates=200",
         "checkpoint.every=20",
-        "distributed.timeout_seconds=15",
+        f"distributed.timeout_seconds={PEER_TIMEOUT}",
     ]
     job = submit(slurm_cluster, project, args, **save_pause(0.5))
     run = project / "logs" / "killed"
     try:
-        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
-        pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=10)
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
+        pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=60)
         os.kill(pid, signal.SIGKILL)
-        # Rank 0 must not hang: it leaves within distributed.timeout_seconds (plus exit and accounting).
-        assert wait_done(slurm_cluster, project, job, timeout=40) == "FAILED", failure_log(project, job)[
-            -3000:
-        ]
+        # Rank 0 must not hang: it leaves after distributed.timeout_seconds (plus its exit and accounting, a
+        # minute at most on a loaded machine), long before the default 300 s would have let it go.
+        state = wait_done(slurm_cluster, project, job, timeout=PEER_TIMEOUT + 60)
+        assert state == "FAILED", failure_log(project, job)[-3000:]
     finally:
         slurm_cluster.cancel_all()
     killed_at = (run / "checkpoints" / "latest").read_text().strip()
     again = submit(slurm_cluster, project, args)
-    assert wait_done(slurm_cluster, project, again, timeout=90) == "COMPLETED", failure_log(project, again)[
-        -3000:
-    ]
+    state = wait_done(slurm_cluster, project, again, timeout=180, progress=lambda: hops(project, "killed"))
+    assert state == "COMPLETED", failure_log(project, again)[-3000:]
     chain = hops(project, "killed")
     assert chain[0]["exit_reason"] == "failure"
     assert chain[-1]["exit_reason"] == "finished"
@@ -183,11 +187,10 @@ def test_no_progress_cap_stops_the_chain(slurm_cluster: SlurmCluster, project: P
     )
     try:
         for hop in (1, 2):
-            wait_for(lambda hop=hop: len(hops(project, "stuck")) >= hop, f"hop {hop}", timeout=60)
+            wait_for(lambda hop=hop: len(hops(project, "stuck")) >= hop, f"hop {hop}", timeout=300)
             slurm_cluster.scontrol("requeue", job)  # as a node failure would
-        assert wait_done(slurm_cluster, project, job, timeout=90) == "FAILED", failure_log(project, job)[
-            -3000:
-        ]
+        state = wait_done(slurm_cluster, project, job, timeout=300)
+        assert state == "FAILED", failure_log(project, job)[-3000:]
     finally:
         slurm_cluster.cancel_all()
     assert "the last 2 hops completed no update" in log_of(project, job)

@@ -2,9 +2,9 @@
 starting (before its handlers exist), a preemption's USR1 to the job's steps, or a TERM to every process of the
 job, is a stop and the chain goes on, never a failed hop that ends the chain.
 
-The start is held open with the fault hook (tests/faulthook: each `hpctrain train` sleeps before any hpctrain
-line runs); the task is seen there with the stop signals blocked, and the USR1 seen pending in it (not yet
-handled)."""
+The start is held open with the fault hook (tests/faulthook: each `hpctrain train` waits at a gate, before any
+hpctrain line runs, until the test opens it); the task is seen there with the stop signals blocked, and the USR1
+seen pending in it (not yet handled)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_pause
+from tests.conftest import start_gate
 from tests.integration.slurm_fixtures import SlurmCluster
 from tests.integration.slurm_project import (
     failure_log,
@@ -64,8 +64,9 @@ def masks(pid: int) -> dict[str, int]:
 
 
 def pending(pid: int, bit: int) -> bool:
-    """Whether the signal `bit` is pending in the process (blocked, not yet handled) within 3 s."""
-    deadline = time.monotonic() + 3
+    """Whether the signal `bit` becomes pending in the process (blocked, not yet handled) within a minute (it
+    waits at its gate meanwhile)."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         now = masks(pid)
         if (now["SigPnd"] | now["ShdPnd"]) & bit:
@@ -96,14 +97,16 @@ def test_a_stop_signal_while_the_task_starts_is_a_stop_and_the_chain_goes_on(
         "logging.log_every=1",
     ]
     work = [*args, "train.total_updates=12", "checkpoint.every=4"]
-    job = submit(slurm_cluster, project, work, **start_pause(3))
+    gate = project / "gate"
+    job = submit(slurm_cluster, project, work, **start_gate(gate))
     try:
-        pid = wait_for(lambda: training_pid(slurm_cluster, job), "the training task", timeout=60, poll=0.05)
+        pid = wait_for(lambda: training_pid(slurm_cluster, job), "the training task", timeout=300, poll=0.05)
         assert masks(pid)["SigBlk"] & bit  # started shielded, still before its handlers
         slurm_cluster.run(["scancel", *how, job])
         if bit == USR1_BIT:
             assert pending(pid, bit), "the signal did not arrive inside the start"
-        state = wait_done(slurm_cluster, project, job, timeout=150)
+        gate.touch()  # the start goes on (and the next hops' pass at once)
+        state = wait_done(slurm_cluster, project, job, timeout=180, progress=lambda: log_of(project, job))
         assert state == "COMPLETED", failure_log(project, job)[-3000:]
     finally:
         slurm_cluster.cancel_all()

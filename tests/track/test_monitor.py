@@ -82,8 +82,12 @@ def test_without_nvml_it_says_so_once_and_samples_the_process(
     try:
         with caplog.at_level(logging.INFO, logger="hpctrain.track.monitor"):
             monitor = Monitor(every_seconds=0.2)
-            time.sleep(1.0)
-            values = monitor.latest()
+            # until a sample has seen the busy child busy (at once when idle; its share of a loaded machine's
+            # cores may take a few samples)
+            deadline, values = time.monotonic() + 60, monitor.latest()
+            while values.get("workers_cpu_pct", 0) <= 10 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                values = monitor.latest()
             monitor.close()
     finally:
         worker.kill()
