@@ -6,12 +6,14 @@ import faulthandler
 import importlib
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from hpctrain import __version__
 from hpctrain.config.messages import error_line
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
 from hpctrain.runtime.signals import install_early
+
+# Imported before `train` installs its stop handlers (_main): keep this module's imports few and light (the
+# standard library's importlib.metadata alone took 0.2-0.4 s on a loaded node; it is imported where used).
 
 VERBS = {
     "train": "train a model (default: the debug regression job)",
@@ -31,6 +33,8 @@ VERBS = {
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("hpctrain")
     except PackageNotFoundError:  # running from a source tree that was never installed
@@ -97,9 +101,9 @@ def _main(argv: list[str] | None) -> int:
         # A crash in native code (a gloo/NCCL thread's abort, a segfault in an extension) prints every Python
         # thread's stack to stderr: which rank died, and where, is in the job's log instead of one line of C++.
         faulthandler.enable(all_threads=True)
-    if verb == "train" and "--until-done" not in rest:
+    if verb in ("train", "supervise"):
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
-        # a death (runtime/signals.py).
+        # a death, to the process's end (runtime/signals.py); a supervisor's own handlers replace them meanwhile.
         install_early()
     if verb in _COMPILER_VERBS and (problem := _inductor_cache_problem()):
         print(f"error: {problem}", file=sys.stderr)
