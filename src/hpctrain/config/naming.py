@@ -46,10 +46,10 @@ def default_run_name(config_path: str | None, preset: str | None) -> str:
 
 def folder_safe(text: str) -> str:
     """A config file's stem as the base of a run name (a folder name): other characters than letters, digits,
-    '.', '_' and '-' as '_' (`my run` -> `my_run`), no leading '.', '_' or '-' (`..` -> `run`), and at most
+    '.', '_' and '-' as '_' (`my run` -> `my_run`), no '.', '_' or '-' at either end (`..` -> `run`), and at most
     MAX_LENGTH characters (a longer stem is cut and ends in 8 hex digits of its hash: two stems that share
     their start still name two folders)."""
-    safe = _UNSAFE.sub("_", text).lstrip("._-") or "run"
+    safe = _UNSAFE.sub("_", text).strip("._-") or "run"
     if len(safe) <= MAX_LENGTH:
         return safe
     digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]

@@ -20,14 +20,14 @@ def lock_holder(run_dir: Path, now: float) -> str | None:
     lock = read_json(run_dir / "run.lock", {})
     pid, host, beat, started = lock.get("pid"), lock.get("host"), lock.get("heartbeat"), lock.get("started")
     identity = lock.get("identity") if isinstance(lock.get("identity"), str) else None
-    if not is_count(pid):
-        return None
+    if not (is_count(pid) and is_stamp(started) and is_stamp(beat)):
+        return None  # no whole record (as train/runlock.py reads it): nobody's
     if host == socket.gethostname():
         # On this host the process table is the evidence: a fresh heartbeat of a dead pid is a killed run, and a
         # live pid that is another process than the holder (reused after a kill) a stale lock.
-        alive = holder_alive(pid, identity, started if is_stamp(started) else None)
+        alive = holder_alive(pid, identity, started)
         return f"run.lock held by live process {pid} on this host" if alive else None
-    if is_stamp(beat) and now - beat < HEARTBEAT_FRESH:
+    if now - beat < HEARTBEAT_FRESH:
         return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"
     return None
 
