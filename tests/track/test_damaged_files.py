@@ -47,7 +47,7 @@ def finished_run(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("line", NOT_OBJECTS + ['{"step": "5"}', '{"step": 1e300}', '{"step": true}'])
+@pytest.mark.parametrize("line", [*NOT_OBJECTS, '{"step": "5"}', '{"step": 1e300}', '{"step": true}'])
 def test_a_metrics_line_that_is_no_record_is_dropped_as_a_torn_one(tmp_path: Path, line: str) -> None:
     run = finished_run(tmp_path / "r")
     path = run / "metrics.jsonl"
