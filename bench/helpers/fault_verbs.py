@@ -139,7 +139,7 @@ class Bench:
         return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
     def record(self, family: str, verb: str, result: tuple, codes: tuple[int, ...]) -> Case:
-        code, out, err, seconds = result
+        code, _out, err, seconds = result
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
         clean = code in codes and "Traceback" not in err and (code == 0 or len(errors) == 1)
         said = errors[0][:160] if errors else ""
