@@ -107,10 +107,12 @@ def _main(argv: list[str] | None) -> int:
         # A crash in native code (a gloo/NCCL thread's abort, a segfault in an extension) prints every Python
         # thread's stack to stderr: which rank died, and where, is in the job's log instead of one line of C++.
         faulthandler.enable(all_threads=True)
+    supervising = verb == "supervise" or (verb == "train" and "--until-done" in rest)
     if verb in ("train", "supervise"):
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
-        # a death, to the process's end (runtime/signals.py); a supervisor's own handlers replace them meanwhile.
-        install_early()
+        # a death, to the process's end (runtime/signals.py). A supervisor's own handlers replace them while it
+        # runs; it leaves the signal mask as its launcher set it (its children inherit that).
+        install_early(unblock=not supervising)
     if verb in _COMPILER_VERBS and (problem := _inductor_cache_problem()):
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -41,7 +41,7 @@ def _read_token_file(path: str, source: str) -> str:
     if text.startswith("{"):
         try:
             text = str(json.loads(text).get("access_token", "")).strip()
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise ValueError(f"{source}: token file {path} is neither a token nor JSON") from None
     if not text:
         raise ValueError(f"{source}: token file {path} is empty")

@@ -55,15 +55,17 @@ class StopSignals:
 _early: StopSignals | None = None
 
 
-def install_early() -> StopSignals:
-    """Install the process-wide handlers now (main thread only), and let signals through that a launcher
-    blocked until then (a launcher can block them across exec to close the window before Python runs). From the
-    exit handlers on, the stop signals are ignored (`_ignore_late`)."""
+def install_early(unblock: bool = True) -> StopSignals:
+    """Install the process-wide handlers now (main thread only), and (`unblock`) let signals through that a
+    launcher blocked until then (a launcher can block them across exec to close the window before Python runs).
+    From the exit handlers on, the stop signals are ignored (`_ignore_late`). A supervisor passes unblock=False:
+    the processes it starts inherit its signal mask, and must get the one its own launcher chose."""
     global _early
     if _early is None:
         _early = StopSignals(keep=True).install()
         atexit.register(_ignore_late)  # registered first, so run last of the exit handlers
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     return _early
 
 
