@@ -66,10 +66,11 @@ class MetricsFile:
                 kept.append(line)
         if torn:
             log.warning(
-                "%s: dropped %d unreadable line%s (a write cut by a kill, or no record: not a JSON object with "
-                "a whole-number step); the updates after update %d are logged again",
+                "%s: dropped %d unreadable line%s (a write cut by a kill) or line%s holding no record (not a "
+                "JSON object with a whole-number step); the updates after update %d are logged again",
                 self.path,
                 torn,
+                "" if torn == 1 else "s",
                 "" if torn == 1 else "s",
                 step,
             )
