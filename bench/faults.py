@@ -2,6 +2,7 @@
 
     python bench/faults.py [--kills 38] [--seed 0] [--jobs regression,muons] [--quick] [--edges] [--workdir DIR]
     python bench/faults.py --kills 0 --jobs regression --edges   # only the edge faults (fault_edges.py)
+    python bench/faults.py --kills 0 --jobs "" --verbs   # only damaged inputs and late faults of every verb
     python bench/faults.py --verify RUN_DIR --reference REF_DIR --job regression   # check one run folder
 
 Two jobs, each made tiny (single CPU thread, a few dozen updates, a checkpoint every 4-5 updates): the default
@@ -24,7 +25,11 @@ The LAST line printed is one JSON object: kills, kills_by_point, resumed_ok, par
 steps_repeated_or_lost (goals: all resumed, all equal, 0 lost), and what did not go as promised (`failures`,
 `anomalies`); with `--edges`, `edges`: the edge faults (signals in the first and last second, a full disk at
 start-up and in a save, a damaged chain.json, a folder of another owner), each met cleanly and then resumed to
-params equal to the reference's (`all_clean`, `all_params_equal`, `deaths_by_signal`: goal 0).
+params equal to the reference's (`all_clean`, `all_params_equal`, `deaths_by_signal`: goal 0); with `--verbs`,
+`verbs`: damaged small files, odd names, masked secrets, a reused lock pid, overflowing counts, a failing mirror,
+a restart of a finished run and late signals, met by every verb (status, report, export, sweep, supervise, tb
+merge, sync, the mirror, data, train: fault_verbs.py), each cleanly (`all_clean`, `tracebacks` and
+`deaths_by_signal`: goal 0), and `handler_latency` (exec to `hpctrain train`'s stop handlers).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from fault_check import (  # noqa: E402
 from fault_child import POINTS  # noqa: E402 (the child's own table: both sides agree on the names)
 from fault_edges import run_edges  # noqa: E402
 from fault_procs import Watch, child_env, kill_group  # noqa: E402
+from fault_verbs import run_verbs  # noqa: E402
 
 TIME_POINTS = ("time:startup", "time:update", "time:eval")
 # One cycle of kill points per job: every exact point once, kills from outside a little more often.
@@ -466,8 +472,11 @@ def campaign(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if "regression" not in c.refs:
             c.refs["regression"] = reference(c, jobs["regression"])
         edges = run_edges(jobs["regression"], c.refs["regression"], work / "edges", REPO / "src", rng, say)
+    if args.verbs:  # damaged inputs and late faults for every verb that reads or copies runs
+        verbs = run_verbs(work / "verbs", REPO / "src", say)
     extra = {
         **({"edges": edges} if args.edges else {}),
+        **({"verbs": verbs} if args.verbs else {}),
         "processes": c.processes,
         "seconds": round(time.monotonic() - start, 1),
         "seed": args.seed,
@@ -502,6 +511,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="8 fixed kill points (for the test)")
     parser.add_argument(
         "--edges", action="store_true", help="also the edge faults (bench/helpers/fault_edges.py)"
+    )
+    parser.add_argument(
+        "--verbs",
+        action="store_true",
+        help="also damaged inputs and late faults for every verb (bench/helpers/fault_verbs.py)",
     )
     parser.add_argument("--workdir", help="keep run folders here (default: a temporary folder, removed)")
     parser.add_argument("--verify", help="only check this run folder (with --reference and --job)")

@@ -112,6 +112,13 @@ def exit_marks(marks: Path) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_EXIT_MARKS": str(marks), "PYTHONPATH": path}
 
 
+def late_signals() -> dict[str, str]:
+    """Environment for subprocesses in which each `hpctrain` process sends itself USR1 and TERM during the
+    interpreter's finalization, after its last line: see tests/faulthook/sitecustomize.py."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_LATE_SIGNALS": "1", "PYTHONPATH": path}
+
+
 @dataclass
 class Done:
     code: int

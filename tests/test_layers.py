@@ -111,6 +111,8 @@ REGISTRATION = (
 # The one place that allows an import inside a function: module -> why it cannot import at the top.
 LAZY = {
     "hpctrain": LOGIN + " (hpctrain.load imports workloads.trained, torch, when called)",
+    "hpctrain.cli": "stop handlers first: `hpctrain train` installs them after this module's imports, so the "
+    "error line's masking and importlib.metadata (the version) come in only when they are used",
     "hpctrain.commands.report": LOGIN,
     "hpctrain.commands.submit": LOGIN,
     "hpctrain.commands.sync": LOGIN + " (wandb: only when syncing)",

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # `hpctrain train` imports this package before its stop handlers: nothing slow here
+    from pathlib import Path
+
     from hpctrain.workloads.trained import Trained
 
 __version__ = "0.1.0"

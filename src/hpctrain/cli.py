@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import errno
 import faulthandler
 import importlib
-import logging
 import os
 import sys
-import threading
-import traceback
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
-from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 from hpctrain import __version__
-from hpctrain.config.messages import error_line
-from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
-from hpctrain.fsutil import PRIVATE_MODE, make_folders
 from hpctrain.runtime.signals import install_early
+
+# Imported before `train` installs its stop handlers (_main): keep this module's imports few and light (the
+# standard library's importlib.metadata took 0.2-0.4 s on a loaded node, the secret-masking regular expressions
+# of the error lines 60 ms: each is imported where it is used).
 
 VERBS = {
     "train": "train a model (default: the debug regression job)",
@@ -39,7 +37,15 @@ VERBS = {
 }
 
 
+def _error_line(exc: BaseException) -> str:
+    from hpctrain.config.messages import error_line
+
+    return error_line(exc)
+
+
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("hpctrain")
     except PackageNotFoundError:  # running from a source tree that was never installed
@@ -74,6 +80,11 @@ def _inductor_cache_problem() -> str | None:
     value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not value:
         return None
+    import errno
+    from pathlib import Path
+
+    from hpctrain.fsutil import PRIVATE_MODE, make_folders
+
     try:
         make_folders(Path(value), PRIVATE_MODE)  # as train makes it (train/memory.py): the user's alone
         if not os.path.isdir(value):
@@ -90,18 +101,37 @@ def _masked_tracebacks() -> None:
     """A crash's traceback (exit 1) with secrets masked, as every error line is: an exception's text may hold a
     URI with its token (`?authz=...`), in the main thread or another (an upload's, a mirror's)."""
 
+    import threading  # light; traceback and the masking are imported when a crash is printed
+
     def main_thread(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        import traceback
+
+        from hpctrain.config.secrets import mask_secrets
+
         sys.stderr.write(mask_secrets("".join(traceback.format_exception(kind, value, tb))))
 
     def other_thread(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:
             return
+        import traceback
+
+        from hpctrain.config.secrets import mask_secrets
+
         name = args.thread.name if args.thread is not None else "?"
         text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
         sys.stderr.write(mask_secrets(f"Exception in thread {name}:\n{text}"))
 
     sys.excepthook, threading.excepthook = main_thread, other_thread
-    if logging.lastResort is not None:  # a verb's warnings without a handler of its own (train masks its own)
+
+
+def _masked_last_resort() -> None:
+    """A verb's warnings without a handler of its own (train masks its own) masked: after the stop handlers,
+    the masking's regular expressions cost tens of milliseconds to import."""
+    import logging
+
+    from hpctrain.config.secrets import mask_handlers
+
+    if logging.lastResort is not None:
         mask_handlers(logging.lastResort)
 
 
@@ -129,22 +159,26 @@ def _main(argv: list[str] | None) -> int:
         # A crash in native code (a gloo/NCCL thread's abort, a segfault in an extension) prints every Python
         # thread's stack to stderr: which rank died, and where, is in the job's log instead of one line of C++.
         faulthandler.enable(all_threads=True)
-    if verb == "train" and "--until-done" not in rest:
+    supervising = verb == "supervise" or (verb == "train" and "--until-done" in rest)
+    if verb in ("train", "supervise"):
         # Before the verb's imports (torch) and the config: a USR1/TERM from now on is a requeue-able stop, never
-        # a death (runtime/signals.py).
-        install_early()
+        # a death, to the process's end (runtime/signals.py). A supervisor's own handlers replace them while it
+        # runs; it leaves the signal mask as its launcher set it (its children inherit that).
+        install_early(unblock=not supervising)
     if verb in _COMPILER_VERBS and (problem := _inductor_cache_problem()):
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if argv is None:
+        _masked_last_resort()
     module = importlib.import_module(f"hpctrain.commands.{verb}")
     try:
         return int(module.main(rest))
     except UserError as exc:
         # Whoever raised it: one line, secrets masked (a token in a URI or a dashed override included).
-        print(f"error: {error_line(exc)}", file=sys.stderr)
+        print(f"error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunError as exc:
-        print(f"error: {error_line(exc)}", file=sys.stderr)
+        print(f"error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except (
         FileExistsError,
@@ -158,6 +192,8 @@ def _main(argv: list[str] | None) -> int:
         # A path the user gave that a verb could not write or read where no check of its own named it (an --out
         # that is a file, a folder under a file, a read-only place): one line naming the path, as any mistake.
         other = f" -> {exc.filename2}" if exc.filename2 else ""
+        from hpctrain.config.secrets import mask_secrets
+
         print(mask_secrets(f"error: {exc.filename}{other}: {exc.strerror or exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -311,9 +312,50 @@ def nearest_existing_folder(path: str | Path) -> Path:
     return parent
 
 
+def process_identity(pid: int) -> str | None:
+    """What tells this process from a later one given the same pid: `<boot id>:<start in clock ticks after
+    boot>` (Linux /proc; None elsewhere, or when the process is gone). Exact, and blind to wall clock steps."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{boot}:{ticks}"
+
+
+def process_started(pid: int) -> float | None:
+    """When the process `pid` started, in epoch seconds (Linux /proc, to about 10 ms; None elsewhere)."""
+    try:
+        ticks = float(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+# A record's `started` is written after its process started; a process that started later than this is another.
+_START_SLACK = 2.0
+
+
+def holder_alive(pid: int, identity: str | None = None, started: float | None = None) -> bool:
+    """Whether the process a lock record names still runs on this host: its pid runs AND is still that process.
+    A pid is reused once its process is gone (a finished run's stale lock then names a stranger): with the
+    record's `identity` (process_identity, written by the holder) it must match exactly; without one (an older
+    record), a process that started after the record's `started` time is not the holder."""
+    if not pid_alive(pid):
+        return False
+    if identity:
+        now = process_identity(pid)
+        return now is None or now == identity
+    if started is not None:
+        began = process_started(pid)
+        return began is None or began <= started + _START_SLACK
+    return True
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid runs on this host (a zombie counts as alive until reaped)."""
-    if pid <= 0:
+    if not 0 < pid < 2**31:  # no such pid (a damaged record)
         return False
     try:
         os.kill(pid, 0)

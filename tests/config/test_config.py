@@ -305,3 +305,36 @@ def test_best_metric_auto_is_the_models_own_and_a_named_one_is_kept():
     # which checkpoint is kept watches the run, it does not make another one: a hop may change it
     marks = classify(load())
     assert marks["checkpoint.best_metric"] == marks["checkpoint.best_mode"] == MAY_CHANGE
+
+
+@pytest.mark.parametrize("mask", ["**********", "***", "  *****  "])
+def test_a_masked_secret_read_back_is_unset_and_said(tmp_path: Path, mask: str) -> None:
+    """U6: a saved config.yaml writes secrets as '**********'; given back with --config (as the docs suggest) the
+    mask is no key or token: unset, named once at start, and never sent (a real one from .env still wins)."""
+    saved = tmp_path / "config.yaml"
+    saved.write_text(f"logging:\n  wandb:\n    api_key: '{mask}'\ndata:\n  pelican:\n    token: '{mask}'\n")
+    cfg = load(config=str(saved))
+    assert cfg.logging.wandb.api_key is None and cfg.data.pelican.token is None
+    (tmp_path / ".env").write_text(f"BEARER_TOKEN={mask}\nWANDB_API_KEY=real-key-123\n")
+    cfg = load(config=str(saved), env_file=str(tmp_path / ".env"))
+    assert cfg.data.pelican.token is None
+    assert cfg.logging.wandb.api_key.get_secret_value() == "real-key-123"
+    done = hpctrain("config", "show", "--config", str(saved), cwd=tmp_path)
+    assert done.code == 0, done.err
+    notes = [line for line in done.err.splitlines() if "masked value" in line]
+    assert len(notes) == 1 and "logging.wandb.api_key" in notes[0] and "data.pelican.token" in notes[0]
+
+
+def test_a_masked_token_in_the_environment_or_a_token_file_is_never_sent(tmp_path: Path) -> None:
+    from hpctrain.config.remote import PelicanConfig
+    from hpctrain.remote.auth import resolve_token
+
+    assert resolve_token(PelicanConfig(), {"BEARER_TOKEN": "**********"}) is None
+    assert PelicanConfig(token="**********").token is None
+    token_file = tmp_path / "token"
+    token_file.write_text("**********\n")
+    with pytest.raises(ValueError, match="holds a mask"):
+        resolve_token(PelicanConfig(token_file=str(token_file)), {})
+    from hpctrain.track.sync import sync_environment
+
+    assert "WANDB_API_KEY" not in sync_environment(None, {"WANDB_API_KEY": "**********"})

@@ -100,3 +100,42 @@ def test_the_cli_says_the_folder_first_and_the_same_command_continues_it(tmp_pat
     other = hpctrain(*args, cwd=tmp_path, env=clean_env(LR="5e-5"))
     assert other.code == 0 and "finished at update 3/3" in other.out, other.err
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["debug-lr2e-05", "debug-lr5e-05"]
+
+
+@pytest.mark.parametrize(
+    ("file_name", "base"),
+    [
+        ("my run.yaml", "my_run"),
+        ("...yaml", "run"),
+        (".yaml", "yaml"),
+        ("-x.yaml", "x"),
+        ("ünï côdé.yaml", "n_c_d"),
+        ("a" * 246 + ".yaml", None),
+        ("b" * 200 + " c.yaml", None),
+    ],
+)
+def test_config_file_names_that_are_no_folder_name_give_a_sane_one(
+    tmp_path: Path, file_name: str, base: str | None
+) -> None:
+    """U4: the automatic name from a config file's stem is folder-safe and at most MAX_LENGTH characters (a long
+    stem cut, with a hash of the whole stem), never a traceback; with overrides too."""
+    path = tmp_path / file_name
+    path.write_text((ROOT / "configs" / "debug.yaml").read_text())
+    for overrides in ((), ("optim.lr=2e-5",)):
+        got = name(*overrides, config=str(path))
+        assert SAFE.fullmatch(got) and len(got) <= MAX_LENGTH, got
+        if base is not None:
+            assert got.split("-lr")[0] == base
+    long_names = {name(config=str(path))}
+    if base is None:  # another long stem with the same start names another folder
+        other = tmp_path / (file_name[:100] + "z" + file_name[101:])
+        other.write_text(path.read_text())
+        long_names.add(name(config=str(other)))
+        assert len(long_names) == 2
+
+
+def test_a_config_file_named_with_a_space_trains_in_a_sane_folder(tmp_path: Path) -> None:
+    path = tmp_path / "my run.yaml"
+    path.write_text((ROOT / "configs" / "debug.yaml").read_text())
+    done = hpctrain("config", "show", "--config", str(path), cwd=tmp_path)
+    assert done.code == 0 and "Traceback" not in done.err and "name: my_run" in done.out

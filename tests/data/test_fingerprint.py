@@ -18,7 +18,7 @@ from hpctrain.workloads.fields.generate import write_split
 from tests.workloads.muons.conftest import event_stream, write_set
 
 
-def shards(out: Path, seed: int, fmt: str) -> Path:
+def shards(out: Path, seed: int, fmt: str, size: int = 8) -> Path:
     prior = [(0.1, 0.5), (0.6, 1.0)]
     write_split(
         out,
@@ -26,7 +26,7 @@ def shards(out: Path, seed: int, fmt: str) -> Path:
         24,
         kind="gaussian",
         seed=seed,
-        size=8,
+        size=size,
         box_size=100.0,
         prior=prior,
         fmt=fmt,
@@ -113,3 +113,61 @@ def test_a_muon_file_rewritten_at_the_same_size_is_refused(tmp_path: Path) -> No
     with pytest.raises(UserError, match=r"f1\.parquet rewritten \(same size, other bytes\)"):
         again.load_state_dict(state)
     again.close()
+
+
+def edit_one_map_in_place(shard: Path, index: int) -> None:
+    """One map of an HDF5 shard overwritten in place (h5py r+): its bytes only, the size kept, a later mtime."""
+    import h5py
+
+    mtime = shard.stat().st_mtime_ns
+    with h5py.File(shard, "r+") as h5:
+        h5["maps"][index] = h5["maps"][index] + 1.0
+    os.utime(shard, ns=(mtime + 2 * 10**9, mtime + 2 * 10**9))
+
+
+def map_outside_the_sampled_ranges(shard: Path) -> int:
+    """A map of the shard none of whose bytes the sampled ranges read (the edit they would miss)."""
+    import h5py
+
+    with h5py.File(shard, "r") as h5:
+        maps = h5["maps"]
+        rows = [maps.id.get_chunk_info(i).byte_offset for i in range(maps.shape[0])]
+        size = maps.id.get_chunk_info(0).size
+    ranges = sample_ranges(shard.stat().st_size)
+    for index, start in enumerate(rows):
+        if all(start + size <= a or start >= a + n for a, n in ranges):
+            return index
+    raise AssertionError("every map meets a sampled range: make the shard larger")
+
+
+def test_one_map_of_an_hdf5_shard_edited_in_place_is_refused(tmp_path: Path) -> None:
+    """W3: the sampled ranges miss a map edited in place; the whole-file hash saved with the checkpoint does not
+    (the file's mtime moved, so it is hashed again)."""
+    folder = shards(tmp_path / "f", seed=1, fmt="hdf5", size=64)  # maps of 16 KiB: most miss every range
+    state = saved_state(folder)
+    assert all(state["files"]["wholes"])
+    victim = Path(next(n for n in ShardFields(folder).file_list().names if "shard-00001" in n))
+    size = victim.stat().st_size
+    edit_one_map_in_place(victim, map_outside_the_sampled_ranges(victim))
+    assert victim.stat().st_size == size
+    with pytest.raises(UserError, match=rf"{victim.name} rewritten \(same size, other bytes\)"):
+        resume(folder, state)
+
+
+def test_a_file_past_the_whole_hash_budget_passes_on_its_samples_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What passes is said: a touched file without a saved whole hash is named, with what it was compared by."""
+    import hpctrain.data.fingerprint as fingerprint
+
+    folder = shards(tmp_path / "f", seed=1, fmt="hdf5", size=64)
+    monkeypatch.setattr(fingerprint, "WHOLE_BYTES", 0)
+    fingerprint._hashed.clear()
+    state = saved_state(folder)
+    assert state["files"]["wholes"] == [""] * len(state["files"]["names"])
+    victim = Path(next(n for n in ShardFields(folder).file_list().names if "shard-00001" in n))
+    edit_one_map_in_place(victim, map_outside_the_sampled_ranges(victim))
+    with caplog.at_level("WARNING", logger="hpctrain.data"):
+        assert resume(folder, state).position == 8
+    said = [r.getMessage() for r in caplog.records if "sampled ranges" in r.getMessage()]
+    assert len(said) == 1 and victim.name in said[0] and "would go unseen" in said[0]

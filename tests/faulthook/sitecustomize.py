@@ -134,3 +134,25 @@ if _ahead:
     compile_ahead.CompileAhead.poll = _waiting_poll
     if _ahead == "fail":
         compile_ahead.HELPER = "hpctrain.commands.no_such_helper"
+
+# `_HPCTRAIN_TEST_LATE_SIGNALS=1`: a `hpctrain` process (train, supervise) sends itself USR1 then TERM from the
+# interpreter's finalization (a module global's __del__), after its exit handlers and after the interpreter gave
+# every Python-handled signal its default action back: a stop signal that arrives after the run's last line, in
+# the window that killed a finished run (exit 138). See tests.conftest.late_signals().
+if os.environ.get("_HPCTRAIN_TEST_LATE_SIGNALS"):
+    import sys
+
+    if any(a.endswith("hpctrain") for a in sys.orig_argv):
+        import signal
+        import time
+
+        class _LateSignals:
+            # (bound as defaults: nothing can be imported during finalization)
+            def __del__(
+                self, kill=os.kill, pid=os.getpid, sleep=time.sleep, sigs=(signal.SIGUSR1, signal.SIGTERM)
+            ) -> None:  # type: ignore[no-untyped-def]
+                for sig in sigs:
+                    kill(pid(), sig)
+                    sleep(0.05)
+
+        _late_signals = _LateSignals()

@@ -211,11 +211,24 @@ def test_uploads_without_a_token_are_refused_and_reported(setup: Setup) -> None:
         f"logging.tensorboard.dir={s.tmp / 'tb'}",
         f"logging.tensorboard.mirror_to={s.uri('/ns/runs/tb')}",
     )
-    # the run itself is not lost: it finishes, the local checkpoints stand, the refusal is reported
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (s.tmp / "scratch" / "r" / "checkpoints" / "step_00000010.pt").exists()
+    # the run itself is not lost: it finishes, the local checkpoints stand, the refusal is reported; but a copy
+    # that never arrived is never called uploaded: the exit code, the last line and summary.json say it failed
+    run = s.tmp / "scratch" / "r"
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert (run / "checkpoints" / "step_00000010.pt").exists()
     assert "access denied (HTTP 403)" in done.stderr
     assert "Traceback" not in done.stderr
+    assert "checkpoints uploaded" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and s.uri("/ns/runs/r") in errors[0] and "403" in errors[0], done.stderr[-2000:]
+    failures = json.loads((run / "summary.json").read_text())["copy_failures"]
+    assert (
+        list(failures) == [s.uri("/ns/runs/r") + "/checkpoints"]
+        and "403" in failures[s.uri("/ns/runs/r") + "/checkpoints"]
+    )
+    # the failure is said before the run's last line, never after it
+    log = (run / "training.log").read_text()
+    assert log.index("access denied (HTTP 403)") < log.index("finished at update 10/10")
     puts = [r for r in s.fed.requests if r.method == "PUT"]
     assert puts and all(r.status == 403 and not r.has_auth for r in puts)
     assert not (s.root / "ns" / "runs").exists() or not list((s.root / "ns" / "runs").rglob("*.pt"))
@@ -330,7 +343,12 @@ def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> No
     finally:
         proc.kill()
         s.fed.faults.stall_puts.clear()
-    assert proc.returncode in (0, 75), err[-3000:]  # 75: a loaded machine made the budget stop it first
+    # 1: it finished, but its last upload was cut at the deadline, which it says (never "uploaded"); 75: a loaded
+    # machine made the budget stop it first (its next hop uploads again)
+    assert proc.returncode in (1, 75), err[-3000:]
+    assert "checkpoints uploaded" not in err
+    if proc.returncode == 1:
+        assert "error: the checkpoints were not copied to" in err and "deadline" in err, err[-3000:]
     assert deadline is not None, err[-3000:]
     # What must hold on any machine: the wait for the hanging upload was given up BEFORE the walltime, and the
     # process ended while the upload still hung (not the walltime over again: its own exit, seconds at most).

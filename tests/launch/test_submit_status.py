@@ -253,8 +253,11 @@ def test_status_running_from_a_live_lock_holder(tmp_path: Path) -> None:
     import os
     import socket
 
+    from hpctrain.fsutil import process_started
+
     now = time.time()
-    lock = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "started": now - 900}
+    taken = (process_started(os.getpid()) or now) + 1  # a holder takes its lock after it started
+    lock = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "started": taken}
     lock["heartbeat"] = now - 600  # an old heartbeat, but the process is alive on this host
     run = _run_folder(tmp_path, [_hop(0, now - 900, None, 0, 30, None)], None, lock)
     info = _status(tmp_path, run)

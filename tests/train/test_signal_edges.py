@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hpctrain.runtime.signals import STOP_SIGNALS
-from tests.conftest import clean_env
+from tests.conftest import clean_env, late_signals
 
 DELAYS = (0.0, 0.3)  # the whole sweep (0 to 1 s, and mid-start-up) is in bench/faults.py
 
@@ -64,3 +64,23 @@ def test_a_signal_just_after_finished_is_ignored(tmp_path: Path) -> None:
             break
     proc.communicate(timeout=120)
     assert proc.returncode == 0
+
+
+def test_a_stop_signal_during_the_interpreters_finalization_is_ignored(tmp_path: Path) -> None:
+    """U2: USR1 and TERM delivered after the exit handlers, once the interpreter has given Python-handled signals
+    their default action back (the window that killed a finished run with exit 138): ignored, exit 0; for
+    `hpctrain train` and for a supervisor (`hpctrain supervise`) alike."""
+    env = clean_env(**late_signals())
+    train = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "train", f"run.out_dir={tmp_path}", "run.name=late",
+         "train.total_updates=3", "data.n_train=64", "data.n_val=16", "train.eval_every=0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert train.returncode == 0, (train.returncode, train.stderr[-2000:])
+    assert "finished at update 3/3" in train.stdout
+    supervise = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "supervise", "--run-dir", str(tmp_path / "late"), "--",
+         sys.executable, "-c", "pass"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert supervise.returncode == 0, (supervise.returncode, supervise.stderr[-2000:])

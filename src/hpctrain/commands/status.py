@@ -22,40 +22,46 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hpctrain.commands.common import ArgParser
 from hpctrain.commands.status_table import collect_rows, render_table, sort_rows
 from hpctrain.config.schema import parse_duration
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.track.cancel import read_mark
-from hpctrain.track.chain import changes_text, hop_number, read_chain
+from hpctrain.track.chain import (
+    changes_text,
+    hop_number,
+    is_count,
+    is_stamp,
+    read_chain,
+    read_json,
+    read_summary,
+)
 from hpctrain.track.run_state import lock_holder, run_state
-from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, tail_records
+from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir, read_config, section, tail_records
 from hpctrain.track.what_ran import describe
 
 LOGGED_TAIL = 16 * 1024  # bytes of metrics.jsonl read for its last record (a few records)
 
 
-def _read(path: Path, default: Any) -> Any:
+def _pointer(folder: Path) -> str | None:
+    """The step file `checkpoints/latest` names (None: no pointer, or one that names no step file)."""
     try:
-        text = path.read_text()
+        with open(folder / "latest", "rb") as handle:
+            named = handle.read(256).decode("utf-8", "replace").strip()
     except OSError:
-        return default
-    try:
-        return (json.loads if path.suffix == ".json" else yaml.safe_load)(text)
-    except (ValueError, yaml.YAMLError):
-        return default
+        return None
+    return named if re.fullmatch(r"step_\d+\.pt", named) else None
 
 
 def _when(stamp: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) if stamp else "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) if is_stamp(stamp) and stamp else "-"
 
 
 def _duration(seconds: float | None) -> str:
@@ -110,7 +116,7 @@ def hop_seconds(hops: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[float 
     limit = queue_time_limit(job)
     if limit:
         return limit, f"squeue time limit of job {job}"
-    slurm_time = (cfg.get("slurm") or {}).get("time")
+    slurm_time = section(cfg, "slurm").get("time")
     if job and slurm_time:
         try:
             return parse_duration(slurm_time), f"slurm.time={slurm_time}"
@@ -144,28 +150,28 @@ def collect(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"run folder {str(run_dir)!r} {what}")
     chain = read_chain(run_dir / "chain.json")
     hops = chain.hops
-    summary = _read(run_dir / "summary.json", {}) or {}
-    cfg = _read(run_dir / "config.yaml", {}) or {}
+    summary = read_summary(run_dir)
+    cfg = read_config(run_dir)  # bounded as --config is (a planted alias bomb costs nothing)
     if not is_run_dir(run_dir):
         raise UserError(
             f"{run_dir} is not a run folder (no chain.json, summary.json, config.yaml or run.lock) and holds "
             f"none {SEARCH_DEPTH} levels down"
         )
-    total = summary.get("total_updates") or cfg.get("train", {}).get("total_updates")
-    pointer = _read(run_dir / "checkpoints" / "latest", None)
+    total = summary.get("total_updates") or _count(section(cfg, "train").get("total_updates"))
+    pointer = _pointer(run_dir / "checkpoints")
     checkpoint = None
     if pointer:
-        ckpt = run_dir / "checkpoints" / str(pointer).strip()
-        meta = _read(ckpt.with_suffix(".json"), {}) or {}
+        ckpt = run_dir / "checkpoints" / pointer
+        meta = read_json(ckpt.with_suffix(".json"), {})
         checkpoint = {
             "path": str(ckpt),
-            "step": meta.get("step"),
-            "time": ckpt.stat().st_mtime if ckpt.exists() else None,
+            "step": _count(meta.get("step")),
+            "time": _mtime(ckpt),
         }
     # metrics.jsonl's last record: where a running hop is now (chain.json and the checkpoint lag by up to
     # checkpoint.every updates); a resume cuts the file back to its checkpoint, so no record is from a dead past
     logged = tail_records(run_dir / "metrics.jsonl", block=LOGGED_TAIL).records
-    last_logged = max((r for r in logged if isinstance(r.get("time"), (int, float))), key=_step, default=None)
+    last_logged = max((r for r in logged if is_stamp(r.get("time"))), key=_step, default=None)
     done = max(
         [int(h.get("last_update") or 0) for h in hops]
         + [int(summary.get("step") or 0)]
@@ -181,7 +187,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
     )
     left = max((total or 0) - done, 0)
     per_wall = progress / wall if wall > 0 else None
-    slurm = cfg.get("slurm", {}) or {}
+    slurm = section(cfg, "slurm")
     holder = lock_holder(run_dir, now)
     queue = queue_state(hops[-1].get("job_id")) if hops and not finished else None
     state, evidence = run_state(hops, summary, holder, queue, finished, read_mark(run_dir))
@@ -299,6 +305,17 @@ def _with_queue(lines: list[str], info: dict[str, Any]) -> str:
 
 def _step(record: dict[str, Any]) -> int:
     return int(record["step"])
+
+
+def _count(value: Any) -> int | None:
+    return value if is_count(value) else None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def main(argv: list[str]) -> int:

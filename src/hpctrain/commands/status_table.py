@@ -19,9 +19,9 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.launch.chain import read_hops
 from hpctrain.track.cancel import read_mark
-from hpctrain.track.chain import read_json
+from hpctrain.track.chain import is_count, is_stamp, read_json, read_summary
 from hpctrain.track.run_state import lock_holder, run_state
-from hpctrain.track.runs import Tail, read_config, tail_records
+from hpctrain.track.runs import Tail, read_config, section, tail_records
 
 # `--sort` keys: the column each sorts by (rows without a value come last, whatever the order; `goal` puts the
 # most features met first).
@@ -77,6 +77,14 @@ def _number(value: Any) -> float | None:
     return float(value) if ok else None
 
 
+def _count(value: Any) -> int | None:
+    return value if is_count(value) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -93,9 +101,9 @@ def metric_figures(
     says "run", or how many records it is the best of). `since`: when the running hop began (its records are
     not in summary.json's best: the ones read must reach back to then)."""
     records = tail.records
-    ckpt = cfg.get("checkpoint") or {}
-    chosen: str | None = ckpt.get("best_metric") or "val_loss"
-    mode = ckpt.get("best_mode") or "min"
+    ckpt = section(cfg, "checkpoint")
+    chosen: str | None = _text(ckpt.get("best_metric")) or "val_loss"
+    mode = "max" if ckpt.get("best_mode") == "max" else "min"
     known = _number(summary.get("best"))
     first = _number(records[0].get("time")) if records else None
     whole = tail.kept_whole or (
@@ -143,10 +151,9 @@ def physics_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict[str, Any]:
     """One row of the table: what `hpctrain status RUN_DIR` says first, plus the live figures."""
     hops = _hops(run_dir)
-    summary = read_json(run_dir / "summary.json", {}) or {}
-    summary = summary if isinstance(summary, dict) else {}
+    summary = read_summary(run_dir)
     cfg = read_config(run_dir)
-    total = summary.get("total_updates") or (cfg.get("train") or {}).get("total_updates")
+    total = summary.get("total_updates") or _count(section(cfg, "train").get("total_updates"))
     saved = max([int(h.get("last_update") or 0) for h in hops] + [int(summary.get("step") or 0)])
     finished = (
         summary.get("status") in ("finished", "already_finished") and total is not None and saved >= total
@@ -158,7 +165,7 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     )
     # The best of the run's metric is known up to its last exit (summary.json); past that, and in a first hop,
     # only from the records: then every evaluation record within the tail's limit is read, else only the last.
-    metric = (cfg.get("checkpoint") or {}).get("best_metric") or "val_loss"
+    metric = _text(section(cfg, "checkpoint").get("best_metric")) or "val_loss"
     best_open = state == "running" or _number(summary.get("best")) is None
     tail = tail_records(run_dir / "metrics.jsonl", want=(metric,), all_of_want=best_open)
     trained = sum(float(h.get("train_seconds") or 0.0) for h in hops)
@@ -169,7 +176,7 @@ def run_row(run_dir: Path, name: str, queue: dict[str, str], now: float) -> dict
     seen = [_mtime(run_dir / n) for n in ("metrics.jsonl", "chain.json", "summary.json")]
     seen += [tail.records[-1].get("time") if tail.records else None]
     seen += [lock.get("heartbeat") if isinstance(lock, dict) else None, *closed]
-    activity = [t for t in map(_number, seen) if t is not None]
+    activity = [t for t in seen if is_stamp(t)]
     return {
         "name": name,
         "run_dir": str(run_dir),

@@ -15,10 +15,10 @@ from typing import Any
 
 from dotenv import dotenv_values
 from dotenv.parser import parse_stream
-from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hpctrain.config.messages import cut
+from hpctrain.config.secret_type import Secret
 from hpctrain.errors import UserError
 
 ENV_PREFIX = "HPCTRAIN_"
@@ -52,8 +52,8 @@ class DotEnv(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", case_sensitive=True)
     DATA_DIR: str | None = None
     RESULTS_DIR: str | None = None
-    WANDB_API_KEY: SecretStr | None = None
-    BEARER_TOKEN: SecretStr | None = None  # the Pelican/OSDF token (data.pelican.token)
+    WANDB_API_KEY: Secret = None
+    BEARER_TOKEN: Secret = None  # the Pelican/OSDF token (data.pelican.token)
 
 
 def dotenv_file(path: str | None, required: bool = False) -> dict[str, str | None]:

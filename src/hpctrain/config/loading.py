@@ -31,7 +31,7 @@ from hpctrain.config.messages import error_line, quote
 from hpctrain.config.naming import default_run_name, name_run
 from hpctrain.config.overrides import coerce_text, parse_override, parse_typed, set_dotted
 from hpctrain.config.provenance import Provenance
-from hpctrain.config.secrets import looks_secret, refuse_secret
+from hpctrain.config.secrets import is_masked, looks_secret, refuse_secret
 from hpctrain.config.validation import validate
 from hpctrain.config.yaml_file import read_yaml
 from hpctrain.errors import UserError
@@ -91,8 +91,10 @@ def _resolve(
     tree: dict[str, Any] = {}
     origins: dict[str, str] = {}
     sources = Provenance()
+    secrets = secret_keys(cls)
     if request.config_path:
         tree = interpolate(read_yaml(request.config_path), variables)
+        _drop_masked(tree, secrets, f"config file {Path(request.config_path).name}", sources)
         coerce_text(tree, cls)
         for key, value in tree.items():
             sources.add(key, value, f"config file {Path(request.config_path).name}")
@@ -100,11 +102,13 @@ def _resolve(
         _put(tree, origins, sources, key, value, f"preset {request.preset}")
     # The config file and preset alone: what automatic names compare with.
     base_tree, base_origins = copy.deepcopy(tree), dict(origins)
-    secrets = secret_keys(cls)
     known = all_keys(cls)
     for where, found in ((".env", file_vars), ("environment", environ)):
         refuse_misspelt(found, where, known)
         for key, raw, source in env_overrides(found, where):
+            if key in secrets and is_masked(raw):
+                sources.masked.append(f"{key} ({source})")
+                continue
             value = parse_typed(cls, key, raw)
             if where == "environment" and source.split()[-1].startswith(ENV_PREFIX):
                 # WANDB_API_KEY and BEARER_TOKEN are the secrets' own routes; HPCTRAIN_ names are not.
@@ -131,6 +135,19 @@ def _resolve(
         later = {key for key, sets in sources.sets.items() if not sets[-1][0].startswith(_NAMED_LAYERS)}
         cfg.run.name, sources.naming = name_run(cfg, base_name, base, later, retyped)
     return cfg, sources
+
+
+def _drop_masked(tree: dict[str, Any], secrets: set[str], source: str, sources: Provenance) -> None:
+    """Secrets of a file whose value is a mask (a saved config.yaml given back with --config writes them as
+    '**********'): unset, as if the file did not name them, and said at start; never sent as a key or token."""
+    for dotted in sorted(secrets):
+        *path, last = dotted.split(".")
+        node: Any = tree
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and is_masked(node.get(last)):
+            del node[last]
+            sources.masked.append(f"{dotted} ({source})")
 
 
 def _put(

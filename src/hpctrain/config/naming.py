@@ -2,7 +2,8 @@
 
     <base>[-<token>...][-<hash>]        e.g. single_gpu-lr2e-05, muons-hidden128-seed3
 
-- base: the config file's stem and the preset (`default_run_name`: debug, single_gpu, fields-single_gpu);
+- base: the config file's stem and the preset (`default_run_name`: debug, single_gpu, fields-single_gpu), the
+  stem made folder-safe first (`my run.yaml` -> `my_run`, `...yaml` -> `run`, a long stem cut and hashed);
 - one token per identity key (config/identity.py) whose resolved value differs from the base's, i.e. from the
   config file and preset alone: `lr2e-05`, `hidden64_64`, `seed1`, `precision_bf16`, in the schema's order; a
   value that is no folder-safe text (a path, a nested list) gives its key alone (`paths`) and the hash below.
@@ -39,8 +40,20 @@ def default_run_name(config_path: str | None, preset: str | None) -> str:
     a folder of its own instead of continuing another run's."""
     if not config_path:
         return preset if preset and preset != "none" else "default"
-    stem = Path(config_path).stem
+    stem = folder_safe(Path(config_path).stem)
     return f"{stem}-{preset}" if preset and preset != "none" else stem
+
+
+def folder_safe(text: str) -> str:
+    """A config file's stem as the base of a run name (a folder name): other characters than letters, digits,
+    '.', '_' and '-' as '_' (`my run` -> `my_run`), no '.', '_' or '-' at either end (`..` -> `run`), and at most
+    MAX_LENGTH characters (a longer stem is cut and ends in 8 hex digits of its hash: two stems that share
+    their start still name two folders)."""
+    safe = _UNSAFE.sub("_", text).strip("._-") or "run"
+    if len(safe) <= MAX_LENGTH:
+        return safe
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"{safe[: MAX_LENGTH - len(digest) - 1].rstrip('._-')}-{digest}"
 
 
 def identity_differences(cfg: BaseModel, base: BaseModel | None, later: set[str]) -> dict[str, Any]:

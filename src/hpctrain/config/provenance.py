@@ -45,6 +45,7 @@ class Provenance:
     sets: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     raw: dict[str, str] = field(default_factory=dict)  # the text of variables, as the user wrote it
     naming: str | None = None  # how an automatic run.name was formed (None: run.name was given)
+    masked: list[str] = field(default_factory=list)  # secrets given as a mask ('**********'): left unset
 
     def add(self, key: str, value: Any, source: str) -> None:
         for dotted, leaf in leaves(key, value):
@@ -78,6 +79,15 @@ class Provenance:
                 items.append(f"{key}={_shown(key, self.raw.get(src, sets[-1][1]))} ({src})")
         return "note: taken from the environment or .env: " + ", ".join(items) if items else None
 
+    def masked_secrets(self) -> str | None:
+        """One line naming every secret whose given value was a mask, not a secret (treated as unset)."""
+        if not self.masked:
+            return None
+        return (
+            f"note: {', '.join(self.masked)}: a masked value ('**********', as a saved config.yaml writes "
+            "secrets), not a secret: treated as unset (give the real one in .env or the environment)"
+        )
+
     def preset_changes(self) -> str | None:
         """One line naming every value of the user's config file that a preset replaced (and that nothing later
         set again): the preset wins by design, but never without a word."""
@@ -110,7 +120,12 @@ def announce(sources: Provenance) -> None:
     environment or .env, and every conflict resolved."""
     if not is_rank_zero():
         return
-    lines = [sources.preset_changes(), sources.from_environment(), *sources.conflicts()]
+    lines = [
+        sources.masked_secrets(),
+        sources.preset_changes(),
+        sources.from_environment(),
+        *sources.conflicts(),
+    ]
     for text in lines:
         if text:
             print(mask_secrets(text), file=sys.stderr, flush=True)

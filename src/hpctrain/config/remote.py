@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hpctrain.config.secret_type import Secret
 
 _UNITS = {
     "": 1,
@@ -39,7 +41,7 @@ class PelicanConfig(BaseModel):
         description="File holding the bearer token (raw, or JSON with 'access_token'). Takes precedence over "
         "BEARER_TOKEN, BEARER_TOKEN_FILE and `token`.",
     )
-    token: SecretStr | None = Field(
+    token: Secret = Field(
         default=None,
         description="Bearer token itself: from BEARER_TOKEN in .env (or the environment), never from the command "
         "line or an HPCTRAIN_ variable (refused: prefer token_file). Never printed or saved; sent only to "

@@ -15,10 +15,11 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from hpctrain.config.identity import unknown_keys
 from hpctrain.config.remote import PelicanConfig, StagingConfig
+from hpctrain.config.secret_type import Secret
 
 
 class Section(BaseModel):
@@ -552,7 +553,7 @@ class WandbConfig(Section):
     group: str | None = Field(None, description="W&B group.")
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
     dir: str | None = Field(None, description="Where offline runs are written (default: the run folder).")
-    api_key: SecretStr | None = Field(
+    api_key: Secret = Field(
         None,
         description="Secret: from WANDB_API_KEY in .env or the environment (refused on the command line); never "
         "printed or saved.",

@@ -44,6 +44,16 @@ _QUERY = re.compile(r"(?i)([?&](?:sig|[\w.-]*signature|key|apikey|code|sas)=)[^&
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]+:)[^/\s@'\"]+@")
 
 
+def is_masked(value: Any) -> bool:
+    """Whether a secret's value is a mask written in its place, not a secret: pydantic's `'**********'` in a saved
+    config.yaml, our `***` in messages (only asterisks, at least three). Read back (`--config` of a saved
+    config.yaml, a copied `.env` line) it is unset, never sent as a token or key."""
+    if hasattr(value, "get_secret_value"):
+        value = value.get_secret_value()
+    text = value.strip() if isinstance(value, str) else ""
+    return len(text) >= 3 and text.strip("*") == ""
+
+
 def looks_secret(key: str) -> bool:
     """Whether a dotted key (or an argument's `key=`) names something secret-like, e.g. `*.token`."""
     return bool(_SECRET_NAME.search(key.lstrip("-").rsplit(".", 1)[-1].rsplit("__", 1)[-1]))

@@ -15,14 +15,17 @@ list found now:
 - a checkpoint without a list (written before this check existed): accepted with a warning.
 
 Names, sizes and event counts miss a file rewritten with other events at the same size (generated HDF5 files
-come out at a fixed size). So each local file also carries cheap content evidence (`content_evidence`): its
-mtime_ns and a hash of a few small byte ranges (head, tail and three fixed fractions of the size: at most
-5 x 4 KiB read per file). On resume a file whose size and mtime_ns are the saved ones is taken as the same without
-reading it (a stat); one whose mtime differs is sampled again, and only a different hash is a change (a copy to
-another volume keeps its bytes and changes its mtime). Remote files bring the same pair from their index (the
-muons' remote_index.py): the listing's last-modified time as the stamp, and the same sampled hash read with
-ranged GETs, so identical bytes hash alike whether local or remote. A checkpoint written before the evidence
-existed resumes with the old comparison.
+come out at a fixed size), or one map of an HDF5 shard edited in place. So each local file also carries content
+evidence (`content_evidence`): its mtime_ns, a hash of a few small byte ranges (head, tail and three fixed
+fractions of the size: 5 x 4 KiB) and a hash of the whole file (the first WHOLE_BYTES of the list's files in its
+order: read once per run, at the first save). On resume a file whose size and mtime_ns are the saved ones is
+taken as the same without reading it (a stat); one whose mtime differs is hashed again, whole when its whole hash
+was saved (an edit anywhere in it is a change; a copy to another volume keeps its bytes and changes its mtime),
+else on the sampled ranges, and a file that passes on those alone is named in a warning (what an edit between
+them would escape). Remote files bring a stamp and the sampled hash from their index (the muons'
+remote_index.py): the listing's last-modified time, and the same ranges read with ranged GETs, so identical bytes
+hash alike whether local or remote. A checkpoint written before the evidence existed resumes with the old
+comparison.
 """
 
 from __future__ import annotations
@@ -42,9 +45,15 @@ _SHOWN = 3  # names shown per kind of difference
 SAMPLE_BYTES = 4096  # bytes per sampled range
 SAMPLE_AT = (0.25, 0.5, 0.75)  # fixed fractions of the size sampled besides head and tail
 _UNKNOWN = ""
-# (path, size, mtime_ns) -> sampled hash: a resume that found the saved mtime trusts the saved hash, and the first
-# save after it reuses it instead of reading every file again.
-_sampled: dict[tuple[str, int, int], str] = {}
+# Bytes of local files hashed whole per file list (the first files in its order, up to this many): a file past
+# it has its sampled ranges alone (said at a resume that has to rely on them). A data set up to this size is
+# read once per run for it, at the first save (and only the files whose mtime changed again at a resume).
+WHOLE_BYTES = 4 << 30
+_CHUNK = 8 << 20
+# (path, size, mtime_ns) -> (sampled hash, whole hash or ""): a resume that found the saved mtime trusts the
+# saved hashes, and the first save after it reuses them instead of reading every file again.
+_hashed: dict[tuple[str, int, int], tuple[str, str]] = {}
+Evidence = tuple[int, str, str]  # (mtime_ns or remote stamp, sampled hash, whole-file hash; "" when unknown)
 
 
 def sample_ranges(size: int) -> list[tuple[int, int]]:
@@ -70,20 +79,33 @@ def sampled_hash(read: Callable[[int, int], bytes], size: int) -> str:
     return digest.hexdigest()
 
 
-def content_evidence(path: str) -> tuple[int, str]:
-    """(mtime_ns, sampled hash) of a local file; (-1, "") if it cannot be read (the reader says why later)."""
+def content_evidence(path: str, whole: bool = True) -> Evidence:
+    """(mtime_ns, sampled hash, whole hash) of a local file; the whole hash only when `whole` (else ""); (-1, "",
+    "") if it cannot be read (the reader says why later)."""
     try:
         st = os.stat(path)
     except OSError:
-        return -1, _UNKNOWN
+        return -1, _UNKNOWN, _UNKNOWN
     key = (path, st.st_size, st.st_mtime_ns)
-    if key not in _sampled:
-        try:
-            with open(path, "rb") as fh:
-                _sampled[key] = sampled_hash(lambda offset, n: os.pread(fh.fileno(), n, offset), st.st_size)
-        except OSError:
-            return st.st_mtime_ns, _UNKNOWN
-    return st.st_mtime_ns, _sampled[key]
+    known = _hashed.get(key, (_UNKNOWN, _UNKNOWN))
+    if known[0] and (known[1] or not whole):
+        return st.st_mtime_ns, *known
+    try:
+        with open(path, "rb") as fh:
+            sampled = sampled_hash(lambda offset, n: os.pread(fh.fileno(), n, offset), st.st_size)
+            full = _whole_hash(fh) if whole else known[1]
+    except OSError:
+        return st.st_mtime_ns, _UNKNOWN, _UNKNOWN
+    _hashed[key] = (sampled, full)
+    return st.st_mtime_ns, sampled, full
+
+
+def _whole_hash(fh: Any) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    fh.seek(0)
+    while chunk := fh.read(_CHUNK):
+        digest.update(chunk)  # (hashlib lets go of the GIL for large updates: the loader's threads go on)
+    return digest.hexdigest()
 
 
 def _is_remote(name: str) -> bool:
@@ -108,15 +130,21 @@ class FileList:
     sizes: list[int]
     events: list[int]
     remote: Mapping[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
-    # per file (mtime_ns or stamp, sampled hash): computed when first asked
-    _evidence: list[tuple[int, str]] | None = field(default=None, repr=False, compare=False)
+    # per file (mtime_ns or stamp, sampled hash, whole hash): computed when first asked
+    _evidence: list[Evidence] | None = field(default=None, repr=False, compare=False)
 
-    def evidence(self) -> list[tuple[int, str]]:
+    def evidence(self) -> list[Evidence]:
+        """Each file's evidence; local files hashed whole in list order while WHOLE_BYTES last."""
         if self._evidence is None:
-            self._evidence = [
-                self.remote.get(n, (-1, _UNKNOWN)) if _is_remote(n) else content_evidence(n)
-                for n in self.names
-            ]
+            budget, found = WHOLE_BYTES, []
+            for name, size in zip(self.names, self.sizes):
+                if _is_remote(name):
+                    found.append((*self.remote.get(name, (-1, _UNKNOWN)), _UNKNOWN))
+                    continue
+                whole = 0 <= size <= budget
+                found.append(content_evidence(name, whole))
+                budget -= size if whole else 0
+            self._evidence = found
         return self._evidence
 
     def shown(self) -> list[str]:
@@ -133,8 +161,9 @@ class FileList:
             "names": [n[len(root) :] for n in names],
             "sizes": list(self.sizes),
             "events": list(self.events),
-            "mtimes": [m for m, _ in evidence],
-            "samples": [h for _, h in evidence],
+            "mtimes": [m for m, _, _ in evidence],
+            "samples": [h for _, h, _ in evidence],
+            "wholes": [w for _, _, w in evidence],
         }
 
     @classmethod
@@ -147,39 +176,54 @@ class FileList:
             [int(s) for s in state.get("sizes", [-1] * n)],
             [int(e) for e in state.get("events", [-1] * n)],
         )
-        # a checkpoint written before the content evidence existed: unknown, compared by the rest alone
+        # a checkpoint written before the content evidence (or the whole hashes) existed: unknown, compared by
+        # the rest alone (or by the sampled ranges)
         mtimes, samples = state.get("mtimes", [-1] * n), state.get("samples", [_UNKNOWN] * n)
-        saved._evidence = [(int(m), str(h)) for m, h in zip(mtimes, samples)]
+        wholes = state.get("wholes", [_UNKNOWN] * n)
+        saved._evidence = [(int(m), str(h), str(w)) for m, h, w in zip(mtimes, samples, wholes)]
         return saved
 
-    def _content_changed(self, saved: FileList) -> set[str]:
-        """Names (relative to the list's root) of files whose bytes differ from the saved evidence. A local file
-        with its saved size and mtime_ns is not read (the saved hash is taken for it); a remote file is judged
-        by its index's evidence (a new stamp: its hash, sampled again there)."""
+    def _content_changed(self, saved: FileList) -> tuple[set[str], list[str]]:
+        """Names (relative to the list's root) of files whose bytes differ from the saved evidence, and of those
+        that pass on their sampled ranges alone although they were touched (a new mtime or remote stamp) and no
+        whole hash was saved for them. A local file with its saved size and mtime_ns is not read (the saved
+        hashes are taken for it); one with a new mtime is hashed whole when the checkpoint holds its whole hash
+        (an edit anywhere in it is found), else sampled; a remote file is judged by its index's evidence (a
+        new stamp: its sampled hash, read again there)."""
         saved_names, names = saved.shown(), self.shown()
         old_root, new_root = _root(saved_names), _root(names)
         old = {
             n[len(old_root) :]: (size, ev) for n, size, ev in zip(saved_names, saved.sizes, saved.evidence())
         }
-        changed = set()
+        changed, sampled_only = set(), []
         for name, shown, size in zip(self.names, names, self.sizes):
             rel = shown[len(new_root) :]
             if rel not in old or not old[rel][1][1] or old[rel][0] != size:
                 continue  # new, saved without evidence, or a size change (said as such)
+            mtime, digest, whole = old[rel][1]
             if _is_remote(name):
-                if _remote_changed(old[rel][1], self.remote.get(name, (-1, _UNKNOWN))):
+                now = self.remote.get(name, (-1, _UNKNOWN))
+                if _remote_changed((mtime, digest), now):
                     changed.add(rel)
+                elif not (mtime >= 0 and mtime == now[0]) and now[1]:
+                    sampled_only.append(rel)
                 continue
-            mtime, digest = old[rel][1]
             try:
                 st = os.stat(name)
             except OSError:
                 continue  # the reader says why
             if st.st_mtime_ns == mtime and st.st_size == size:
-                _sampled.setdefault((name, st.st_size, st.st_mtime_ns), digest)
-            elif content_evidence(name)[1] not in (digest, _UNKNOWN):
+                _hashed.setdefault((name, st.st_size, st.st_mtime_ns), (digest, whole))
+                continue
+            _, now_digest, now_whole = content_evidence(name, whole=bool(whole))
+            if whole and now_whole:
+                if now_whole != whole:
+                    changed.add(rel)
+            elif now_digest not in (digest, _UNKNOWN):
                 changed.add(rel)
-        return changed
+            elif now_digest:
+                sampled_only.append(rel)
+        return changed, sampled_only
 
     def changes(self, saved: FileList) -> str | None:
         """What differs from `saved` (the checkpoint's list), in a few words; None if the same files."""
@@ -190,7 +234,7 @@ class FileList:
         added = [n for n in new if n not in old]
         removed = [n for n in old if n not in new]
         changed = []
-        rewritten = self._content_changed(saved)
+        rewritten, sampled_only = self._content_changed(saved)
         for name in (n for n in new if n in old):
             (s0, e0), (s1, e1) = old[name], new[name]
             if s0 >= 0 and s1 >= 0 and s0 != s1:
@@ -207,6 +251,19 @@ class FileList:
         if not parts and [n[len(old_root) :] for n in saved_names] != [n[len(new_root) :] for n in names]:
             parts.append("the same files in another order")
         if not parts:
+            if sampled_only:
+                log.warning(
+                    "%d data file%s changed since the checkpoint (a new modification time) and pass on %d "
+                    "sampled ranges of %d KiB alone (%s): no whole-file hash was saved for them (past the "
+                    "first %d GiB of the list, a remote file, or an older checkpoint); an edit outside those "
+                    "ranges would go unseen",
+                    len(sampled_only),
+                    "s" if len(sampled_only) > 1 else "",
+                    len(SAMPLE_AT) + 2,
+                    SAMPLE_BYTES // 1024,
+                    _few(sampled_only),
+                    WHOLE_BYTES >> 30,
+                )
             if old_root != new_root:
                 log.info(
                     "the data files moved from %s to %s (same names, sizes and events)", old_root, new_root

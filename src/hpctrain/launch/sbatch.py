@@ -113,7 +113,7 @@ def earlier_timings(run_dir: Path, checkpoint_every: int = 0) -> Timings | None:
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
         total = float(summary.get("seconds", {}).get("checkpoint", 0.0))
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         total = 0.0
     if total > 0:
         # The last hop saved at every `checkpoint.every` updates and once at its stop.

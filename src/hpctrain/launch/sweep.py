@@ -258,14 +258,18 @@ def element_args(plan: Path, index: int) -> list[str]:
         record = json.loads(plan.read_text())
     except OSError as exc:
         raise UserError(f"sweep plan {plan} cannot be read: {exc.strerror or exc}") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UserError(
             f"sweep plan {plan} is not JSON: was it written by `hpctrain submit --sweep`?"
         ) from None
     elements = record.get("elements", []) if isinstance(record, dict) else []
+    elements = elements if isinstance(elements, list) else []
     if not 0 <= index < len(elements):
         raise UserError(f"sweep plan {plan} has elements 0..{len(elements) - 1}, not {index}")
-    return [str(arg) for arg in elements[index]["args"]]
+    args = elements[index].get("args") if isinstance(elements[index], dict) else None
+    if not isinstance(args, list):
+        raise UserError(f"sweep plan {plan}: element {index} holds no list of arguments (a damaged plan?)")
+    return [str(arg) for arg in args]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.remote import PelicanConfig
+from hpctrain.config.secrets import is_masked
 
 if TYPE_CHECKING:
     import aiohttp
@@ -23,7 +24,7 @@ def resolve_token(pelican: PelicanConfig | None, env: dict[str, str] | None = No
     env = dict(os.environ) if env is None else env
     if pelican is not None and pelican.token_file:
         return _read_token_file(pelican.token_file, "data.pelican.token_file")
-    if env.get("BEARER_TOKEN", "").strip():
+    if env.get("BEARER_TOKEN", "").strip() and not is_masked(env["BEARER_TOKEN"]):
         return env["BEARER_TOKEN"].strip()
     if env.get("BEARER_TOKEN_FILE"):
         return _read_token_file(env["BEARER_TOKEN_FILE"], "BEARER_TOKEN_FILE")
@@ -40,10 +41,12 @@ def _read_token_file(path: str, source: str) -> str:
     if text.startswith("{"):
         try:
             text = str(json.loads(text).get("access_token", "")).strip()
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise ValueError(f"{source}: token file {path} is neither a token nor JSON") from None
     if not text:
         raise ValueError(f"{source}: token file {path} is empty")
+    if is_masked(text):
+        raise ValueError(f"{source}: token file {path} holds a mask ({text[:10]}), not a token")
     return text
 
 

@@ -323,7 +323,7 @@ def load(pelican: PelicanConfig) -> list[Login]:
     try:
         entries = json.loads(text).get("logins", [])
         return [Login(**entry) for entry in entries]
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         raise UserError(
             f"data.pelican.auth_cache_file: {path} is not a token cache; delete it and log in again"
         ) from None

@@ -5,7 +5,8 @@ newer submissions replace each other in a single slot, so a slow link never queu
 failing job is retried after `backoff` seconds (doubling up to `backoff_cap`) until a newer job arrives or
 `retries` are used up, each failure logged as one warning. `close(timeout)` waits for the work under way at
 most `timeout` seconds (the walltime left): a stop never waits past the deadline for an upload; what is cut
-short there stays a temporary on the remote side, where `latest` still names the previous checkpoint.
+short there stays a temporary on the remote side, where `latest` still names the previous checkpoint. It
+returns whether the last job arrived: one given up on (`error` says why) or cut short is never "uploaded".
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Uploader:
         self._closed = False
         self.failures = 0  # failed attempts so far (for tests and the summary)
         self.done = 0  # jobs that succeeded
+        # Why the last job given up on failed (None: the last job that ended succeeded, or none ended yet): what
+        # `close` reports, so that a copy that never arrived is never called uploaded.
+        self.error: str | None = None
         self._thread = threading.Thread(target=self._loop, name=f"upload-{what}", daemon=True)
         self._thread.start()
 
@@ -64,11 +68,14 @@ class Uploader:
             try:
                 job()
                 self.done += 1
+                self.error = None
                 return
             except Exception as exc:  # a failed upload loses nothing local: report, retry, go on
                 self.failures += 1
                 # a refusal (403, 404) stays a refusal: retried at the next save, not hammered now
                 last = attempt == self.retries or getattr(exc, "permanent", False)
+                if last:
+                    self.error = f"{attempt + 1} attempt{'s' if attempt else ''} failed, the last: {exc}"
                 log.warning(
                     "uploading %s failed (attempt %d/%d): %s%s",
                     self.what,
@@ -88,8 +95,13 @@ class Uploader:
         with self._cond:
             return not self._busy and self._pending is None
 
+    def busy(self) -> bool:
+        """Whether a job runs (or waits to retry) or one is pending."""
+        return not self.idle()
+
     def close(self, timeout: float | None = None) -> bool:
-        """Finish what is pending within `timeout` seconds (None: wait); True when everything was sent."""
+        """Finish what is pending within `timeout` seconds (None: wait); True when everything was sent (the last
+        job succeeded); False when it failed (`error` says why) or was cut short by the deadline."""
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if _STOP_BY:
             deadline = _STOP_BY[0] if deadline is None else min(deadline, _STOP_BY[0])
@@ -104,6 +116,7 @@ class Uploader:
                         "state (its `latest` names a complete checkpoint)",
                         self.what,
                     )
+                    self.error = "not finished before the deadline (the remote copy keeps its previous state)"
                     return False
                 self._cond.wait(timeout=left)
-        return True
+        return self.error is None

@@ -5,14 +5,17 @@ yet (still importing torch, loading the config) or has already restored the defa
 it: exit 138 / 143, a failed hop that ends the chain. So `install_early()` runs before anything slow in `hpctrain
 train` (cli.py, before the verb's module is even imported), and the run adopts that instance (`for_run`): a
 signal received before training starts is the same requeue-able stop as a time-budget one (exit 75); one after
-the run finished is noted and ignored (the flag is never read again). The early handlers are never restored:
-the process exits with them in place.
+the run finished is noted and ignored (the flag is never read again). The early handlers are never restored: the
+process keeps them to its exit handlers, and from the last of those on ignores the stop signals (the
+interpreter's finalization would otherwise give them their default, deadly, action back). `hpctrain supervise`
+and `train --until-done` get the same (a supervisor that dies of a late TERM fails its job too).
 
 This module imports only the standard library: it runs before everything else.
 """
 
 from __future__ import annotations
 
+import atexit
 import signal
 from types import FrameType
 from typing import Any
@@ -52,14 +55,27 @@ class StopSignals:
 _early: StopSignals | None = None
 
 
-def install_early() -> StopSignals:
-    """Install the process-wide handlers now (main thread only), and let signals through that a launcher
-    blocked until then (a launcher can block them across exec to close the window before Python runs)."""
+def install_early(unblock: bool = True) -> StopSignals:
+    """Install the process-wide handlers now (main thread only), and (`unblock`) let signals through that a
+    launcher blocked until then (a launcher can block them across exec to close the window before Python runs).
+    From the exit handlers on, the stop signals are ignored (`_ignore_late`). A supervisor passes unblock=False:
+    the processes it starts inherit its signal mask, and must get the one its own launcher chose."""
     global _early
     if _early is None:
         _early = StopSignals(keep=True).install()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        atexit.register(_ignore_late)  # registered first, so run last of the exit handlers
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     return _early
+
+
+def _ignore_late() -> None:
+    """The process is ending (its outcome decided, its exit code set): a stop signal from now on is ignored. The
+    interpreter's finalization, which follows the exit handlers, gives every signal that has a Python handler
+    its default action back, and a USR1 or TERM in that window killed a finished run (exit 138/143: a failed hop
+    under srun); a signal set to SIG_IGN it leaves ignored, to the end."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 _early_taken = False

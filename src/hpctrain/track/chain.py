@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from hpctrain.config.identity import show
 from hpctrain.errors import UserError
@@ -55,10 +56,77 @@ def process_age() -> float | None:
 
 
 def read_json(path: Path, default: Any) -> Any:
+    """The JSON value in `path`; `default` when the file is missing, unreadable or not JSON, and, with a dict or
+    list `default`, when it holds another kind of value (`[1, 2]` where an object belongs): a damaged small file
+    is what its reader does without, never an exception."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):
         return default
+    if isinstance(default, (dict, list)) and not isinstance(value, type(default)):
+        return default
+    return value
+
+
+# Bounds of the numbers the run's small files hold: past them (or NaN, or infinite) a number is damage, and its
+# readers (status, report, the next start) go without it instead of failing on it.
+MAX_COUNT = 2**62  # updates, samples, hops, pids
+MAX_STAMP = 1e11  # epoch seconds (the year 5138); durations too
+
+
+def is_count(value: Any) -> TypeGuard[int]:
+    """A whole number a count can be: an int (no bool), 0 .. MAX_COUNT."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def is_stamp(value: Any) -> TypeGuard[float]:
+    """A time (epoch seconds) or a duration in seconds: a finite number, 0 .. MAX_STAMP."""
+    return _is_number(value) and math.isfinite(value) and 0 <= value <= MAX_STAMP
+
+
+def is_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
+def is_record(value: Any) -> bool:
+    """Whether a line's JSON value is a metrics record: an object whose `step` is a whole number (0 .. 2**62).
+    Anything else (`[1, 2]`, a number, a step of text) is a damaged line, as one cut by a kill."""
+    if not isinstance(value, dict):
+        return False
+    step = value.get("step")
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_COUNT
+
+
+def parse_record(line: str | bytes) -> dict[str, Any] | None:
+    """One line of metrics.jsonl as a record; None when it is none (cut by a kill, or damaged)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if is_record(value) else None
+
+
+# summary.json's keys by kind; a value of another kind (or out of bounds) is left out by `read_summary`
+_SUMMARY_COUNTS = ("step", "total_updates", "samples", "hops", "nonfinite_update", "stopped_at_update",
+                   "nonfinite_skips")  # fmt: skip
+_SUMMARY_TEXTS = ("status", "reason", "note", "job_id")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """summary.json as its readers may use it: {} when missing or not a JSON object; a count that is no
+    count (NaN, 1e300, text), a text that is no text, a non-finite number, is left out."""
+    summary = read_json(Path(run_dir) / "summary.json", {})
+    clean: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key in _SUMMARY_COUNTS:
+            ok = is_count(value)
+        elif key in _SUMMARY_TEXTS:
+            ok = isinstance(value, str)
+        else:
+            ok = not isinstance(value, float) or math.isfinite(value)
+        if ok:
+            clean[key] = value
+    return clean
 
 
 def hop_number(record: dict[str, Any], index: int) -> int:
@@ -76,15 +144,17 @@ def _hop_problem(record: Any) -> str | None:
     """Why an entry of chain.json is no hop record the readers can use (None: it is one)."""
     if not isinstance(record, dict):
         return f"a JSON {_json_type(record)}, not an object"
-    if not _is_number(record.get("start")):
-        return "no start time"
-    for key in ("end", "last_seen", "deadline", "train_seconds", "goodput", "startup_seconds"):
-        if record.get(key) is not None and not _is_number(record[key]):
-            return f"{key} is not a number"
+    if not is_stamp(record.get("start")):
+        return "no start time" if record.get("start") is None else "start is no time"
+    for key in ("end", "last_seen", "deadline", "train_seconds", "startup_seconds"):
+        if record.get(key) is not None and not is_stamp(record[key]):
+            return f"{key} is not a time or duration (a finite number of seconds, 0 .. {MAX_STAMP:.0e})"
+    if record.get("goodput") is not None and not is_finite(record["goodput"]):
+        return "goodput is not a finite number"
     for key in ("hop", "first_update", "last_update", "world_size"):
         value = record.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            return f"{key} is not a whole number"
+        if value is not None and not is_count(value):
+            return f"{key} is not a whole number (0 .. 2**62)"
     for key in ("accepted_changes", "allowed_changes"):
         value = record.get(key)
         pairs = isinstance(value, dict) and all(isinstance(p, list) and len(p) == 2 for p in value.values())
@@ -118,6 +188,8 @@ def read_chain(path: Path) -> ChainFile:
         return ChainFile(problem=f"cannot be read ({exc.strerror or exc})")
     except ValueError as exc:  # not JSON, or not text
         return ChainFile(problem=f"is not JSON ({str(exc)[:100]})")
+    except RecursionError:
+        return ChainFile(problem="nests too deeply to be read")
     if not isinstance(data, list):
         return ChainFile(problem=f"holds a JSON {_json_type(data)}, not a list of hop records")
     hops, bad = [], []

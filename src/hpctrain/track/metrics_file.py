@@ -19,6 +19,7 @@ import numpy as np
 
 from hpctrain.fsutil import atomic_write_text, open_append
 from hpctrain.track.base import Pace
+from hpctrain.track.chain import parse_record
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,20 @@ class MetricsFile:
         if not self.path.exists():
             return
         kept, torn = [], 0
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                torn += 1  # a line cut by a kill
+        for line in self.path.read_text(errors="replace").splitlines():
+            record = parse_record(line)
+            if record is None:
+                torn += 1  # a line cut by a kill, or damaged: no record
                 continue
-            if record.get("step", 0) <= step:
+            if record["step"] <= step:
                 kept.append(line)
         if torn:
             log.warning(
-                "%s: dropped %d unreadable line%s (a write cut by a kill); the updates after update %d are "
-                "logged again",
+                "%s: dropped %d unreadable line%s (a write cut by a kill) or line%s holding no record (not a "
+                "JSON object with a whole-number step); the updates after update %d are logged again",
                 self.path,
                 torn,
+                "" if torn == 1 else "s",
                 "" if torn == 1 else "s",
                 step,
             )
@@ -117,13 +118,9 @@ class MetricsFile:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    """The records of a metrics.jsonl; lines that are none (cut by a kill, damaged) left out."""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    return [record for record in map(parse_record, lines) if record is not None]
 
 
 def record_hop(record: dict[str, Any]) -> int | None:

@@ -4,32 +4,32 @@ table."""
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Any
 
-from hpctrain.fsutil import pid_alive
+from hpctrain.fsutil import holder_alive
 from hpctrain.track.cancel import MARK, CancelMark
-from hpctrain.track.chain import hop_number
+from hpctrain.track.chain import hop_number, is_count, is_stamp, read_json
 
 HEARTBEAT_FRESH = 120.0
 _RUNNING_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING")
 
 
 def lock_holder(run_dir: Path, now: float) -> str | None:
-    """Who holds run.lock, as evidence for 'running' (None: nobody, or a stale lock)."""
-    try:
-        lock = json.loads((run_dir / "run.lock").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(lock, dict):
-        return None
-    pid, host, beat = lock.get("pid"), lock.get("host"), lock.get("heartbeat")
-    if isinstance(pid, int) and host == socket.gethostname():
-        # On this host the process table is the evidence: a fresh heartbeat of a dead pid is a killed run.
-        return f"run.lock held by live process {pid} on this host" if pid_alive(pid) else None
-    if isinstance(beat, (int, float)) and now - beat < HEARTBEAT_FRESH:
+    """Who holds run.lock, as evidence for 'running' (None: nobody, or a stale lock: a dead holder, or a pid now
+    used by another process, or a record that is damaged)."""
+    lock = read_json(run_dir / "run.lock", {})
+    pid, host, beat, started = lock.get("pid"), lock.get("host"), lock.get("heartbeat"), lock.get("started")
+    identity = lock.get("identity") if isinstance(lock.get("identity"), str) else None
+    if not (is_count(pid) and is_stamp(started) and is_stamp(beat)):
+        return None  # no whole record (as train/runlock.py reads it): nobody's
+    if host == socket.gethostname():
+        # On this host the process table is the evidence: a fresh heartbeat of a dead pid is a killed run, and a
+        # live pid that is another process than the holder (reused after a kill) a stale lock.
+        alive = holder_alive(pid, identity, started)
+        return f"run.lock held by live process {pid} on this host" if alive else None
+    if now - beat < HEARTBEAT_FRESH:
         return f"run.lock heartbeat {max(now - beat, 0):.0f} s ago (process {pid} on {host})"
     return None
 
@@ -68,12 +68,24 @@ def run_state(
     if finished or status in ("finished", "already_finished"):  # early stopping finishes short of the total
         reason = summary.get("reason")
         said = {"finished": "all updates done", "early_stop": "early stopping", None: status}
-        return "finished", f"summary.json: {said.get(reason, reason)}"
+        return "finished", f"summary.json: {said.get(reason, reason)}{copies_missing(summary)}"
     if status == "stopped":
-        return "stopped", f"summary.json: stopped ({summary.get('reason')}), resumable"
+        return (
+            "stopped",
+            f"summary.json: stopped ({summary.get('reason')}), resumable{copies_missing(summary)}",
+        )
     if status == "failed":  # ended on purpose by the trainer (e.g. a non-finite loss), its last save intact
         where = summary.get("nonfinite_update")
         return "failed", f"summary.json: failed ({summary.get('reason')}" + (
             f" at update {where})" if where is not None else ")"
         )
     return "crashed", f"summary.json says {status!r}"
+
+
+def copies_missing(summary: dict[str, Any]) -> str:
+    """`; NOT copied to DEST (why): ...` for each checkpoint copy summary.json says did not arrive ("" if none)."""
+    failures = summary.get("copy_failures")
+    if not isinstance(failures, dict) or not failures:
+        return ""
+    shown = ", ".join(f"{dest} ({str(why)[:120]})" for dest, why in failures.items())
+    return f"; its checkpoints were NOT copied to {shown}: run the same command again to copy them"

@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from hpctrain.config.yaml_file import MAX_BYTES, load_yaml
+from hpctrain.errors import UserError
+from hpctrain.track.chain import is_record
+
 # What the trainer leaves in a run folder from its first start on (config.yaml before anything else).
 RUN_MARKERS = ("chain.json", "summary.json", "config.yaml", "run.lock", "checkpoints", "metrics.jsonl")
 # A folder of sweeps holds folders of runs: run folders are looked for this many levels down.
@@ -44,12 +48,24 @@ def find_runs(folder: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config.yaml ({} when missing or unreadable)."""
+    """The run's resolved config.yaml ({} when missing, unreadable, or past the config loader's bounds: a file
+    over MAX_BYTES, aliases expanding past MAX_NODES values, as `--config` refuses; a folder others can write
+    may hold anything, and `status` and `report` read every run's)."""
     try:
-        config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        with open(Path(run_dir) / "config.yaml", "rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            return {}
+        config = load_yaml(raw.decode("utf-8"), f"{run_dir}/config.yaml")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, UserError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+def section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """A section of a read config.yaml ({} when missing or not a mapping: a hand-edited or damaged file)."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass
@@ -101,6 +117,6 @@ def tail_records(
 def _parse(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+    return record if is_record(record) else None

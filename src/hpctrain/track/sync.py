@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.secrets import is_masked
 from hpctrain.track.chain import read_json, write_json
 
 SYNC_FILE = "wandb_sync.json"
@@ -37,6 +38,7 @@ RETRY_CAPS = {
 }
 _FAILED = re.compile(r"\bERROR\b|^Error:|giving up|Traceback|not authenticated|No API key", re.I | re.M)
 _RUN_DIR = re.compile(r"^offline-run-(\d{8}_\d{6})-(\w+)$")
+_RUN_ID = re.compile(r"\w{1,64}")
 
 # ---- reading offline run files (the LevelDB-style log wandb writes) ----------------------------------------
 
@@ -124,24 +126,43 @@ class OfflineRun:
 
 
 def find_offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """The run's offline folders, oldest first: those under the run folder and those wandb.json points to."""
+    """The run's offline folders, oldest first: those under the run folder, and those of the run ids wandb.json
+    records in the folders it names (`<dir>/wandb/offline-run-*-<id>`: that one folder is listed, nothing
+    outside the run folder is searched: a damaged or planted `dir` of `/` costs one listing)."""
     run_dir = Path(run_dir)
-    roots = {run_dir.resolve()}
-    ids: set[str] = set()
-    for hop in read_json(run_dir / RECORD_FILE, {"hops": []}).get("hops", []):
-        roots.add(Path(hop["dir"]))
-        ids.add(hop["run_id"])
+    inside = run_dir.resolve()
     found: dict[Path, OfflineRun] = {}
-    for root in roots:
-        for folder in root.glob("**/wandb/offline-run-*"):
-            match = _RUN_DIR.match(folder.name)
-            if not match or not folder.is_dir():
-                continue
-            # A shared W&B folder holds other runs too: outside the run folder only our ids count.
-            inside = folder.resolve().is_relative_to(run_dir.resolve())
-            if inside or match.group(2) in ids:
-                found[folder.resolve()] = OfflineRun(folder.resolve(), match.group(1), match.group(2))
+
+    def add(folder: Path) -> None:
+        match = _RUN_DIR.match(folder.name)
+        if match and folder.is_dir():
+            found[folder.resolve()] = OfflineRun(folder.resolve(), match.group(1), match.group(2))
+
+    for folder in inside.glob("**/wandb/offline-run-*"):
+        add(folder)
+    for root, run_id in recorded_hops(run_dir):
+        try:
+            entries = list((root / "wandb").iterdir())
+        except OSError:
+            continue
+        for folder in entries:  # a shared W&B folder holds other runs too: only our ids count
+            if folder.name.startswith("offline-run-") and folder.name.endswith(f"-{run_id}"):
+                add(folder)
     return sorted(found.values(), key=lambda r: (r.started, str(r.folder)))
+
+
+def recorded_hops(run_dir: Path) -> list[tuple[Path, str]]:
+    """(W&B folder, run id) of each hop wandb.json records; an entry that is no such pair (a damaged or
+    hand-edited file) is left out."""
+    hops = read_json(Path(run_dir) / RECORD_FILE, {}).get("hops")
+    found = []
+    for hop in hops if isinstance(hops, list) else []:
+        if not isinstance(hop, dict):
+            continue
+        folder, run_id = hop.get("dir"), hop.get("run_id")
+        if isinstance(folder, str) and folder and isinstance(run_id, str) and _RUN_ID.fullmatch(run_id):
+            found.append((Path(folder), run_id))
+    return found
 
 
 @dataclass
@@ -164,6 +185,8 @@ def sync_environment(api_key: str | None, base: dict[str, str] | None = None) ->
     # wandb's own switches would hide the errors we judge by, or turn the upload into a no-op.
     for key in ("WANDB_SILENT", "WANDB_QUIET", "WANDB_MODE", "WANDB_DISABLED"):
         env.pop(key, None)
+    if is_masked(env.get("WANDB_API_KEY")):  # '**********' copied from a saved config: no key at all
+        env.pop("WANDB_API_KEY")
     if api_key and not env.get("WANDB_API_KEY"):
         env["WANDB_API_KEY"] = api_key
     return env
@@ -208,7 +231,9 @@ def sync_once(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"run folder {run_dir} does not exist")
-    memory = read_json(run_dir / SYNC_FILE, {"synced": {}})
+    memory = read_json(run_dir / SYNC_FILE, {})
+    if not isinstance(memory.get("synced"), dict):  # none yet, or damaged: what was uploaded is asked again
+        memory["synced"] = {}
     report = SyncReport()
     runs = find_offline_runs(run_dir)
     if not runs:
@@ -258,7 +283,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def run_finished(run_dir: Path) -> bool:
-    return read_json(Path(run_dir) / "summary.json", {}).get("status") == "finished"
+    return read_json(Path(run_dir) / "summary.json", {}).get("status") in ("finished", "already_finished")
 
 
 def sync(

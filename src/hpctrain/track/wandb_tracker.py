@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.config.schema import ConfigBase
+from hpctrain.config.secrets import is_masked
 from hpctrain.fsutil import make_folders
 from hpctrain.track.tensorboard import MAX_HIST_VALUES, cap_values
 
@@ -127,6 +128,8 @@ class WandbTracker:
             "allow_val_change": True,  # a resumed hop may run with a longer total_updates
         }
 
+        if is_masked(os.environ.get("WANDB_API_KEY")):  # wandb reads it itself: a mask is no key
+            del os.environ["WANDB_API_KEY"]
         known = set(type(wandb.Settings()).model_fields)
         private = {k: v for k, v in PRIVATE_SETTINGS.items() if k in known}
         # Whatever wandb still reads from the command line sees no secret-looking value.
@@ -157,7 +160,9 @@ class WandbTracker:
         from hpctrain.track.chain import read_json, write_json
 
         path = self.run_dir / RECORD_FILE
-        record = read_json(path, {"hops": []})
+        record = read_json(path, {})
+        if not isinstance(record.get("hops"), list):  # none yet, or a damaged file: this hop starts it again
+            record["hops"] = []
         record["hops"].append(
             {
                 "run_id": self.run_id,
@@ -208,7 +213,9 @@ class WandbTracker:
             if path.stat().st_mtime < self._started:
                 return  # an older hop's summary: this hop failed before writing its own
             summary = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
+            return
+        if not isinstance(summary, dict):
             return
         for key in ("goodput", "run_goodput", "hops", "run_wall_seconds", "run_train_seconds", "reason"):
             if summary.get(key) is not None:

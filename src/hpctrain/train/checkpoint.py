@@ -169,7 +169,7 @@ class CheckpointStore:
         for step, path in self._step_files():
             try:
                 seq = int(json.loads(path.with_suffix(".json").read_text()).get("seq", 0))
-            except (OSError, ValueError, TypeError, AttributeError):
+            except (OSError, ValueError, TypeError, AttributeError, RecursionError):
                 seq = 0
             ordered.append((seq, step, path))
         return sorted(ordered, key=lambda item: (item[0], item[1]), reverse=True)
@@ -180,10 +180,10 @@ class CheckpointStore:
         for step, path in self._step_files():
             try:
                 saved = json.loads(path.with_suffix(".json").read_text())["saved"]
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 continue
-            if isinstance(saved, (int, float)):
-                found.append((step, float(saved)))
+            if isinstance(saved, (int, float)) and not isinstance(saved, bool) and 0 <= saved <= 1e11:
+                found.append((step, float(saved)))  # (NaN and 1e300 fail the test: no time, left out)
         return found
 
     def candidates(self) -> list[Path]:
@@ -191,11 +191,16 @@ class CheckpointStore:
         ordered: list[Path] = []
         pointer = self.folder / "latest"
         try:
-            ordered.append(self.folder / pointer.read_text().strip())
+            named = pointer.read_bytes()[:256].decode("utf-8", "replace").strip()
         except FileNotFoundError:
-            pass
+            named = None
         except OSError as exc:
+            named = None
             log.warning("cannot read %s (%s); trying the step checkpoints", pointer, exc.strerror)
+        if named is not None and _STEP_FILE.match(named):
+            ordered.append(self.folder / named)
+        elif named is not None:  # damaged, or a name outside the folder: never followed
+            log.warning("%s names no step checkpoint (%r); trying the step checkpoints", pointer, named[:40])
         for _seq, _step, path in self._recency():
             if path not in ordered:
                 ordered.append(path)
@@ -283,7 +288,7 @@ def _accepted_hashes(path: Path) -> list[str]:
     try:
         sidecar = json.loads(path.with_suffix(".json").read_text())
         hashes = [sidecar["sha256"], *sidecar.get("replaces", [])]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return []
     return [str(h) for h in hashes]
 

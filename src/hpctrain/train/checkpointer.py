@@ -19,6 +19,7 @@ from hpctrain.train.parts import Parts, snapshot
 from hpctrain.train.remote_ckpt import RemoteCheckpoints
 
 if TYPE_CHECKING:
+    from hpctrain.runtime.budget import TimeBudget
     from hpctrain.track.base import Trackers
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,9 @@ class Checkpointer:
         self.remote = RemoteCheckpoints(cfg)  # pelican:// checkpoint.dir / mirror_to uploads
         self._mirror: threading.Thread | None = None
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
+        self._mirror_error: str | None = (
+            None  # why the last mirror copy failed (None: it arrived, or none ran)
+        )
 
     def hop_identity(self) -> dict[str, Any]:
         """What chain.json and the hop's first metrics record say about this hop's configuration."""
@@ -81,7 +85,9 @@ class Checkpointer:
         def copy() -> None:
             try:
                 copier.sync(folder, last=("latest",))
+                self._mirror_error = None
             except Exception as exc:  # a failed mirror loses nothing local: warn and go on
+                self._mirror_error = f"{type(exc).__name__}: {exc}"
                 log.warning("mirroring checkpoints to %s failed: %s", dest, exc)
 
         self._mirror = threading.Thread(target=copy, name="checkpoint-mirror", daemon=False)
@@ -92,3 +98,14 @@ class Checkpointer:
         if self._mirror is not None:
             self._mirror.join()
             self._mirror = None
+
+    def settle(self, budget: TimeBudget | None) -> dict[str, str]:
+        """At the end of a hop, before its outcome is written: wait for the copies of the last save (the mirror
+        copy; the uploads, never past the walltime) and return {destination: why it is not up to date} for each
+        copy that failed (empty: every copy arrived, or there is none). Rank 0."""
+        self.close()
+        failed = self.remote.finish(budget)
+        mirror_to = self.cfg.checkpoint.mirror_to
+        if mirror_to and not self.remote.takes(mirror_to) and self._mirror_error is not None:
+            failed[str(mirror_to)] = self._mirror_error
+        return failed

@@ -172,7 +172,28 @@ def _train(
         say(
             f"finished at update {result.step}/{trainer.counters.total_updates}. params_sha256={result.params_sha256}"
         )
+    if result.copy_failures and env.is_main:
+        done = result.status in ("finished", "already_finished")  # nothing will send them but a new start
+        _say_copies(result.copy_failures, run_dir, failed=done, out=out)
     return result.exit_code
+
+
+def _say_copies(failures: dict[str, str], run_dir: Path, failed: bool, out: RunOutput) -> None:
+    """One line per checkpoint copy that did not arrive: an error when it fails the start (a finished run),
+    a warning when the next start sends it anyway (a stopped one)."""
+    for dest, why in failures.items():
+        again = (
+            "run the same command again to copy them (nothing is trained again)"
+            if failed
+            else "the next start copies them again"
+        )
+        line = (
+            f"the checkpoints were not copied to {dest} ({why}); those in {run_dir / 'checkpoints'} are "
+            f"complete: {again}"
+        )
+        text = f"{'error' if failed else 'warning'}: {line}"
+        print(text, file=sys.stderr, flush=True)
+        out.note(text)
 
 
 class RunOutput:

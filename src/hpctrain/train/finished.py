@@ -33,9 +33,10 @@ def complete_finished_run(
     cfg: ConfigBase,
     digest: str,
     remote: RemoteCheckpoints,
-) -> list[str]:
-    """On rank 0 of a run found finished: repair what a kill after the final save left; returns what was done
-    (empty when nothing was missing)."""
+) -> tuple[list[str], dict[str, str]]:
+    """On rank 0 of a run found finished: repair what a kill after the final save left, and the mirror copy its
+    last hop could not make; returns what was done (empty when nothing was missing) and {mirror: why it
+    failed again} (the uploads, submitted again here, are waited for by the caller)."""
     step = state.step
     reason = "finished" if step >= state.total_updates else "early_stop"
     committed = _mtime(store.path_for(step))
@@ -48,11 +49,23 @@ def complete_finished_run(
         done.append("wrote summary.json")
     # a kill while the last upload ran leaves no other trace: check the remote copy (two small reads if whole)
     remote.submit(store.folder)
+    failed: dict[str, str] = {}
     if done:
         store.prune()
-        _mirror(store, cfg.checkpoint.mirror_to, cfg.run.name or "", remote)
+    if done or read_json(path, {}).get("copy_failures"):
+        failed = _mirror(store, cfg.checkpoint.mirror_to, cfg.run.name or "", remote)
+    if done:
         log.warning("run %s was killed after its final save (update %d): %s", run_dir, step, "; ".join(done))
-    return done
+    return done, failed
+
+
+def note_copies(run_dir: Path, failures: dict[str, str]) -> None:
+    """summary.json says which copies of the checkpoints are missing as of this start (its `copy_failures`),
+    when that changed: a copy sent again by a later start is no longer said to have failed."""
+    path = run_dir / "summary.json"
+    summary = read_json(path, None)
+    if isinstance(summary, dict) and summary.get("copy_failures", {}) != failures:
+        write_summary(run_dir, {**summary, "copy_failures": failures})
 
 
 def _mtime(path: Path) -> float | None:
@@ -98,11 +111,15 @@ def _summary(chain: ChainLog, t: Counters, reason: str, digest: str) -> dict[str
     }
 
 
-def _mirror(store: CheckpointStore, dest: str | None, run_name: str, remote: RemoteCheckpoints) -> None:
-    """The mirror copy after the final save may have been cut short too."""
+def _mirror(
+    store: CheckpointStore, dest: str | None, run_name: str, remote: RemoteCheckpoints
+) -> dict[str, str]:
+    """The mirror copy after the final save may have been cut short too, or failed: {dest: why} if it fails."""
     if not dest or remote.takes(dest):
-        return
+        return {}
     try:
         FolderMirror(run_mirror(dest, run_name)).sync(store.folder, last=("latest",))
     except Exception as exc:  # a failed mirror loses nothing local: warn, as after any save
         log.warning("mirroring checkpoints to %s failed: %s", dest, exc)
+        return {str(dest): f"{type(exc).__name__}: {exc}"}
+    return {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,8 @@ class RunResult:
     params_sha256: str
     exit_code: int
     message: str = ""  # failed: the one line to print
+    # the checkpoint copies that did not arrive: {checkpoint.mirror_to or pelican:// checkpoint.dir: why}
+    copy_failures: dict[str, str] = field(default_factory=dict)
 
 
 class Timers:

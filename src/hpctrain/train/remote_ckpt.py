@@ -4,7 +4,7 @@ resuming from the federation (`checkpoint.dir`, `checkpoint.resume: pelican://..
 The trainer calls four things, each a no-op without a Pelican destination:
     prepare_tokens(cfg)               at start (entry.run): the OIDC login the run needs (data.pelican.auto_token)
     RemoteCheckpoints.submit(folder)  after a commit: upload in the background (newest wins, retried)
-    RemoteCheckpoints.finish(budget)  at close: wait for the last upload, never past the walltime
+    RemoteCheckpoints.finish(budget)  at the end: wait for the last upload, never past the walltime; what failed
     pull_working_copy(cfg, store)     before resuming: an empty working copy gets the remote latest
     local_resume_path(cfg, env, run_dir, given)  checkpoint.resume=pelican://...: staged, then read as a file
 """
@@ -155,15 +155,24 @@ class RemoteCheckpoints:
             self._claim_checked.add(dest)
         sync_checkpoints(folder, writer, self._sent[dest])
 
-    def finish(self, budget: TimeBudget | None) -> None:
-        """Wait for the last uploads, but never past the deadline (minus a margin for the exit)."""
+    def finish(self, budget: TimeBudget | None) -> dict[str, str]:
+        """Wait for the last uploads, but never past the deadline (minus a margin for the exit); returns
+        {destination: why its copy is not up to date} for each that failed or was cut short (empty: all
+        arrived). A wait is said first, with how long it may take."""
         remaining = budget.remaining() if budget is not None else None
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN)
         stop_by(None if timeout is None else time.monotonic() + timeout)  # TensorBoard's close too
+        failed = {}
         for dest, uploader in self._uploaders.items():
+            if uploader.busy():
+                limit = "until it ends" if timeout is None else f"at most {timeout:.0f} s"
+                log.info("waiting for the upload of the checkpoints to %s (%s)", dest, limit)
             if uploader.close(timeout):
                 log.info("checkpoints uploaded to %s", dest)
+            else:
+                failed[dest] = uploader.error or "not uploaded"
         self._uploaders.clear()
+        return failed
 
 
 def pull_working_copy(cfg: Any, store: CheckpointStore) -> None:

@@ -116,7 +116,7 @@ def resume(parts: Parts, store: CheckpointStore, where: Where) -> Resumed:
     snap: dict[str, Any] | None = None
     if where.env.is_main:
         try:
-            plan, snap = _plan(store, where)
+            plan, snap = _plan(store, where, counters.total_updates)
         except (UserError, RunError) as exc:
             plan = exc
     agreed = dist.broadcast_object(plan)
@@ -138,8 +138,8 @@ def resume(parts: Parts, store: CheckpointStore, where: Where) -> Resumed:
     return _Restore(parts, counters, where).follow(agreed, snap)
 
 
-def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, Any] | None]:
-    """The plan and the snapshot it loads, on rank 0."""
+def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan, dict[str, Any] | None]:
+    """The plan and the snapshot it loads, on rank 0 (`total`: the updates this run is configured for)."""
     cfg, run_dir = where.cfg, where.run_dir
     claim_destinations(cfg, run_dir)  # first: another run's copies are refused before anything moves
     mode = cfg.checkpoint.resume
@@ -182,6 +182,8 @@ def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, A
     if form.kind == "given":
         path, snap = _given_checkpoint(local_resume_path(cfg, where.env, run_dir, mode))
         kind = ResumeKind.RESTART if cfg.checkpoint.restart else ResumeKind.FINETUNE
+        if kind is ResumeKind.RESTART:
+            _refuse_nothing_to_train(snap, mode, total)
         # no checkpoint of this run, but its history (metrics, summary, ...): kept, never overwritten
         note = (
             _fresh_over(store, run_dir, "no checkpoint of it is left").note if _earlier_run(run_dir) else ""
@@ -192,6 +194,26 @@ def _plan(store: CheckpointStore, where: Where) -> tuple[ResumePlan, dict[str, A
         # empty or damaged chain.json, training.log): a fresh start would overwrite it.
         return _fresh_over(store, run_dir, "no checkpoint of it is left"), None
     return ResumePlan(ResumeKind.FRESH), None
+
+
+def _refuse_nothing_to_train(snap: dict[str, Any], given: str, total: int) -> None:
+    """A new run restoring everything from another run's final checkpoint, asked for no more updates than that
+    run had: it would train nothing and write no checkpoint of its own (and its folder would look like a run
+    killed after its final save). Refused before anything is changed, with the ways to what was meant."""
+    saved = snap.get("counters")
+    if not isinstance(saved, dict) or not saved.get("finished"):
+        return
+    step, old_total = int(saved.get("step", 0)), int(saved.get("total_updates", 0))
+    if total > old_total:
+        return  # it trains on from there: updates and checkpoints of its own
+    ended = "all its updates done" if step >= old_total else "stopped early by train.early_stopping"
+    raise UserError(
+        f"checkpoint.resume={given}: the final checkpoint of a finished run (update {step} of {old_total}, "
+        f"{ended}): restoring everything from it (checkpoint.restart=true) with train.total_updates={total} "
+        f"leaves nothing to train, and this run would write no checkpoint of its own. Raise "
+        f"train.total_updates above {old_total} to train further from it, or set checkpoint.restart=false to "
+        "start a new run from its weights"
+    )
 
 
 def _earlier_run(run_dir: Path) -> bool:

@@ -1,8 +1,9 @@
 """Who owns a run folder: one process (rank 0 of one job) for the whole run, and no other.
 
-`<run_dir>/run.lock` is the lock and its record, JSON `{"pid", "host", "job_id", "started", "heartbeat"}`. The
-holder rewrites it every HEARTBEAT_SECONDS and removes it on a clean exit. A holder is alive when its pid runs on
-this host, or (on another host) when its heartbeat is younger than STALE_SECONDS; a dead holder's lock is taken
+`<run_dir>/run.lock` is the lock and its record, JSON `{"pid", "host", "job_id", "started", "heartbeat",
+"identity"}`. The holder rewrites it every HEARTBEAT_SECONDS and removes it on a clean exit. A holder is alive
+when its pid runs on this host and is still that process (`identity`: the boot and the process's start, so that
+a pid reused after a kill names no holder; fsutil.holder_alive), or (on another host) when its heartbeat is younger than STALE_SECONDS; a dead holder's lock is taken
 over with a warning. Once it holds the lock, the new holder removes the temporary files that dead writers left
 in the run folder (`clean_temporaries`: every file there is written under `fsutil.temp_name`).
 
@@ -39,10 +40,13 @@ from hpctrain.fsutil import (
     atomic_path,
     check_own_folders,
     fsync_dir,
+    holder_alive,
     make_folders,
     pid_alive,
+    process_identity,
     temp_writer,
 )
+from hpctrain.track.chain import is_count, is_stamp
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +115,32 @@ class LockRecord:
     job_id: str | None
     started: float
     heartbeat: float
+    identity: str | None = None  # fsutil.process_identity of the holder (records of older versions: none)
 
     @classmethod
     def read(cls, path: Path) -> LockRecord | None:
-        """The record in `path`; None when there is none or it is not a whole record."""
+        """The record in `path`; None when there is none or it is not a whole record (a number out of bounds,
+        NaN or of the wrong kind included: a damaged file is no record)."""
         try:
             data = json.loads(path.read_text())
-            return cls(
-                int(data["pid"]),
+            record = cls(
+                data["pid"],
                 str(data["host"]),
                 data.get("job_id"),
-                float(data["started"]),
-                float(data["heartbeat"]),
+                data["started"],
+                data["heartbeat"],
+                data.get("identity"),
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
+        sound = (
+            is_count(record.pid)
+            and is_stamp(record.started)
+            and is_stamp(record.heartbeat)
+            and isinstance(record.identity, (str, type(None)))
+            and isinstance(record.job_id, (str, type(None)))
+        )
+        return record if sound else None
 
     def same_holder(self, other: LockRecord | None) -> bool:
         return other is not None and (self.pid, self.host, self.started) == (
@@ -274,7 +289,7 @@ class RunLock:
         if record.host == HOST:
             if record.pid == os.getpid():  # ours, or our pid reused (containers) after a dead holder
                 return os.path.abspath(self.path) in _HELD_HERE
-            return pid_alive(record.pid)
+            return holder_alive(record.pid, record.identity, record.started)
         if self.restart_count > 0 and self.job_id is not None and record.job_id == self.job_id:
             return False  # a requeued SLURM job: its previous run on another node has ended
         return heartbeat_fresh(record, self.path)
@@ -300,7 +315,7 @@ class RunLock:
         """Our record under a temporary name (locked first, under flock), renamed over run.lock; True."""
         now = time.time()
         started = self.record.started if self.record is not None else now
-        record = LockRecord(os.getpid(), HOST, self.job_id, started, now)
+        record = LockRecord(os.getpid(), HOST, self.job_id, started, now, process_identity(os.getpid()))
         fd = None
         try:
             with atomic_path(self.path) as tmp:

@@ -37,7 +37,7 @@ from hpctrain.train.compile_ahead import AHEAD_MIN_SECONDS, CompileAhead
 from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
-from hpctrain.train.finished import complete_finished_run
+from hpctrain.train.finished import complete_finished_run, note_copies
 from hpctrain.train.memory import (
     compile_stats,
     compile_summary,
@@ -265,7 +265,7 @@ class Trainer:
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
             result = self._result("already_finished", "finished", EXIT_OK)
             if self.env.is_main:
-                complete_finished_run(
+                _, mirrored = complete_finished_run(
                     self.chain,
                     self.store,
                     self.run_dir,
@@ -274,7 +274,16 @@ class Trainer:
                     result.params_sha256,
                     self.checkpointer.remote,
                 )
+                # the copies checked (and sent again) there: a copy still missing fails this start as it did
+                # the run's last hop
+                result.copy_failures = {**mirrored, **self.checkpointer.settle(self.budget)}
+                note_copies(self.run_dir, result.copy_failures)
+                if result.copy_failures:
+                    result.exit_code = EXIT_FAILURE
             return result
+        # Resumed from a finished checkpoint with more updates asked for: not finished until its own final save
+        # (a save on the way that kept the flag would make that checkpoint "finished" short of the new length).
+        self.counters.finished = False
         self.chain.open_hop(
             self.env.scheduler_job,  # what squeue knows it by (`hpctrain status`): <array>_<task> for a task
             self.env.node_list,
@@ -650,7 +659,14 @@ class Trainer:
         self.console.close()  # the bar ends before the run's last line
         self._stop_reason = reason
         digest = params_sha256(self.raw_modules)
+        copies: dict[str, str] = {}
         if self.env.is_main and status != "already_finished":
+            # the copies of the last save first: summary.json and the exit code say whether they arrived
+            copies = self.checkpointer.settle(self.budget)
+            if copies and status == "finished":
+                code = (
+                    EXIT_FAILURE  # trained to the end, but its copy elsewhere is not: the job must not pass
+                )
             last = self.counters.step
             if status == "failed":  # it got only as far as its last save: where a next start continues
                 saved = self.checkpointer.last_saved_step
@@ -660,6 +676,7 @@ class Trainer:
             summary.update(
                 job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, ran=self.ran, **extra
             )
+            summary["copy_failures"] = copies  # {checkpoint.mirror_to or a pelican:// checkpoint.dir: why}
             if self._compiling:
                 seconds = self.timers.total.get("compile", 0.0)
                 summary["compile"], line = compile_summary(
@@ -675,7 +692,7 @@ class Trainer:
                     line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
                 print(line, flush=True)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
-        return RunResult(status, reason, self.counters.step, digest, code, message)
+        return RunResult(status, reason, self.counters.step, digest, code, message, copies)
 
     def close(self) -> None:
         try:

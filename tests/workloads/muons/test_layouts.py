@@ -78,3 +78,48 @@ def test_unknown_layout_and_routing(tmp_path: Path) -> None:
 def test_missing_path_hints_at_mount(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"gone\.parquet.*mounted"):
         layouts.open_reader(str(tmp_path / "nowhere" / "gone.parquet"))
+
+
+def _hdf5_with_counts(path: Path, counts: np.ndarray, muons: int) -> Path:
+    prim = np.ones((len(counts), 7), np.float32)
+    rows = np.ones((muons, 6), np.float32)
+    with h5py.File(path, "w") as fh:
+        fh["primaries"], fh["muons"], fh["counts"] = prim, rows, counts
+    return path
+
+
+@pytest.mark.parametrize(
+    ("counts", "muons", "says"),
+    [
+        # int64 counts whose true sum (4 x 2**62 + 5) overflows: summed modulo 2**64 they are 5, the muons' rows
+        (np.array([2**62, 2**62, 2**62, 2**62, 5], np.int64), 5, "outside 0 .. 5"),
+        (np.array([2**63 - 1, 2**63 - 1, 2, 5], np.int64), 3, "outside 0 .. 3"),
+        # uint64 past int64: cast, it would wrap to a negative (or, paired, to a small) count
+        (np.array([2**64 - 1, 1, 5], np.uint64), 5, "outside 0 .. 5"),
+        (np.array([3, 3, 2], np.int64), 5, "already sum past 5 muons"),
+        (np.array([1.5, 3.5], np.float64), 5, "not a whole number"),
+        (np.array([np.nan, 5.0], np.float32), 5, "not a whole number"),
+        (np.array([1, 2], np.int32), 5, "sum to 3, not 5 muons"),
+        (np.array([1, 2, 2], np.int32), 5, "3 counts for 2 primaries"),
+    ],
+)
+def test_hdf5_counts_that_overflow_or_do_not_add_up_are_refused(
+    tmp_path: Path, counts: np.ndarray, muons: int, says: str
+) -> None:
+    """W4: the check of the counts cannot be fooled by int64 overflow, a cast or a truncation."""
+    path = tmp_path / "bad.h5"
+    _hdf5_with_counts(path, counts, muons)
+    if says.endswith("primaries"):  # one count too many for the primaries written with them
+        with h5py.File(path, "r+") as fh:
+            del fh["primaries"]
+            fh["primaries"] = np.ones((2, 7), np.float32)
+    with pytest.raises(layouts.LayoutError) as info:
+        layouts.read_all(str(path))
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"{path}: counts do not match") and says in text
+
+
+def test_hdf5_whole_float_counts_are_read(tmp_path: Path) -> None:
+    path = _hdf5_with_counts(tmp_path / "ok.h5", np.array([2.0, 3.0], np.float32), 5)
+    _, got = layouts.read_all(str(path))
+    assert got.counts.tolist() == [2, 3] and got.counts.dtype == np.int64

@@ -33,6 +33,7 @@ from hpctrain.track.report.panels import (
     log_if_wide,
     save_png,
 )
+from hpctrain.track.runs import section
 
 # What the hardware did is no figure of merit of a run: left to each run's own report.
 _HARDWARE = re.compile(r"^(gpu\d+_.*|rss_gb|workers|workers_cpu_pct|nonfinite_skips)$")
@@ -208,10 +209,12 @@ def figures_table(runs: list[RunData], names: list[str], groups: list[tuple[str,
     for i in by_physics(runs) if shown else range(len(runs)):
         data, name = runs[i], names[i]
         s = data.summary
-        total = s.get("total_updates", (data.config.get("train") or {}).get("total_updates"))
+        total = s.get("total_updates", section(data.config, "train").get("total_updates"))
         done = max([int(h.get("last_update") or 0) for h in data.hops] + [r["step"] for r in data.metrics])
-        ckpt = data.config.get("checkpoint") or {}
-        metric, mode = ckpt.get("best_metric") or "val_loss", ckpt.get("best_mode") or "min"
+        ckpt = section(data.config, "checkpoint")
+        chosen = ckpt.get("best_metric")
+        metric = chosen if isinstance(chosen, str) and chosen else "val_loss"
+        mode = "max" if ckpt.get("best_mode") == "max" else "min"
         values = data.series(metric)[1]
         best = s.get("best") if isinstance(s.get("best"), (int, float)) else _best(values, mode)
         finals = [data.series(k)[1] for k in metrics]

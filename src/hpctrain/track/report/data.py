@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.track.chain import read_chain, read_json
+from hpctrain.track.chain import read_chain, read_json, read_summary
 from hpctrain.track.metrics_file import RECORD_KEYS, read_metrics
 from hpctrain.track.runs import read_config
 
@@ -50,7 +50,7 @@ class RunData:
             run_dir,
             read_metrics(path),
             read_chain(run_dir / "chain.json").hops,
-            read_json(run_dir / "summary.json", {}),
+            read_summary(run_dir),
             read_json(run_dir / "evaluate.json", {}),
             read_config(run_dir),
         )

@@ -9,6 +9,7 @@ from typing import Any
 from hpctrain.track.chain import changes_text
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.panels import Image, Table, fmt
+from hpctrain.track.runs import section
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -17,7 +18,7 @@ def summary_table(data: RunData) -> Table:
     """Run, hops, goodput and the final value of every validation figure (and the train loss)."""
     s = data.summary
     done = s.get("step", max([int(h.get("last_update") or 0) for h in data.hops] or [0]))
-    total = s.get("total_updates", (data.config.get("train") or {}).get("total_updates"))
+    total = s.get("total_updates", section(data.config, "train").get("total_updates"))
     rows: list[list[Any]] = [
         ["run", data.run_dir.name],
         ["model", data.model_type],
@@ -28,7 +29,7 @@ def summary_table(data: RunData) -> Table:
         ["run goodput (training-step time / allocated time)", s.get("run_goodput")],
         ["wall time [s]", s.get("run_wall_seconds")],
     ]  # fmt: skip
-    best_metric = (data.config.get("checkpoint") or {}).get("best_metric")
+    best_metric = section(data.config, "checkpoint").get("best_metric")
     if s.get("best") is not None and best_metric:
         rows.append([f"best {best_metric} (checkpoints/best)", s["best"]])
     for key in ["loss_mean", *[k for k in data.scalar_keys() if k.startswith("val_")]]:

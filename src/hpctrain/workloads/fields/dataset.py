@@ -59,6 +59,26 @@ class GeneratedFields(Dataset[Batch]):
         return maps[0], params[0]
 
 
+def _meta_problem(meta: dict[str, Any], counts: list[Any], formats: tuple[Any, list[Any]]) -> str | None:
+    """What makes a meta.json unusable before any shard is opened (None: nothing): counts that are no whole
+    numbers (or overflow: their sum must stay a count), a map size that is none, an unknown format."""
+    whole = [isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**40 for n in counts]
+    if not all(whole):
+        at = whole.index(False)
+        return f"shard {at} says n={counts[at]!r}: not a whole number of maps (0 .. 2**40)"
+    size = meta.get("size")
+    if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 2**16):
+        return f"size={size!r}: not a map size (1 .. 65536)"
+    fmt, files = formats
+    if fmt not in ("hdf5", "npy"):
+        return f"format={fmt!r}: not hdf5 or npy"
+    needed = ("maps",) if fmt == "hdf5" else ("maps", "params")
+    for at, named in enumerate(files):
+        if not isinstance(named, dict) or not all(isinstance(named.get(k), str) for k in needed):
+            return f"shard {at} names no {' and '.join(needed)} file"
+    return None
+
+
 class ShardFields(Dataset[Batch]):
     """The maps of one split folder written by `write_split` (HDF5 or .npy shards, described by meta.json).
 
@@ -75,9 +95,13 @@ class ShardFields(Dataset[Batch]):
         try:
             self.meta: dict[str, Any] = json.loads(meta_file.read_text())
             self.shards = list(self.meta["shards"])
-            counts = [int(s["n"]) for s in self.shards]
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            counts = [s["n"] for s in self.shards]
+            formats = self.meta["format"], [s["files"] for s in self.shards]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
             raise UserError(f"{meta_file}: not a fields meta.json ({type(err).__name__}: {err})") from None
+        problem = _meta_problem(self.meta, counts, formats)
+        if problem:
+            raise UserError(f"{meta_file}: {problem}; write the split again with `hpctrain data generate`")
         if self.meta.get("parameters") != list(PARAMETERS):
             raise UserError(
                 f"{meta_file}: parameters {self.meta.get('parameters')} are not {list(PARAMETERS)}"
@@ -117,6 +141,13 @@ class ShardFields(Dataset[Batch]):
                 raise UserError(
                     f"{self.folder}: shard {number} holds {[s[0] for s in shapes]} maps/params, meta.json says "
                     f"{shard['n']}; write the split again with `hpctrain data generate --kind fields`"
+                )
+            size = self.meta["size"]
+            if shapes[0][1:] != (size, size) or shapes[-1][1:] != (len(PARAMETERS),):
+                raise UserError(
+                    f"{self.folder}: shard {number} holds maps of shape {shapes[0][1:]} and parameters of "
+                    f"shape {shapes[-1][1:]}, meta.json says {size} x {size} maps of {len(PARAMETERS)} "
+                    f"parameters; {again}"
                 )
 
     def file_list(self) -> FileList:

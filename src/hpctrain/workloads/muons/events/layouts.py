@@ -331,16 +331,7 @@ class HDF5Reader:
                 f"{path}: unknown HDF5 layout (primaries {prim.shape}, muons {muons.shape}, counts "
                 f"{raw_counts.shape}); expected (N, 7), (M, 6) and (N,)"
             )
-        counts = np.asarray(raw_counts[:], dtype=np.int64)
-        if (
-            len(counts) != prim.shape[0]
-            or (len(counts) and counts.min() < 0)
-            or int(counts.sum()) != muons.shape[0]
-        ):
-            raise LayoutError(
-                f"{path}: counts do not match primaries/muons ({len(counts)} counts summing to "
-                f"{int(counts.sum())}, {prim.shape[0]} primaries, {muons.shape[0]} muons)"
-            )
+        counts = _checked_counts(path, raw_counts[:], prim.shape[0], muons.shape[0])
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.counts = counts
         self.unit_events = unit_events
@@ -368,6 +359,38 @@ class HDF5Reader:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _checked_counts(path: str, raw: np.ndarray, primaries: int, muons: int) -> np.ndarray:
+    """An HDF5 file's `counts` as int64, once every count is a whole number 0 .. `muons` and they sum to `muons`
+    exactly, one per primary; else a LayoutError naming the file and the first bad count. Checked before any
+    cast or sum: a float count (2.7) cast would truncate, a uint64 one past 2**63 wrap, and int64 counts whose
+    true sum overflows (4 x 2**62 + 5) would sum to 5 modulo 2**64 and pass."""
+    raw = np.asarray(raw)
+    problem = ""
+    if len(raw) != primaries:
+        problem = f"{len(raw)} counts for {primaries} primaries"
+    elif raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.floor(raw))):
+        at = int(np.flatnonzero(~(np.isfinite(raw) & (raw == np.floor(raw))))[0])
+        problem = f"count {at} is {raw[at]!r}, not a whole number"
+    elif len(raw) and (raw.min() < 0 or raw.max() > muons):
+        at = int(np.argmin(raw) if raw.min() < 0 else np.argmax(raw))
+        problem = f"count {at} is {raw[at]}, outside 0 .. {muons} (the muons in the file)"
+    if not problem:
+        # each count is at most `muons` (< 2**63): a running sum past it is a mismatch, found before it can
+        # overflow (at most one count past `muons`, so below 2**64 in uint64)
+        total = np.cumsum(raw.astype(np.uint64), dtype=np.uint64) if len(raw) else np.zeros(1, np.uint64)
+        past = np.flatnonzero(total > np.uint64(muons))
+        if len(past):
+            problem = f"the counts up to count {int(past[0])} already sum past {muons} muons"
+        elif int(total[-1]) != muons:
+            problem = f"the counts sum to {int(total[-1])}, not {muons} muons"
+    if problem:
+        raise LayoutError(
+            f"{path}: counts do not match primaries/muons ({problem}); expected one whole count >= 0 per "
+            "primary, summing to the rows of muons"
+        )
+    return raw.astype(np.int64)
 
 
 Reader = ParquetReader | HDF5Reader

@@ -166,7 +166,14 @@ def _load_cache(path: Path | None) -> dict[str, FileMeta]:
             )
             for m in raw["files"]
         }
-    except (OSError, ValueError, KeyError, TypeError):
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+    ):  # damaged: indexed again
         log.warning("ignoring unreadable remote index cache %s", path)
         return {}
 
