@@ -222,10 +222,8 @@ def test_uploads_without_a_token_are_refused_and_reported(setup: Setup) -> None:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and s.uri("/ns/runs/r") in errors[0] and "403" in errors[0], done.stderr[-2000:]
     failures = json.loads((run / "summary.json").read_text())["copy_failures"]
-    assert (
-        list(failures) == [s.uri("/ns/runs/r") + "/checkpoints"]
-        and "403" in failures[s.uri("/ns/runs/r") + "/checkpoints"]
-    )
+    copies = s.uri("/ns/runs/r") + "/r/checkpoints"  # <mirror_to>/<run name>/checkpoints
+    assert list(failures) == [copies] and "403" in failures[copies]
     # the failure is said before the run's last line, never after it
     log = (run / "training.log").read_text()
     assert log.index("access denied (HTTP 403)") < log.index("finished at update 10/10")

@@ -62,7 +62,8 @@ def test_a_mirror_that_fails_fails_the_finished_run_and_a_new_start_copies_it(
         run(make_cfg(tmp_path, "train.total_updates=6", f"checkpoint.mirror_to={dest}"), ClusterEnv())
         == EXIT_OK
     )
-    assert (dest / "checkpoints" / "step_00000006.pt").read_bytes() == (
+    # the mirror keeps a run's copies in <mirror_to>/<run name>/
+    assert (dest / "r" / "checkpoints" / "step_00000006.pt").read_bytes() == (
         run_dir / "checkpoints" / "step_00000006.pt"
     ).read_bytes()
     assert summary(run_dir)["copy_failures"] == {}

@@ -116,6 +116,8 @@ def claim_local(folder: Path, run_name: str, run_dir: Path, setting: str) -> Non
         owner = claimed_by(path.read_bytes())
     except FileNotFoundError:
         owner = None
+    except OSError:  # a file on the way, no permission: the copies fail, say so and are sent again later
+        return
     mine = str(Path(run_dir).resolve())
     if owner is not None and owner[1] != mine:
         raise UserError(
@@ -123,8 +125,11 @@ def claim_local(folder: Path, run_name: str, run_dir: Path, setting: str) -> Non
             f"place of its own (another run.name, or another {setting}); if it is this run moved, remove {path}"
         )
     if owner is None:
-        make_folders(folder)
-        atomic_write_text(path, claim_text(run_name, run_dir))
+        try:
+            make_folders(folder)
+            atomic_write_text(path, claim_text(run_name, run_dir))
+        except OSError:  # as above: the copy itself says why
+            pass
 
 
 def _copy_synced(src: str, dst: str) -> str:
