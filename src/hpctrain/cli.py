@@ -10,7 +10,16 @@ from importlib.metadata import PackageNotFoundError, version
 
 from hpctrain import __version__
 from hpctrain.config.messages import error_line
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
+from hpctrain.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUT_OF_MEMORY,
+    OutOfMemory,
+    RunError,
+    UserError,
+)
 from hpctrain.runtime.signals import install_early
 
 VERBS = {
@@ -111,6 +120,9 @@ def _main(argv: list[str] | None) -> int:
         # Whoever raised it: one line, secrets masked (a token in a URI or a dashed override included).
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OutOfMemory as exc:  # not retried at these settings (a chain, --until-done, supervise)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     except RunError as exc:
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE

@@ -116,3 +116,15 @@ if _ahead:
     compile_ahead.CompileAhead.poll = _waiting_poll
     if _ahead == "fail":
         compile_ahead.HELPER = "hpctrain.commands.no_such_helper"
+
+# `_HPCTRAIN_TEST_STEP_FAULT=JSON`: the task's update runs out of memory, stalls or spikes as step_faults.py's
+# faulty_step(**JSON) says. See tests.conftest.step_fault(...).
+_step_fault = os.environ.get("_HPCTRAIN_TEST_STEP_FAULT")
+if _step_fault:
+    import json
+
+    from step_faults import faulty_step
+
+    from hpctrain.train.task import SupervisedTask
+
+    SupervisedTask.train_step = faulty_step(**json.loads(_step_fault))  # type: ignore[method-assign]

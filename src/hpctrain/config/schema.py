@@ -391,6 +391,14 @@ class TrainConfig(Section):
         "diverged, not a bad batch).",
         json_schema_extra=MAY_CHANGE,
     )
+    on_oom: Literal["stop", "split"] = Field(
+        "stop",
+        description="Device out of memory in an update: stop (exit 78 with one line naming the micro-batch, the "
+        "memory asked and free and the settings that help; nothing saved after it; chains and supervise do not "
+        "start it again) or split (one process: the update again with its micro-batches halved and "
+        "accumulated, the same global batch; kept for the rest of the run).",
+        json_schema_extra=MAY_CHANGE,
+    )
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -565,6 +573,24 @@ class DistributedConfig(Section):
         gt=0,
         description="A collective waiting longer (e.g. a dead rank) fails the job instead of hanging.",
     )
+    hang_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Hang watchdog: no update, evaluation batch or collective for this long (after the hop's first "
+        "progress; a compile counts as progress) writes every rank's stacks and the last collective each "
+        "entered into <run>/hang/, says which rank is behind and ends the hop with the requeue code. Below "
+        "timeout_seconds, above the longest checkpoint save. null = off.",
+    )
+
+    @model_validator(mode="after")
+    def _hang_before_timeout(self) -> DistributedConfig:
+        if self.hang_seconds is not None and self.hang_seconds >= self.timeout_seconds:
+            raise ValueError(
+                f"hang_seconds={self.hang_seconds:g} must be below timeout_seconds={self.timeout_seconds:g} (a rank "
+                "waiting in a collective ends at the timeout first, with gloo's or NCCL's error): raise "
+                "distributed.timeout_seconds too"
+            )
+        return self
 
 
 class SlurmConfig(Section):

@@ -69,8 +69,10 @@ def _gather_rng() -> list[dict[str, Any]]:
     mine = rng_state()
     if not dist.active():
         return [mine]
+    dist.Collectives.enter("all_gather_object (RNG states)")
     gathered: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(gathered, mine)
+    dist.Collectives.leave()
     return gathered
 
 

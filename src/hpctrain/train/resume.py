@@ -312,7 +312,7 @@ class _Restore:
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])  # type: ignore[attr-defined]
         self.counters.load_state_dict(state["counters"])
-        for name in ("data", "task", "budget"):  # the data position exactly; the task's and timings if saved
+        for name in ("data", "task", "budget", "oom"):  # the data position exactly; the others if saved
             self.parts[name].load_state_dict(state[name] if name == "data" else state.get(name, {}))  # type: ignore[attr-defined]
         self.counters.tracker_state = state.get("trackers", {})  # the trackers are built after the resume
         rngs = state["rng"]

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import torch
 
 from hpctrain.config.schema import ConfigBase
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, OutOfMemory, UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
@@ -46,6 +46,7 @@ from hpctrain.train.memory import (
     watch_compiles,
 )
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
+from hpctrain.train.oom import OomGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.outcome import (
     DeviceTimeline,
@@ -65,6 +66,7 @@ from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class Trainer:
     optimizers: dict[str, torch.optim.Optimizer]
     base_lrs: dict[str, float]
     ctx: Context
+    oom: OomGuard
     train_stream: BatchStream
     schedule: LRSchedule
     has_val: bool
@@ -104,6 +107,7 @@ class Trainer:
         self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
+        self.watchdog: HangWatchdog | NoWatchdog = NoWatchdog()
         self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
         self.last_log_step = 0
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
@@ -145,6 +149,9 @@ class Trainer:
             self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
         self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
+        self.oom = OomGuard(
+            self.cfg, self.task, self.env, self.ctx, lambda: self.checkpointer.last_saved_step
+        )
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.counters.total_updates = self.setup.total_updates(self.train_stream)
@@ -164,6 +171,9 @@ class Trainer:
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
         )
+        progress = lambda: (self.counters.step, self.evaluator.batches)  # noqa: E731  (read by its thread)
+        self.watchdog = build_watchdog(self.cfg.distributed, self.env, self.run_dir, progress, self._hung)
+        self._closers.append(self.watchdog.close)
         if self.cfg.train.eval_every and not self.has_val and self.env.is_main:
             log.warning(
                 "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
@@ -209,6 +219,7 @@ class Trainer:
             "task": self.task,
             "budget": self.budget,
             "trackers": self.trackers,
+            "oom": self.oom,
         }
         if self.ctx.scaler is not None:
             parts["scaler"] = self.ctx.scaler
@@ -272,6 +283,7 @@ class Trainer:
             identity=self.checkpointer.hop_identity(),
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
+        self.watchdog.start()
         try:
             reason = self._train()
             if reason is None or reason == "early_stop":
@@ -284,6 +296,9 @@ class Trainer:
             return self._result("stopped", reason, EXIT_RESUMABLE)
         except NonFinite as bad:
             return self._failed(bad)
+        except OutOfMemory as oom:  # nothing saved after it (the update was half done): `latest` stays
+            self._result("failed", "out_of_memory", oom.exit_code, str(oom), exit_code=oom.exit_code)
+            raise
         finally:
             watch_waits(None)
 
@@ -352,7 +367,7 @@ class Trainer:
         counters, timers, timeline, clock = self.counters, self.timers, self.timeline, time.perf_counter
         compute_start = clock()
         timeline.start()
-        out = self.task.train_step(micro, self.ctx)
+        out = self.oom.train_step(micro, counters.step + 1)
         counters.step += 1
         samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
         counters.samples += samples * self.env.world_size
@@ -617,13 +632,19 @@ class Trainer:
             stopped_at_update=self.counters.step,
         )
 
+    def _hung(self, line: str) -> None:
+        """From the hang watchdog's thread, the loop stuck: the hop ends as a stop at the last save."""
+        self._result("stopped", "hang", EXIT_RESUMABLE, line, hang=line)
+
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
         self._stop_reason = reason
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
             last = self.counters.step
-            if status == "failed":  # it got only as far as its last save: where a next start continues
+            if (
+                status == "failed" or reason == "hang"
+            ):  # only as far as its last save: where a next start goes on
                 saved = self.checkpointer.last_saved_step
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
