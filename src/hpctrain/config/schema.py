@@ -586,7 +586,8 @@ class DistributedConfig(Section):
     def _hang_before_timeout(self) -> DistributedConfig:
         if self.hang_seconds is not None and self.hang_seconds >= self.timeout_seconds:
             raise ValueError(
-                f"hang_seconds={self.hang_seconds:g} must be below timeout_seconds={self.timeout_seconds:g} (a rank "
+                f"distributed.hang_seconds={self.hang_seconds:g} must be below distributed.timeout_seconds="
+                f"{self.timeout_seconds:g} (a rank "
                 "waiting in a collective ends at the timeout first, with gloo's or NCCL's error): raise "
                 "distributed.timeout_seconds too"
             )

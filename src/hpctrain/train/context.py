@@ -35,6 +35,9 @@ class Context:
         # GradScaler already skips overflowing steps (and calibrates with them): it is left to do that.
         self.skip_nonfinite = skip_nonfinite and self.scaler is None
         self.skipped_steps = 0
+        # Backward passes since the last optimizer step: where in its update a rank is (the hang watchdog compares
+        # ranks by it: one waiting in DDP's gradient all-reduce has begun its backward, a stalled one has not).
+        self.backwards = 0
         self._params = {
             name: [p for group in opt.param_groups for p in group["params"]]
             for name, opt in optimizers.items()
@@ -60,6 +63,7 @@ class Context:
         return ddp.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
+        self.backwards += 1
         if self.scaler is not None:
             self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # (torch's backward is untyped)
         else:
@@ -69,6 +73,7 @@ class Context:
         self.optimizers[name].zero_grad(set_to_none=True)
 
     def optimizer_step(self, name: str) -> None:
+        self.backwards = 0
         optimizer = self.optimizers[name]
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)

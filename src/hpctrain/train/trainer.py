@@ -171,7 +171,7 @@ class Trainer:
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
         )
-        progress = lambda: (self.counters.step, self.evaluator.batches)  # noqa: E731  (read by its thread)
+        progress = lambda: (self.counters.step, self.ctx.backwards, self.evaluator.batches)  # noqa: E731
         self.watchdog = build_watchdog(self.cfg.distributed, self.env, self.run_dir, progress, self._hung)
         self._closers.append(self.watchdog.close)
         if self.cfg.train.eval_every and not self.has_val and self.env.is_main:

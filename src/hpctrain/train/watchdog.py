@@ -81,7 +81,8 @@ class HangWatchdog:
         on_hang: Callable[[str], None],
         end: Callable[[int], None] | None = None,
     ) -> None:
-        """`progress`: what the loop has done (updates, evaluation batches), read from the thread. `on_hang`:
+        """`progress`: what the loop has done (updates, backward passes in the update under way, evaluation
+        batches), read from the thread. `on_hang`:
         records the hang (rank 0's chain.json and summary.json), given the line. `end`: ends the process with a
         code (default: flush and os._exit; the main thread is stuck)."""
         self.seconds, self.env, self.folder = seconds, env, run_dir / "hang"
@@ -162,7 +163,7 @@ class HangWatchdog:
             "pid": os.getpid(),
             "time": time.time(),
             "idle_seconds": round(idle, 1),
-            "progress": list(self.progress()),
+            "progress": list(self.progress()),  # updates, backward passes in the update, evaluation batches
             "entered": Collectives.entered,
             "left": Collectives.left,
             "last": Collectives.last,
@@ -186,35 +187,43 @@ class HangWatchdog:
         return found
 
 
+def position(record: dict[str, Any]) -> tuple[int, ...]:
+    """How far a rank got, comparable between ranks of one program: collectives entered, updates done, backward
+    passes in the update under way."""
+    return (record["entered"], *record["progress"][:2])
+
+
 def verdict(reports: list[dict[str, Any]], world_size: int, seconds: float, folder: Path) -> str:
-    """The one line: how long nothing moved, and which rank is behind (the collectives say who has not come)."""
+    """The one line: how long nothing moved, and which rank is behind (the one the others wait for)."""
     ranks = {r["rank"]: r for r in reports}
     missing = [rank for rank in range(world_size) if rank not in ranks]
     head = f"hang: no progress for {seconds:g} s (distributed.hang_seconds)"
     tail = f"every rank's stacks in {folder}; the hop ends for a restart from the last checkpoint"
     if missing:
         return f"{head}; rank {_names(missing)} wrote no report (dead, frozen or its node gone); {tail}"
-    most = max(r["entered"] for r in reports)
-    behind = sorted(rank for rank, r in ranks.items() if r["entered"] < most)
-    if world_size > 1 and behind:
-        waiting = [r for r in reports if r["entered"] == most and r["entered"] > r["left"]]
-        name = waiting[0]["last"] if waiting else "the next collective"
-        where = ranks[behind[0]]["where"]
-        others = sorted(r["rank"] for r in waiting)
+    furthest = max(position(r) for r in reports)
+    behind = sorted(rank for rank, r in ranks.items() if position(r) < furthest)
+    ahead = sorted(rank for rank, r in ranks.items() if position(r) == furthest)
+    first = ranks[ahead[0]]
+    if first["entered"] > first["left"]:
+        waits = f"collective #{first['entered']} ({first['last']})"
+    elif first["progress"][1]:
+        waits = f"the gradient all-reduce of update {first['progress'][0] + 1} (DDP, in backward)"
+    else:
+        waits = f"update {first['progress'][0] + 1}"
+    if behind:
+        verb = "waits" if len(ahead) == 1 else "wait"
         return (
-            f"{head}; rank {_names(behind)} is behind: it has not entered collective #{most} ({name}) that "
-            f"{'rank' if len(others) == 1 else 'ranks'} {_names(others)} wait{'s' if len(others) == 1 else ''} in; "
-            f"rank {behind[0]} is at {where}; {tail}"
+            f"{head}; rank {_names(behind)} is behind: rank {_names(ahead)} {verb} for it in {waits}; rank "
+            f"{behind[0]} is at {ranks[behind[0]]['where']}; {tail}"
         )
-    inside = [r for r in reports if r["entered"] > r["left"]]
-    if world_size > 1 and len(inside) == world_size:
+    if world_size > 1 and first["entered"] > first["left"]:
         return (
-            f"{head}; every rank waits in collective #{most} ({reports[0]['last']}): none is behind, the "
-            f"communication itself hangs (the network, NCCL: see docs/troubleshooting.md); {tail}"
+            f"{head}; every rank waits in {waits}: none is behind, the communication itself hangs (the "
+            f"network, NCCL: see docs/troubleshooting.md); {tail}"
         )
-    where = ranks[min(ranks)]["where"]
     who = "no rank is behind; rank 0" if world_size > 1 else "the main thread"
-    return f"{head}; {who} is at {where}; {tail}"
+    return f"{head}; {who} is at {first['where']}; {tail}"
 
 
 def _names(ranks: list[int]) -> str:
