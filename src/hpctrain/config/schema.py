@@ -285,6 +285,38 @@ def as_compile_mode(value: Any) -> Any:
     return value
 
 
+class SpikeConfig(Section):
+    window: int = Field(
+        100,
+        ge=5,
+        description="Losses in the running window a loss is compared with (judged once it is full).",
+    )
+    threshold: float = Field(
+        10.0,
+        gt=0,
+        description="A spike: a loss above the window's median by more than threshold x its MAD (scaled to a "
+        "standard deviation, 1.4826 x MAD, and at least 1% of the median).",
+    )
+    max_in_row: int = Field(
+        5,
+        ge=1,
+        description="warn, skip_batch: this many spikes in a row are the loss's new level, not spikes: the window "
+        "starts again from them.",
+    )
+    lr_factor: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="rewind: the LR is multiplied by this at each rewind, for the rest of the run.",
+    )
+    max_rewinds: int = Field(
+        3,
+        ge=1,
+        description="rewind: a spike that comes back after this many rewinds to the same checkpoint stops the run "
+        "(exit 1, nothing saved after it).",
+    )
+
+
 class TrainConfig(Section):
     total_updates: int = Field(
         200,
@@ -391,6 +423,16 @@ class TrainConfig(Section):
         "diverged, not a bad batch).",
         json_schema_extra=MAY_CHANGE,
     )
+    on_spike: Literal["off", "warn", "skip_batch", "rewind"] = Field(
+        "off",
+        description="A loss spike (train.spike's rule): warn (checked where the losses are read anyway, no cost per "
+        "update), skip_batch (the optimizer step is skipped on every rank; one host sync per step, and one "
+        "small collective under DDP) or rewind (back to the last checkpoint with the LR multiplied by "
+        "train.spike.lr_factor; nothing is saved between the spike and the rewind). off = only NaN/inf is "
+        "guarded (train.on_nonfinite).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    spike: SpikeConfig = Field(default_factory=SpikeConfig, json_schema_extra=MAY_CHANGE)
     on_oom: Literal["stop", "split"] = Field(
         "stop",
         description="Device out of memory in an update: stop (exit 78 with one line naming the micro-batch, the "

@@ -65,6 +65,7 @@ from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
+from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
 from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 
@@ -115,6 +116,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
         self._closers: list[Callable[[], None]] = []
         self.guard = NonFiniteGuard(cfg.train)
+        self.spikes = SpikeGuard(cfg.train, lambda: self.checkpointer.last_saved_step)  # train.on_spike
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
         self._window_first = 1  # the update of _window[0]
@@ -148,7 +150,9 @@ class Trainer:
         if self.device.type == "cuda":
             self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
-        self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
+        self.ctx = self.setup.context(
+            self.modules, self.raw_modules, self.optimizers, self.guard, self.spikes
+        )
         self.oom = OomGuard(
             self.cfg, self.task, self.env, self.ctx, lambda: self.checkpointer.last_saved_step
         )
@@ -220,6 +224,7 @@ class Trainer:
             "budget": self.budget,
             "trackers": self.trackers,
             "oom": self.oom,
+            "spikes": self.spikes,
         }
         if self.ctx.scaler is not None:
             parts["scaler"] = self.ctx.scaler
@@ -285,15 +290,18 @@ class Trainer:
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         self.watchdog.start()
         try:
-            reason = self._train()
-            if reason is None or reason == "early_stop":
-                return self._finish(reason or "finished")
-            if self.checkpointer.last_saved_step != self.counters.step:
-                self._save()
-            if reason == "data_error":
-                self._result("stopped", "data_error", EXIT_BAD_INPUT)
-                raise data_failure(self._data_error, self.counters.step)
-            return self._result("stopped", reason, EXIT_RESUMABLE)
+            while True:
+                try:
+                    return self._hop()
+                except (
+                    Rewind
+                ) as spike:  # train.on_spike=rewind: the last checkpoint, the LR scaled (spikes.py)
+                    where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
+                    self.checkpointer.last_saved_step = self.spikes.rewind(
+                        spike, self.parts(), self.store, where
+                    )
+                    self._window.clear()
+                    self._lr_factor, self.last_log_step = None, self.counters.step
         except NonFinite as bad:
             return self._failed(bad)
         except OutOfMemory as oom:  # nothing saved after it (the update was half done): `latest` stays
@@ -301,6 +309,17 @@ class Trainer:
             raise
         finally:
             watch_waits(None)
+
+    def _hop(self) -> RunResult:
+        reason = self._train()
+        if reason is None or reason == "early_stop":
+            return self._finish(reason or "finished")
+        if self.checkpointer.last_saved_step != self.counters.step:
+            self._save()
+        if reason == "data_error":
+            self._result("stopped", "data_error", EXIT_BAD_INPUT)
+            raise data_failure(self._data_error, self.counters.step)
+        return self._result("stopped", reason, EXIT_RESUMABLE)
 
     def _train(self) -> str | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -416,7 +435,7 @@ class Trainer:
 
     def _set_lr(self) -> None:
         """The schedule's LR for this update (a pure function of the update count), set when it changes."""
-        factor = self.schedule.factor(self.counters.step)
+        factor = self.schedule.factor(self.counters.step) * self.spikes.lr_scale  # (1: no rewind)
         if factor == self._lr_factor:
             return
         self._lr_factor = factor
@@ -510,11 +529,12 @@ class Trainer:
         budget_reason = self.budget.local_stop_reason(cadence.eval_.due_next(counters.step), ahead=ahead)
         votes.stop = max(votes.stop, CODES[budget_reason] if budget_reason else 0)
         votes.save_due = self.env.is_main and cadence.save.time_due()  # rank 0's clock decides for all
-        votes.nonfinite = self.guard.code()
+        votes.nonfinite, votes.spike = self.guard.code(), self.spikes.code()
         votes.step_seconds = self.budget.step.value
         agreed = votes.agree()
         cadence.check.step_seconds = agreed.step_seconds
         self.guard.raise_if(agreed.nonfinite)
+        self.spikes.raise_if(agreed.spike)
         if agreed.reason is None and agreed.save_due:
             self._save()
         return agreed.reason
@@ -557,6 +577,7 @@ class Trainer:
         if busy is not None:
             self.timers.rebook(busy)
         self.guard.check_losses(losses, self._window_first)
+        self.spikes.observe(losses, self._window_first)
         self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()
         self._window_first = self.counters.step + 1
@@ -602,9 +623,13 @@ class Trainer:
         """Before every save: the losses since the last check and the weights must be finite on every rank,
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
         if self._window:
-            self.guard.check_losses(torch.stack(self._window), self._window_first)
+            losses = torch.stack(self._window).float().tolist()
+            self.guard.check_losses(losses, self._window_first)
+            self.spikes.observe(losses, self._window_first)  # a spike to rewind from is never saved
         self.guard.check_weights(self.raw_modules, self.counters.step)
-        self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
+        nonfinite, spike = dist.agree_max([self.guard.code(), self.spikes.code()])
+        self.guard.raise_if(nonfinite)
+        self.spikes.raise_if(spike)
 
     def _finish(self, reason: str) -> RunResult:
         improved = False
@@ -650,6 +675,7 @@ class Trainer:
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
             summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
             summary.update(job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, **extra)
+            summary.update(self.spikes.summary())
             if self._compiling:
                 seconds = self.timers.total.get("compile", 0.0)
                 summary["compile"], line = compile_summary(
