@@ -151,12 +151,12 @@ def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Pat
     from tests.conftest import clean_env, save_pause
 
     args = [*COMMON, "data.batch_size=16", "train.total_updates=60", "checkpoint.every=5"]
-    budget = ["budget.time_limit=0:10", "budget.margin_seconds=0.5"]
+    budget = ["budget.time_limit=0:30", "budget.margin_seconds=0.5"]  # from torchrun's start
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    # 13 saves pausing 0.6 s each: more than a 10 s hop holds, whatever the machine's speed
+    # 13 saves pausing 3 s each: more than a 30 s hop holds, whatever the machine's speed
     done = hpctrain(
         "supervise", "--max-idle", "4", "--", *launcher, "-m", "hpctrain", "train", *args, *budget,
-        cwd=tmp_path, env=clean_env(**save_pause(0.6)), timeout=600,
+        cwd=tmp_path, env=clean_env(**save_pause(3.0)), timeout=900,
     )  # fmt: skip
     assert done.code == 0, done.err[-3000:]
     hops = json.loads((tmp_path / "logs" / "d" / "chain.json").read_text())

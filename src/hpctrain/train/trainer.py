@@ -293,15 +293,8 @@ class Trainer:
             while True:
                 try:
                     return self._hop()
-                except (
-                    Rewind
-                ) as spike:  # train.on_spike=rewind: the last checkpoint, the LR scaled (spikes.py)
-                    where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
-                    self.checkpointer.last_saved_step = self.spikes.rewind(
-                        spike, self.parts(), self.store, where
-                    )
-                    self._window.clear()
-                    self._lr_factor, self.last_log_step = None, self.counters.step
+                except Rewind as spike:  # train.on_spike=rewind
+                    self._rewind(spike)
         except NonFinite as bad:
             return self._failed(bad)
         except OutOfMemory as oom:  # nothing saved after it (the update was half done): `latest` stays
@@ -311,6 +304,7 @@ class Trainer:
             watch_waits(None)
 
     def _hop(self) -> RunResult:
+        """Train, then end the hop as the reason says (finish, or save and stop)."""
         reason = self._train()
         if reason is None or reason == "early_stop":
             return self._finish(reason or "finished")
@@ -320,6 +314,13 @@ class Trainer:
             self._result("stopped", "data_error", EXIT_BAD_INPUT)
             raise data_failure(self._data_error, self.counters.step)
         return self._result("stopped", reason, EXIT_RESUMABLE)
+
+    def _rewind(self, spike: Rewind) -> None:
+        """Back to the last checkpoint as a new hop would resume from it, the LR scaled (spikes.py)."""
+        where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
+        self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
+        self._window.clear()  # the losses of the updates undone
+        self._lr_factor, self.last_log_step = None, self.counters.step
 
     def _train(self) -> str | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -667,9 +668,8 @@ class Trainer:
         digest = params_sha256(self.raw_modules)
         if self.env.is_main and status != "already_finished":
             last = self.counters.step
-            if (
-                status == "failed" or reason == "hang"
-            ):  # only as far as its last save: where a next start goes on
+            # it got only as far as its last save: where a next start continues
+            if status == "failed" or reason == "hang":
                 saved = self.checkpointer.last_saved_step
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
