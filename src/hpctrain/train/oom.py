@@ -121,10 +121,13 @@ class OomGuard:
         return out
 
     def _free(self) -> None:
-        """What the failed attempt left: its gradients (a half-accumulated update), the GradScaler's record of
-        optimizers it unscaled, and the allocator's cached blocks."""
+        """What the failed attempt left: its gradients (a half-accumulated update) and counts, the GradScaler's
+        record of optimizers it unscaled, and the allocator's cached blocks."""
         for name in self.ctx.optimizers:
             self.ctx.zero_grad(name)
+        self.ctx.backwards = 0
+        if self.ctx.spikes is not None:  # skip_batch: the half-done update's loss is no step's
+            self.ctx.spikes.forget()
         if self.ctx.scaler is not None:
             self.ctx.scaler._per_optimizer_states.clear()  # else unscale_() refuses the retry's "second" call
         gc.collect()

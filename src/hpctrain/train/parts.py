@@ -45,7 +45,7 @@ class Group:
 
 
 Parts = dict[str, Stateful]
-"""modules, optimizers, scaler (only with fp16), counters, data, task, budget, trackers."""
+"""modules, optimizers, scaler (only with fp16), counters, data, task, budget, trackers, oom, spikes."""
 
 SAVED_ONLY = ("trackers",)  # restored elsewhere: the trackers are built after the resume, from the counters
 

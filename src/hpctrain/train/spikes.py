@@ -174,6 +174,10 @@ class SpikeGuard:
         value = loss.detach().float()
         self._pending = value if self._pending is None else self._pending + value
 
+    def forget(self) -> None:
+        """The step under way was abandoned (out of memory, done again): its loss so far is no step's."""
+        self._pending = None
+
     def skip(self, name: str) -> bool:
         """Whether optimizer `name`'s step is skipped: its loss is a spike on some rank (agreed)."""
         pending, self._pending = self._pending, None

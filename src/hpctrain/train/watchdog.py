@@ -120,8 +120,11 @@ class HangWatchdog:
                 armed, seen, since = armed or moved != seen, moved, now
             if self._stop.is_set():
                 return
-            if (armed and now - since >= self.seconds) or self._peer_reported():
-                self._hang(now - since)
+            idle = now - since
+            # another rank's report is looked for only while this one does not move (a moving rank is no part
+            # of a hang yet): no listing of a shared folder while all is well
+            if (armed and idle >= self.seconds) or (idle >= self.poll and self._peer_reported()):
+                self._hang(idle)
                 return
 
     def _seen(self) -> tuple[int, ...]:
@@ -139,12 +142,20 @@ class HangWatchdog:
             time.sleep(0.2)
         reports = self._reports()
         self.line = verdict(reports, self.env.world_size, self.seconds, self.folder)
-        if self.env.rank == min(r["rank"] for r in reports):  # rank 0, else the lowest that reported
+        say = self.env.rank == min(r["rank"] for r in reports)  # rank 0, else the lowest that reported
+        # Saying and recording may block where the main thread is stuck (a full pipe, a hung file system): in a
+        # thread of their own, given the grace, and the process ends either way.
+        record = threading.Thread(target=self._record, args=(say,), name="hpctrain-hang-record", daemon=True)
+        record.start()
+        record.join(timeout=self.grace)
+        self.end(EXIT_RESUMABLE)
+        faulthandler.cancel_dump_traceback_later()  # (an `end` that returns: a test's)
+
+    def _record(self, say: bool) -> None:
+        if say:
             print(f"error: {self.line}", file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):  # the record must not keep the process from ending
             self.on_hang(self.line)
-        self.end(EXIT_RESUMABLE)
-        faulthandler.cancel_dump_traceback_later()  # (an `end` that returns: a test's)
 
     def _report(self, idle: float) -> None:
         rank = self.env.rank
