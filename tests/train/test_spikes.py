@@ -136,3 +136,15 @@ def load_lr(out: Path) -> float:
     import yaml
 
     return float(yaml.safe_load((out / "t" / "config.yaml").read_text())["optim"]["lr"])
+
+
+def test_a_spike_that_comes_back_after_max_rewinds_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(SupervisedTask, "train_step", faulty_step(spike_at=list(range(25, 500))))
+    assert run(cfg_for(tmp_path, "train.on_spike=rewind", "train.spike.max_rewinds=2"), ClusterEnv()) == 1
+    done = summary(tmp_path / "t")
+    assert done["status"] == "failed" and done["step"] == 20 and done["spikes"]["rewinds"] == 3
+    err = capsys.readouterr().err
+    assert "the loss spiked again at update 21 after 2 rewinds to update 20 (train.spike.max_rewinds=2" in err
+    assert latest(tmp_path / "t")["counters"]["step"] == 20  # nothing saved after the spike
