@@ -54,11 +54,13 @@ def build_watchdog(
     run_dir: Path,
     progress: Callable[[], tuple[int, ...]],
     on_hang: Callable[[str], None],
+    exit_code: int = EXIT_RESUMABLE,
 ) -> HangWatchdog | NoWatchdog:
-    """The watchdog distributed.hang_seconds asks for, else the stand-in."""
+    """The watchdog distributed.hang_seconds asks for, else the stand-in; `exit_code`: the process's code for a
+    resumable stop."""
     if cfg.hang_seconds is None:
         return NoWatchdog()
-    return HangWatchdog(cfg.hang_seconds, env, run_dir, progress, on_hang)
+    return HangWatchdog(cfg.hang_seconds, env, run_dir, progress, on_hang, exit_code=exit_code)
 
 
 class NoWatchdog:
@@ -80,13 +82,14 @@ class HangWatchdog:
         progress: Callable[[], tuple[int, ...]],
         on_hang: Callable[[str], None],
         end: Callable[[int], None] | None = None,
+        exit_code: int = EXIT_RESUMABLE,
     ) -> None:
         """`progress`: what the loop has done (updates, backward passes in the update under way, evaluation
         batches), read from the thread. `on_hang`:
         records the hang (rank 0's chain.json and summary.json), given the line. `end`: ends the process with a
-        code (default: flush and os._exit; the main thread is stuck)."""
+        code (default: flush and os._exit; the main thread is stuck), `exit_code` (the requeue code)."""
         self.seconds, self.env, self.folder = seconds, env, run_dir / "hang"
-        self.progress, self.on_hang, self.end = progress, on_hang, end or _end_now
+        self.progress, self.on_hang, self.end, self.exit_code = progress, on_hang, end or _end_now, exit_code
         self.poll = poll_seconds(seconds)
         self.grace = 2 * self.poll + 5.0  # for the other ranks' reports
         self._stop = threading.Event()
@@ -148,7 +151,7 @@ class HangWatchdog:
         record = threading.Thread(target=self._record, args=(say,), name="hpctrain-hang-record", daemon=True)
         record.start()
         record.join(timeout=self.grace)
-        self.end(EXIT_RESUMABLE)
+        self.end(self.exit_code)
         faulthandler.cancel_dump_traceback_later()  # (an `end` that returns: a test's)
 
     def _record(self, say: bool) -> None:
