@@ -139,7 +139,12 @@ class HangWatchdog:
         return any(r["rank"] != self.env.rank for r in self._reports())
 
     def _hang(self, idle: float) -> None:
-        self._report(idle)
+        try:
+            self._report(idle)
+        except OSError as exc:  # the run folder cannot take it: the line says where the others' are
+            print(
+                f"hang: rank {self.env.rank} could not write its report: {exc}", file=sys.stderr, flush=True
+            )
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and len(self._reports()) < self.env.world_size:
             time.sleep(0.2)
