@@ -19,8 +19,9 @@ from hpctrain.launch.chain import decide
 from hpctrain.launch.supervise import Policy, Supervisor
 from tests.conftest import clean_env, hpctrain, kill_once, save_pause
 
-# The default job made slower per save (a pause before each checkpoint's rename): 10 saves take at least 25 s
-# more than the updates, so a hop with a 20 s budget (from its process start) cannot do them all.
+# The default job made slower per save (a pause before each checkpoint's rename): 10 saves take at least 40 s
+# more than the updates, so a hop with a 40 s budget (counted from its process start) cannot do them all, and
+# one whose start-up takes 15 s (a loaded machine) still makes progress.
 RUN = ["train.total_updates=200", "checkpoint.every=20", "train.eval_every=50", "logging.progress=lines"]
 
 
@@ -39,9 +40,9 @@ def _hops(run_dir: Path) -> list[dict]:
 
 def test_time_budget_stops_are_restarted_until_done_bit_exactly(reference: str, tmp_path: Path) -> None:
     done = hpctrain(
-        "train", "run.name=s", *RUN, "budget.time_limit=0:20", "budget.margin_seconds=0.5",
+        "train", "run.name=s", *RUN, "budget.time_limit=0:40", "budget.margin_seconds=0.5",
         "--until-done", "--max-idle", "4",
-        cwd=tmp_path, env=clean_env(**save_pause(2.5)), timeout=600,
+        cwd=tmp_path, env=clean_env(**save_pause(4.0)), timeout=900,
     )  # fmt: skip
     assert done.code == 0, done.err
     hops = _hops(tmp_path / "logs" / "s")
