@@ -4,7 +4,7 @@
 # sbatch runs a COPY of the template from its spool folder, so nothing here is found relative to BASH_SOURCE:
 # the project is $HPCTRAIN_HOME, which the template sets from SLURM_SUBMIT_DIR (submit from the project folder,
 # or export HPCTRAIN_HOME). Exit codes of the training (src/hpctrain/errors.py): 0 finished, 75 stopped early
-# and resumable, 2 bad input, anything else a failure.
+# and resumable, 2 bad input, 78 out of device memory at these settings, anything else a failure.
 
 hpctrain_log() { echo "[hpctrain $(date +%H:%M:%S) job ${SLURM_JOB_ID:-none}] $*" >&2; }
 
@@ -317,15 +317,16 @@ hpctrain_wait_step() {
     return "$rc"
 }
 
-# torchrun reports a worker's 75 as its own failure: the run folder's summary.json says what really happened.
+# torchrun reports a worker's 75 (or 78) as its own failure: the run folder's summary.json says what really happened.
 hpctrain_resolve_torchrun_rc() {
     local rc=$1
     if [ "$hpctrain_launcher" = torchrun ] && [ "$rc" != 0 ] && [ -f "$hpctrain_run_dir/summary.json" ] &&
         [ "$hpctrain_run_dir/summary.json" -nt "$hpctrain_hop_marker" ]; then
-        case "$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' \
+        case "$(python -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["status"], s.get("exit_code", ""))' \
             "$hpctrain_run_dir/summary.json" 2>/dev/null)" in
-            stopped) rc=75 ;;
-            finished | already_finished) rc=0 ;;
+            stopped*) rc=75 ;;
+            finished* | already_finished*) rc=0 ;;
+            "failed 78") rc=78 ;; # out of device memory at these settings: the chain stops
         esac
     fi
     echo "$rc"
@@ -381,7 +382,7 @@ hpctrain_job() {
 hpctrain_stopped_rc() {
     local rc=$1
     case "$rc" in
-        0 | 2 | 75) ;;
+        0 | 2 | 75 | 78) ;;
         *)
             if [ -n "${hpctrain_stop_signal:-}" ]; then
                 hpctrain_log "the training ended with exit code $rc after SIG$hpctrain_stop_signal: counted as a" \

@@ -105,6 +105,13 @@ def compile_ahead(how: str) -> dict[str, str]:
     return {"_HPCTRAIN_TEST_COMPILE_AHEAD": how, "PYTHONPATH": path}
 
 
+def step_fault(**faults: object) -> dict[str, str]:
+    """Environment for subprocesses whose task update runs out of memory, stalls or spikes as
+    tests/faulthook/step_faults.py's faulty_step(**faults) says."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOK), os.environ.get("PYTHONPATH", "")) if p)
+    return {"_HPCTRAIN_TEST_STEP_FAULT": json.dumps(faults), "PYTHONPATH": path}
+
+
 def exit_marks(marks: Path) -> dict[str, str]:
     """Environment for subprocesses that record in `marks` whether their exit handlers and the interpreter's
     finalization ran, with their RANK: see tests/faulthook/sitecustomize.py."""

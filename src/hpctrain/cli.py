@@ -12,7 +12,16 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 from hpctrain import __version__
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, RunError, UserError
+from hpctrain.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUT_OF_MEMORY,
+    OutOfMemory,
+    RunError,
+    UserError,
+)
 from hpctrain.runtime.signals import install_early
 
 # Imported before `train` installs its stop handlers (_main): keep this module's imports few and light (the
@@ -177,6 +186,9 @@ def _main(argv: list[str] | None) -> int:
         # Whoever raised it: one line, secrets masked (a token in a URI or a dashed override included).
         print(f"error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OutOfMemory as exc:  # not retried at these settings (a chain, --until-done, supervise)
+        print(f"error: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     except RunError as exc:
         print(f"error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE

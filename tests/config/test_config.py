@@ -104,6 +104,19 @@ def test_yaml_interpolates_paths_from_env(tmp_path: Path):
         (["lr2e-5"], "key=value"),
         (["--config", "does/not/exist.yaml"], "'does/not/exist.yaml' not found"),
         (["--preset", "huge"], "--preset 'huge' is unknown"),
+        # issue 46's settings
+        (["train.on_oom=retry"], "train.on_oom='retry': Input should be 'stop' or 'split'"),
+        (["train.on_spike=skip"], "train.on_spike='skip'"),
+        (["train.spike.window=2"], "train.spike.window=2"),
+        (["train.spike.threshold=0"], "train.spike.threshold=0"),
+        (["train.spike.lr_factor=1"], "train.spike.lr_factor=1"),
+        (["train.spike.max_rewinds=0"], "train.spike.max_rewinds=0"),
+        (["train.spike.wndow=9"], "train.spike.wndow=9: unknown key"),
+        (["distributed.hang_seconds=-1"], "distributed.hang_seconds=-1"),
+        (
+            ["distributed.hang_seconds=600"],
+            "distributed.hang_seconds=600 must be below distributed.timeout_seconds",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]):

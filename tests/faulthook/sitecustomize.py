@@ -156,3 +156,15 @@ if os.environ.get("_HPCTRAIN_TEST_LATE_SIGNALS"):
                     sleep(0.05)
 
         _late_signals = _LateSignals()
+
+# `_HPCTRAIN_TEST_STEP_FAULT=JSON`: the task's update runs out of memory, stalls or spikes as step_faults.py's
+# faulty_step(**JSON) says. See tests.conftest.step_fault(...).
+_step_fault = os.environ.get("_HPCTRAIN_TEST_STEP_FAULT")
+if _step_fault:
+    import json
+
+    from step_faults import faulty_step
+
+    from hpctrain.train.task import SupervisedTask
+
+    SupervisedTask.train_step = faulty_step(**json.loads(_step_fault))  # type: ignore[method-assign]

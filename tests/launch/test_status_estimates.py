@@ -106,9 +106,11 @@ def test_a_real_time_limited_run_counts_hops_of_its_own_length(tmp_path: Path) -
     done = hpctrain("status", "logs/r", "--json", cwd=tmp_path, env=clean_env(PATH=_bin(tmp_path)))
     info = json.loads(done.out)
     assert info["status"] == "stopped" and "resumable" in info["evidence"]
-    # the 8 s budget and the process's start before it (seconds on a loaded machine): a hop of this run's length
+    # the 8 s count from the process start: the hop's share of them after its start-up, this run's length
     (hop,) = json.loads((tmp_path / "logs" / "r" / "chain.json").read_text())
-    assert info["hop_seconds"] == pytest.approx(hop["deadline"] - hop["start"]) and info["hop_seconds"] >= 8
+    assert (
+        info["hop_seconds"] == pytest.approx(hop["deadline"] - hop["start"]) and 0 < info["hop_seconds"] <= 8
+    )
     left = 1_000_000 - info["updates_done"]
     per_hop = info["updates_per_wall_second"] * info["hop_seconds"]  # what one hop of this length does
     assert info["remaining_hops"] == math.ceil(left / per_hop)

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.launch.chain import decide
 from hpctrain.launch.supervise import Policy, Supervisor
 from tests.conftest import clean_env, hpctrain, kill_once, save_pause
 
-# The default job made slower per save (a pause before each checkpoint's rename): 10 saves take at least 3 s
-# more than the updates, so a hop with a 5 s budget cannot do them all.
+# The default job made slower per save (a pause before each checkpoint's rename): 10 saves take at least 40 s
+# more than the updates, so a hop with a 40 s budget (counted from its process start) cannot do them all, and
+# one whose start-up takes 15 s (a loaded machine) still makes progress.
 RUN = ["train.total_updates=200", "checkpoint.every=20", "train.eval_every=50", "logging.progress=lines"]
 
 
@@ -38,9 +40,9 @@ def _hops(run_dir: Path) -> list[dict]:
 
 def test_time_budget_stops_are_restarted_until_done_bit_exactly(reference: str, tmp_path: Path) -> None:
     done = hpctrain(
-        "train", "run.name=s", *RUN, "budget.time_limit=0:05", "budget.margin_seconds=0.5",
+        "train", "run.name=s", *RUN, "budget.time_limit=0:40", "budget.margin_seconds=0.5",
         "--until-done", "--max-idle", "4",
-        cwd=tmp_path, env=clean_env(**save_pause(0.3)), timeout=400,
+        cwd=tmp_path, env=clean_env(**save_pause(4.0)), timeout=900,
     )  # fmt: skip
     assert done.code == 0, done.err
     hops = _hops(tmp_path / "logs" / "s")
@@ -157,6 +159,30 @@ def test_exit_2_is_not_retried(tmp_path: Path) -> None:
         said[-1]
         == "attempt 1 ended with exit code 2: bad input (exit 2, said above): running it again cannot help"
     )
+
+
+def test_out_of_memory_is_not_retried_even_behind_torchruns_exit_1(tmp_path: Path) -> None:
+    code, slept, said = supervise(tmp_path, "78", progress=True)
+    assert code == 78 and slept == [] and len(list((tmp_path / "run").glob("attempt-*"))) == 1
+    assert said[-1].startswith(
+        "attempt 1 ended with exit code 78: out of device memory (exit 78, said above)"
+    )
+    # torchrun's 1 for a worker's 78: summary.json (written during the attempt) says it
+    run_dir = tmp_path / "t" / "run"
+    script = (
+        "import json, pathlib, sys; run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True); "
+        "(run / 'summary.json').write_text(json.dumps({'status': 'failed', 'exit_code': 78})); sys.exit(1)"
+    )
+    said.clear()
+    code = Supervisor([sys.executable, "-c", script, str(run_dir)], run_dir, Policy(), [], said.append).run()
+    assert code == 78 and said[-1].startswith(
+        "attempt 1 ended with exit code 1 (summary.json: the run exited 78): out of device memory"
+    )
+
+
+def test_a_chain_stops_after_out_of_memory() -> None:
+    verdict = decide([], "next", 78, max_resubmits=5, max_idle=2)
+    assert verdict.action == "stop" and "ran out of device memory" in verdict.reason
 
 
 def test_torchruns_exit_1_is_read_from_a_fresh_summary(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -177,9 +178,8 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
         *short, "train.total_updates=12", "logging.log_every=4", "run.name=s", cwd=tmp_path, env=env
     )
     assert done.code == 0, done.err
-    assert (
-        "compiled in the background: 4" in done.out and "s left in this hop and nothing of these" in done.out
-    )
+    # the 45 s count from the process start: what is left when the networks are wrapped is less
+    assert re.search(r"compiled in the background: \d+ s left in this hop and nothing of these", done.out)
     made = _summary(tmp_path, "s")["compile"]
     assert made["graphs"] == 0 and made["background"]["kept_eager"], made
     assert made["background"]["eager_updates"] == 12
@@ -201,12 +201,12 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
 def test_a_helper_done_too_late_to_load_leaves_the_hop_eager_and_the_next_hop_warm(tmp_path: Path) -> None:
     """The switch's first compiled call loads the helper's code, seconds that no stop can cut: with less than
     that left before the margin the hop stays eager; the helper's code is marked, so the next hop loads it in its
-    own process. The test hook holds the trainer until the helper ends, which a 25-s margin of a 40-s hop does
-    not leave room after."""
+    own process. The test hook holds the trainer until the helper ends, which a 25-s margin of a 50-s limit
+    (counted from the process start) does not leave room after."""
     env = clean_env(**compile_ahead("wait"))
     args = (
         *ARGS,
-        "budget.time_limit=0:40",
+        "budget.time_limit=0:50",
         "budget.margin_seconds=25",
         "train.total_updates=100000",
         "run.name=k",

@@ -289,6 +289,38 @@ def as_compile_mode(value: Any) -> Any:
     return value
 
 
+class SpikeConfig(Section):
+    window: int = Field(
+        100,
+        ge=5,
+        description="Losses in the running window a loss is compared with (judged once it is full).",
+    )
+    threshold: float = Field(
+        10.0,
+        gt=0,
+        description="A spike: a loss above the window's median by more than threshold x its MAD (scaled to a "
+        "standard deviation, 1.4826 x MAD, and at least 1% of the median).",
+    )
+    max_in_row: int = Field(
+        5,
+        ge=1,
+        description="warn, skip_batch: this many spikes in a row are the loss's new level, not spikes: the window "
+        "starts again from them.",
+    )
+    lr_factor: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="rewind: the LR is multiplied by this at each rewind, for the rest of the run.",
+    )
+    max_rewinds: int = Field(
+        3,
+        ge=1,
+        description="rewind: a spike that comes back after this many rewinds to the same checkpoint stops the run "
+        "(exit 1, nothing saved after it).",
+    )
+
+
 class TrainConfig(Section):
     total_updates: int = Field(
         200,
@@ -393,6 +425,24 @@ class TrainConfig(Section):
         ge=1,
         description="skip_batch: stop (exit 1) when this many updates in a row had to be skipped (a model that "
         "diverged, not a bad batch).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    on_spike: Literal["off", "warn", "skip_batch", "rewind"] = Field(
+        "off",
+        description="A loss spike (train.spike's rule): warn (checked where the losses are read anyway, no cost per "
+        "update), skip_batch (the optimizer step is skipped on every rank; one host sync per step, and one "
+        "small collective under DDP) or rewind (back to the last checkpoint with the LR multiplied by "
+        "train.spike.lr_factor; nothing is saved between the spike and the rewind). off = only NaN/inf is "
+        "guarded (train.on_nonfinite).",
+        json_schema_extra=MAY_CHANGE,
+    )
+    spike: SpikeConfig = Field(default_factory=SpikeConfig, json_schema_extra=MAY_CHANGE)
+    on_oom: Literal["stop", "split"] = Field(
+        "stop",
+        description="Device out of memory in an update: stop (exit 78 with one line naming the micro-batch, the "
+        "memory asked and free and the settings that help; nothing saved after it; chains and supervise do not "
+        "start it again) or split (one process: the update again with its micro-batches halved and "
+        "accumulated, the same global batch; kept for the rest of the run).",
         json_schema_extra=MAY_CHANGE,
     )
 
@@ -591,6 +641,25 @@ class DistributedConfig(Section):
         gt=0,
         description="A collective waiting longer (e.g. a dead rank) fails the job instead of hanging.",
     )
+    hang_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Hang watchdog: no update, evaluation batch or collective for this long (after the hop's first "
+        "progress; a compile counts as progress) writes every rank's stacks and the last collective each "
+        "entered into <run>/hang/, says which rank is behind and ends the hop with the requeue code. Below "
+        "timeout_seconds, above the longest checkpoint save. null = off.",
+    )
+
+    @model_validator(mode="after")
+    def _hang_before_timeout(self) -> DistributedConfig:
+        if self.hang_seconds is not None and self.hang_seconds >= self.timeout_seconds:
+            raise ValueError(
+                f"distributed.hang_seconds={self.hang_seconds:g} must be below distributed.timeout_seconds="
+                f"{self.timeout_seconds:g} (a rank "
+                "waiting in a collective ends at the timeout first, with gloo's or NCCL's error): raise "
+                "distributed.timeout_seconds too"
+            )
+        return self
 
 
 class SlurmConfig(Section):

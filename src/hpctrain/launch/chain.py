@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import EXIT_OK, EXIT_RESUMABLE
+from hpctrain.errors import EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_RESUMABLE
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.track.cancel import PREDECESSOR, CancelMark, read_mark
 from hpctrain.track.chain import read_chain
@@ -66,6 +66,12 @@ def decide(
     if when == "next":
         if exit_code == EXIT_OK:
             return Decision("done", "the run finished")
+        if exit_code == EXIT_OUT_OF_MEMORY:
+            return Decision(
+                "stop",
+                f"the hop ran out of device memory (exit code {exit_code}, its log says where): a hop at the same "
+                "settings would too; change them and submit again",
+            )
         if exit_code != EXIT_RESUMABLE:
             return Decision("stop", f"the hop failed with exit code {exit_code}; not resubmitting")
     idle = idle_hops(hops)

@@ -4,7 +4,8 @@ What a SLURM chain does across jobs (launch/chain.py), for a GPU box under tmux 
 - exit 75 (stopped early and resumable: the time budget, or a signal to the child alone): start it again at once;
 - any other failure (exit 1, another code, death by a signal): start it again after a pause that doubles with
   each crash in a row, from `backoff` up to `backoff_max` seconds (a clean exit-75 stop resets it);
-- exit 0 (finished) or 2 (bad input: running it again cannot help): stop;
+- exit 0 (finished), 2 (bad input) or 78 (out of device memory at these settings): running it again cannot help,
+  stop;
 - `max_idle` attempts in a row that completed no update (the chain's rule, `chain.hop_progress` over the hops an
   attempt added to chain.json; an attempt that added none made none either): stop;
 - `hpctrain cancel RUN` (a cancel mark newer than the attempt's start: track/cancel.py): stop;
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_RESUMABLE, UserError
 from hpctrain.launch.chain import hop_progress, read_hops
 from hpctrain.track.cancel import read_mark
 from hpctrain.track.chain import read_json
@@ -72,6 +73,12 @@ def decide(attempt: Attempt, idle: int, crashes: int, policy: Policy) -> Decisio
         return Decision("done", "the run finished")
     if attempt.code == EXIT_BAD_INPUT:
         return Decision("stop", "bad input (exit 2, said above): running it again cannot help")
+    if attempt.code == EXIT_OUT_OF_MEMORY:
+        return Decision(
+            "stop",
+            f"out of device memory (exit {EXIT_OUT_OF_MEMORY}, said above): running it again at the same settings "
+            "would be too; change them and start again",
+        )
     if idle >= policy.max_idle:
         return Decision(
             "stop",
@@ -194,22 +201,25 @@ class Supervisor:
                 continue
 
     def _resolve(self, raw: int, started: float) -> tuple[int, bool]:
-        """The run's own exit code, and whether summary.json gave it. Another code than 0, 2 or 75 with a
-        summary.json written during the attempt is what the summary says (torchrun's 1 for a worker's 75, or
-        torchrun's own death by the SIGTERM forwarded to it after its workers saved); otherwise a death by
+        """The run's own exit code, and whether summary.json gave it. Another code than 0, 2, 75 or 78 with a
+        summary.json written during the attempt is what the summary says (torchrun's 1 for a worker's 75 or 78,
+        or torchrun's own death by the SIGTERM forwarded to it after its workers saved); otherwise a death by
         signal N is 128 + N, as a shell reports it."""
-        if raw in (EXIT_OK, EXIT_RESUMABLE, EXIT_BAD_INPUT):
+        if raw in (EXIT_OK, EXIT_RESUMABLE, EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY):
             return raw, False
         summary = self.run_dir / "summary.json"
         try:
             fresh = summary.stat().st_mtime >= started
         except OSError:
             fresh = False
-        status = read_json(summary, {}).get("status") if fresh else None
+        record = read_json(summary, {}) if fresh else {}
+        status = record.get("status")
         if status == "stopped":
             return EXIT_RESUMABLE, True
         if status in ("finished", "already_finished"):
             return EXIT_OK, True
+        if record.get("exit_code") == EXIT_OUT_OF_MEMORY:
+            return EXIT_OUT_OF_MEMORY, True
         return (128 - raw if raw < 0 else raw), False
 
     def _pause(self, seconds: float) -> None:

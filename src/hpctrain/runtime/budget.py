@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from hpctrain.config.schema import BudgetConfig, parse_duration
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.signals import StopSignals
@@ -75,6 +77,24 @@ def check_stop() -> None:
         raise StopRequested(reason)
 
 
+def process_start(env: ClusterEnv) -> tuple[float, str]:
+    """When this process's wall time began, and who says so: the job's start where the launcher gives it
+    (SLURM_JOB_START_TIME), the torchrun agent's start for its workers (it started them), else this process's
+    creation. The interpreter's start-up, torch's import and the set-up before the first update count, as they
+    count on the wall clock a limit stands for (a 12 s limit counted from the trainer's start ended 25.7 s
+    after the launch)."""
+    if env.job_start:
+        return float(env.job_start), "the job's start"
+    try:
+        me = psutil.Process()
+        agent = me.parent() if env.torchrun else None
+        if agent is not None:
+            return agent.create_time(), "torchrun's start"
+        return me.create_time(), "the process start"
+    except psutil.Error:  # no /proc to read: the trainer's start, as before
+        return time.time(), "the trainer's start"
+
+
 class DurationEstimate:
     """A cautious estimate of a recurring duration: the largest of the recent observations."""
 
@@ -105,12 +125,15 @@ class TimeBudget:
         env: ClusterEnv,
         signals: StopSignals | None = None,
         clock: Callable[[], float] = time.time,
+        started: tuple[float, str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.env = env
         self.signals = signals or StopSignals()
         self.clock = clock
-        self.started = clock()
+        # budget.time_limit counts from `started` (process_start() for a process started for this run; an
+        # in-process run, a notebook's or a test's, counts from now)
+        self.started, self._counted_from = started or (clock(), "the trainer's start")
         self.step = DurationEstimate(initial=0.0)
         self.eval = DurationEstimate(initial=0.0)
         self.save = DurationEstimate(initial=5.0)
@@ -137,7 +160,7 @@ class TimeBudget:
             return
         if self.cfg.time_limit:
             self.deadline = self.started + parse_duration(self.cfg.time_limit)
-            self.deadline_source = f"budget.time_limit={self.cfg.time_limit}"
+            self.deadline_source = f"budget.time_limit={self.cfg.time_limit} from {self._counted_from}"
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()

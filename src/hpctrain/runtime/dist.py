@@ -12,6 +12,7 @@ import datetime
 import os
 import sys
 import threading
+import time
 from typing import Any, NoReturn
 
 import torch
@@ -133,13 +134,34 @@ def teardown(clean: bool = True) -> None:
         return
     try:
         if clean and was_active:
+            Collectives.enter("teardown barrier")
             torch_dist.barrier()
+            Collectives.leave()
     finally:
         torch_dist.destroy_process_group()
 
 
 _active = False  # cached: asked several times per update
 _joined = False
+
+
+class Collectives:
+    """This process's record of the collectives it entered through this module (the hang watchdog reads it from
+    its thread: train/watchdog.py). A few assignments per collective, none at world size 1."""
+
+    entered = 0  # how many it entered
+    left = 0  # how many it came out of
+    last = ""  # the name of the last one entered
+    since = 0.0  # when it entered that one (time.monotonic)
+
+    @classmethod
+    def enter(cls, name: str) -> None:
+        cls.entered += 1
+        cls.last, cls.since = name, time.monotonic()
+
+    @classmethod
+    def leave(cls) -> None:
+        cls.left = cls.entered
 
 
 def active() -> bool:
@@ -156,24 +178,32 @@ def agree_max(values: list[float]) -> list[float]:
     """Element-wise maximum over ranks: a flag set on any rank is set on all."""
     if not active():
         return list(values)
+    Collectives.enter("agree_max")
     tensor = torch.tensor(values, dtype=torch.float64, device=_device())
     torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
-    return tensor.tolist()
+    agreed: list[float] = tensor.tolist()  # (on CUDA this waits for the all-reduce)
+    Collectives.leave()
+    return agreed
 
 
 def sum_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Sum each tensor over ranks (one collective for all of them)."""
     if not active() or not tensors:
         return tensors
+    Collectives.enter("sum_tensors")
     keys = sorted(tensors)
     flat = torch.stack([tensors[k].detach().double().reshape(()) for k in keys]).to(_device())
     torch_dist.all_reduce(flat, op=torch_dist.ReduceOp.SUM)
-    return {k: flat[i].cpu() for i, k in enumerate(keys)}
+    summed = {k: flat[i].cpu() for i, k in enumerate(keys)}
+    Collectives.leave()
+    return summed
 
 
 def barrier() -> None:
     if active():
+        Collectives.enter("barrier")
         torch_dist.barrier()
+        Collectives.leave()
 
 
 def gather_objects(obj: object) -> list[object]:
@@ -188,6 +218,8 @@ def gather_objects(obj: object) -> list[object]:
 def broadcast_object(obj: object, src: int = 0) -> object:
     if not active():
         return obj
+    Collectives.enter("broadcast_object")
     holder = [obj]
     torch_dist.broadcast_object_list(holder, src=src)
+    Collectives.leave()
     return holder[0]

@@ -30,6 +30,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
     "submit_dir": ("SLURM_SUBMIT_DIR",),
     "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
     "torchrun": ("TORCHELASTIC_RUN_ID",),
+    "job_start": ("SLURM_JOB_START_TIME",),
 }
 _INTS = {
     "rank",
@@ -40,6 +41,7 @@ _INTS = {
     "num_nodes",
     "restart_count",
     "cpus_per_task",
+    "job_start",
 }
 
 
@@ -76,6 +78,7 @@ class ClusterEnv:
     submit_dir: str | None = None
     cpus_per_task: int | None = None  # SLURM's share of cores per task (runtime/threads.py)
     torchrun: str | None = None  # torchrun's run id: its processes on a node share one allocation
+    job_start: int | None = None  # the job's start (Unix time), where the launcher says it
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> ClusterEnv:

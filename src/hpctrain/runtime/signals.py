@@ -92,6 +92,12 @@ def for_run() -> StopSignals:
     return StopSignals().install()
 
 
+def owns_process(signals: StopSignals) -> bool:
+    """Whether `signals` are the early handlers: this process was started for the run that adopted them (its
+    wall time is the run's; an in-process run's starts with the call)."""
+    return signals is _early and _early is not None
+
+
 def ignore_stop_signals() -> None:
     """For DataLoader workers: the main process decides when to stop."""
     for sig in STOP_SIGNALS:

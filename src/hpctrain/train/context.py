@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.train.spikes import SpikeGuard
+
 
 class Context:
     def __init__(
@@ -19,6 +21,7 @@ class Context:
         precision: str,
         clip_norm: float,
         skip_nonfinite: bool = False,
+        spikes: SpikeGuard | None = None,
     ) -> None:
         self.device = device
         self.modules = modules
@@ -35,6 +38,11 @@ class Context:
         # GradScaler already skips overflowing steps (and calibrates with them): it is left to do that.
         self.skip_nonfinite = skip_nonfinite and self.scaler is None
         self.skipped_steps = 0
+        # Backward passes since the last optimizer step: where in its update a rank is (the hang watchdog compares
+        # ranks by it: one waiting in DDP's gradient all-reduce has begun its backward, a stalled one has not).
+        self.backwards = 0
+        # train.on_spike=skip_batch: each step's loss is judged before the step (spikes.py), else None
+        self.spikes = spikes if spikes is not None and spikes.mode == "skip_batch" else None
         self._params = {
             name: [p for group in opt.param_groups for p in group["params"]]
             for name, opt in optimizers.items()
@@ -60,6 +68,9 @@ class Context:
         return ddp.no_sync()
 
     def backward(self, loss: torch.Tensor) -> None:
+        self.backwards += 1
+        if self.spikes is not None:
+            self.spikes.add(loss)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # (torch's backward is untyped)
         else:
@@ -69,7 +80,11 @@ class Context:
         self.optimizers[name].zero_grad(set_to_none=True)
 
     def optimizer_step(self, name: str) -> None:
+        self.backwards = 0
         optimizer = self.optimizers[name]
+        if self.spikes is not None and self.spikes.skip(name):  # before the GradScaler unscales anything
+            optimizer.zero_grad(set_to_none=True)
+            return
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         if self.clip_norm > 0:

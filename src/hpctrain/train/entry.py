@@ -33,9 +33,9 @@ from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import EXIT_RESUMABLE, UserError
 from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
 from hpctrain.remote.uris import MissingPathError
-from hpctrain.runtime.budget import StopSignals, TimeBudget
+from hpctrain.runtime.budget import StopSignals, TimeBudget, process_start
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.signals import for_run
+from hpctrain.runtime.signals import for_run, owns_process
 from hpctrain.track.cancel import PREDECESSOR, read_mark, remove_mark
 from hpctrain.track.chain import process_start_time
 from hpctrain.train.preflight import check_config
@@ -128,7 +128,10 @@ def _train(
         say(to_yaml(cfg), end="")  # a job's log keeps the whole config
     else:
         say(_config_summary(cfg, run_dir))
-    budget = TimeBudget(cfg.budget, env, signals)
+    # budget.time_limit counts from the process start when the process is this run's (`hpctrain train`)
+    budget = TimeBudget(
+        cfg.budget, env, signals, started=process_start(env) if owns_process(signals) else None
+    )
     with _user_mistakes():
         task = make_task(cfg, env)
         built.append(Trainer(cfg, task, env, run_dir, budget, config_file))

@@ -44,6 +44,7 @@ class Evaluator:
         self.budget = budget
         self.max_batches = max_batches  # train.eval_batches (0: all)
         self.seed = seed
+        self.batches = 0  # evaluated so far in this process: progress, for the hang watchdog
 
     @torch.no_grad()
     def sums(self, raw_modules: dict[str, nn.Module]) -> tuple[dict[str, float] | None, str | None]:
@@ -112,6 +113,7 @@ class Evaluator:
                         sums.get(key, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
                     )
                 done += 1
+                self.batches += 1
                 more = not (self.max_batches and done >= self.max_batches)
             agreed = dist.agree_max([float(stop), float(more)])
             if agreed[0]:

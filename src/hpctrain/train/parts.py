@@ -47,7 +47,7 @@ class Group:
 
 
 Parts = dict[str, Stateful]
-"""modules, optimizers, scaler (only with fp16), counters, data, task, budget, trackers."""
+"""modules, optimizers, scaler (only with fp16), counters, data, task, budget, trackers, oom, spikes."""
 
 SAVED_ONLY = ("trackers",)  # restored elsewhere: the trackers are built after the resume, from the counters
 
@@ -71,8 +71,10 @@ def _gather_rng() -> list[dict[str, Any]]:
     mine = rng_state()
     if not dist.active():
         return [mine]
+    dist.Collectives.enter("all_gather_object (RNG states)")
     gathered: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(gathered, mine)
+    dist.Collectives.leave()
     return gathered
 
 

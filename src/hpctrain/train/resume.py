@@ -138,6 +138,20 @@ def resume(parts: Parts, store: CheckpointStore, where: Where) -> Resumed:
     return _Restore(parts, counters, where).follow(agreed, snap)
 
 
+def restore_latest(parts: Parts, store: CheckpointStore, where: Where) -> int | None:
+    """This run's last checkpoint back into the parts on every rank (rank 0 picks the file); its update, or None
+    when there is none. A rewind inside a hop (train.on_spike=rewind) loads what a new hop resuming would."""
+    counters = parts["counters"]
+    assert isinstance(counters, Counters)
+    loaded = store.load_latest() if where.env.is_main else None
+    path = dist.broadcast_object(str(loaded[1]) if loaded else None)
+    if not isinstance(path, str):
+        return None
+    snap = loaded[0] if loaded else read_checkpoint(Path(path))
+    _Restore(parts, counters, where)._full(snap, Path(path), f"checkpoint {path}", _FRESH_HINT)
+    return counters.step
+
+
 def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan, dict[str, Any] | None]:
     """The plan and the snapshot it loads, on rank 0 (`total`: the updates this run is configured for)."""
     cfg, run_dir = where.cfg, where.run_dir
@@ -337,7 +351,7 @@ class _Restore:
             scaler.load_state_dict(state["scaler"])  # type: ignore[attr-defined]
         self.counters.load_state_dict(state["counters"])
         self._best_afresh_if_judged_otherwise()
-        for name in ("data", "task", "budget"):  # the data position exactly; the task's and timings if saved
+        for name in ("data", "task", "budget", "oom", "spikes"):  # the data position exactly; others if saved
             self.parts[name].load_state_dict(state[name] if name == "data" else state.get(name, {}))  # type: ignore[attr-defined]
         self.counters.tracker_state = state.get("trackers", {})  # the trackers are built after the resume
         rngs = state["rng"]

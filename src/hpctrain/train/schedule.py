@@ -183,11 +183,13 @@ class FetchVotes(Votes):
 @dataclass
 class CheckVotes(Votes):
     """At a check step: stop (and why), a time-based save (rank 0's clock), the first non-finite update any rank
-    found (NonFiniteGuard.code), the slowest rank's step time (the next stride)."""
+    found (NonFiniteGuard.code), the first loss spike to rewind from (SpikeGuard.code), the slowest rank's step
+    time (the next stride)."""
 
     stop: int = 0
     save_due: bool = False
     nonfinite: float = 0.0
+    spike: float = 0.0
     step_seconds: float = 0.0
 
     @property

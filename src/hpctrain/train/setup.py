@@ -31,6 +31,7 @@ from hpctrain.train.memory import (
 )
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
+from hpctrain.train.spikes import SpikeGuard
 from hpctrain.train.task import BatchStream, Task
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ class Setup:
         raw: dict[str, nn.Module],
         optimizers: dict[str, torch.optim.Optimizer],
         guard: NonFiniteGuard,
+        spikes: SpikeGuard | None = None,
     ) -> Context:
         """What the task's train_step works through (precision, DDP syncs, clipping, the optimizers)."""
         train = self.cfg.train
@@ -253,6 +255,7 @@ class Setup:
             train.precision,
             self.cfg.optim.grad_clip_norm,
             skip_nonfinite=guard.skip,
+            spikes=spikes,
         )
         if guard.skip and not ctx.skip_nonfinite:
             # fp16: skipping before the GradScaler's update would keep its scale too high forever.

@@ -146,6 +146,11 @@ class Task(ABC, Generic[C]):
         n = self.batch_samples(batch)
         return [MicroBatch(batch, 1.0, n)]
 
+    def halve_batch(self, batch: Any) -> tuple[Any, Any] | None:
+        """Two halves of a batch (on the device), for train.on_oom=split; None when it cannot be cut. Default:
+        tensors (and tuples, lists, dicts of them) cut along their first dimension."""
+        return halve_tree(batch)
+
     @abstractmethod
     def batch_samples(self, batch: Any) -> int:
         """Number of samples (events, maps, rows) in a batch."""
@@ -198,6 +203,40 @@ class Task(ABC, Generic[C]):
 
 # What the workload registry hands the engine: (the validated config, this process's ClusterEnv) -> its Task.
 TaskFactory = Callable[[ConfigBase, ClusterEnv], "Task[ConfigBase]"]
+
+
+def halve_tree(data: Any) -> tuple[Any, Any] | None:
+    """Two halves of a batch along its first dimension (tensors, and tuples, lists and dicts of them with one
+    leading size; other values are kept in both halves), or None when it cannot be cut (fewer than 2 samples, a
+    type this does not know, tensors of different leading sizes)."""
+    sizes: set[int] = set()
+
+    def size_of(x: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            if x.dim() == 0:
+                return False
+            sizes.add(x.shape[0])
+            return True
+        if isinstance(x, (tuple, list)):
+            return all(size_of(v) for v in x)
+        if isinstance(x, dict):
+            return all(size_of(v) for v in x.values())
+        return isinstance(x, (int, float, str, bool)) or x is None
+
+    if not size_of(data) or len(sizes) != 1 or (n := sizes.pop()) < 2:
+        return None
+    cut = (n + 1) // 2
+
+    def take(x: Any, part: slice) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x[part]
+        if isinstance(x, (tuple, list)):
+            return type(x)(take(v, part) for v in x)
+        if isinstance(x, dict):
+            return {k: take(v, part) for k, v in x.items()}
+        return x
+
+    return take(data, slice(0, cut)), take(data, slice(cut, None))
 
 
 def _move(batch: Any, device: torch.device) -> Any:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import torch
 
 from hpctrain.config.schema import ConfigBase
-from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, UserError
+from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, OutOfMemory, UserError
 from hpctrain.fsutil import make_folders
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
@@ -47,6 +47,7 @@ from hpctrain.train.memory import (
     watch_compiles,
 )
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
+from hpctrain.train.oom import OomGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
 from hpctrain.train.outcome import (
     DeviceTimeline,
@@ -65,7 +66,9 @@ from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
 from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
+from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 from hpctrain.train.what_ran import hop_record
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,7 @@ class Trainer:
     optimizers: dict[str, torch.optim.Optimizer]
     base_lrs: dict[str, float]
     ctx: Context
+    oom: OomGuard
     train_stream: BatchStream
     schedule: LRSchedule
     has_val: bool
@@ -114,6 +118,7 @@ class Trainer:
         self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
+        self.watchdog: HangWatchdog | NoWatchdog = NoWatchdog()
         self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
         self.last_log_step = 0
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
@@ -121,6 +126,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
         self._closers: list[Callable[[], None]] = []
         self.guard = NonFiniteGuard(cfg.train)
+        self.spikes = SpikeGuard(cfg.train, lambda: self.checkpointer.last_saved_step)  # train.on_spike
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
         self._window_first = 1  # the update of _window[0]
@@ -154,7 +160,12 @@ class Trainer:
         if self.device.type == "cuda":
             self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
-        self.ctx = self.setup.context(self.modules, self.raw_modules, self.optimizers, self.guard)
+        self.ctx = self.setup.context(
+            self.modules, self.raw_modules, self.optimizers, self.guard, self.spikes
+        )
+        self.oom = OomGuard(
+            self.cfg, self.task, self.env, self.ctx, lambda: self.checkpointer.last_saved_step
+        )
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.counters.total_updates = self.setup.total_updates(self.train_stream)
@@ -174,6 +185,9 @@ class Trainer:
         self.evaluator = Evaluator(
             self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
         )
+        progress = lambda: (self.counters.step, self.ctx.backwards, self.evaluator.batches)  # noqa: E731
+        self.watchdog = build_watchdog(self.cfg.distributed, self.env, self.run_dir, progress, self._hung)
+        self._closers.append(self.watchdog.close)
         if self.cfg.train.eval_every and not self.has_val and self.env.is_main:
             log.warning(
                 "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
@@ -220,6 +234,8 @@ class Trainer:
             "task": self.task,
             "budget": self.budget,
             "trackers": self.trackers,
+            "oom": self.oom,
+            "spikes": self.spikes,
         }
         if self.ctx.scaler is not None:
             parts["scaler"] = self.ctx.scaler
@@ -294,23 +310,40 @@ class Trainer:
             ran=self.ran,
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
+        self.watchdog.start()
         try:
-            reason = self._train()
-            if reason is None or reason == "early_stop":
-                return self._finish(reason or "finished")
-            untrained = (
-                reason == "data_error" and self.counters.step == 0
-            )  # a new run refused its data: no save
-            if self.checkpointer.last_saved_step != self.counters.step and not untrained:
-                self._save()
-            if reason == "data_error":
-                self._result("stopped", "data_error", EXIT_BAD_INPUT)
-                raise data_failure(self._data_error, self.counters.step)
-            return self._result("stopped", reason, EXIT_RESUMABLE)
+            while True:
+                try:
+                    return self._hop()
+                except Rewind as spike:  # train.on_spike=rewind
+                    self._rewind(spike)
         except NonFinite as bad:
             return self._failed(bad)
+        except OutOfMemory as oom:  # nothing saved after it (the update was half done): `latest` stays
+            self._result("failed", "out_of_memory", oom.exit_code, str(oom), exit_code=oom.exit_code)
+            raise
         finally:
             watch_waits(None)
+
+    def _hop(self) -> RunResult:
+        """Train, then end the hop as the reason says (finish, or save and stop)."""
+        reason = self._train()
+        if reason is None or reason == "early_stop":
+            return self._finish(reason or "finished")
+        untrained = reason == "data_error" and self.counters.step == 0  # a new run refused its data: no save
+        if self.checkpointer.last_saved_step != self.counters.step and not untrained:
+            self._save()
+        if reason == "data_error":
+            self._result("stopped", "data_error", EXIT_BAD_INPUT)
+            raise data_failure(self._data_error, self.counters.step)
+        return self._result("stopped", reason, EXIT_RESUMABLE)
+
+    def _rewind(self, spike: Rewind) -> None:
+        """Back to the last checkpoint as a new hop would resume from it, the LR scaled (spikes.py)."""
+        where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
+        self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
+        self._window.clear()  # the losses of the updates undone
+        self._lr_factor, self.last_log_step = None, self.counters.step
 
     def _train(self) -> str | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -380,7 +413,7 @@ class Trainer:
         counters, timers, timeline, clock = self.counters, self.timers, self.timeline, time.perf_counter
         compute_start = clock()
         timeline.start()
-        out = self.task.train_step(micro, self.ctx)
+        out = self.oom.train_step(micro, counters.step + 1)
         counters.step += 1
         samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
         counters.samples += samples * self.env.world_size
@@ -429,7 +462,7 @@ class Trainer:
 
     def _set_lr(self) -> None:
         """The schedule's LR for this update (a pure function of the update count), set when it changes."""
-        factor = self.schedule.factor(self.counters.step)
+        factor = self.schedule.factor(self.counters.step) * self.spikes.lr_scale  # (1: no rewind)
         if factor == self._lr_factor:
             return
         self._lr_factor = factor
@@ -523,11 +556,12 @@ class Trainer:
         budget_reason = self.budget.local_stop_reason(cadence.eval_.due_next(counters.step), ahead=ahead)
         votes.stop = max(votes.stop, CODES[budget_reason] if budget_reason else 0)
         votes.save_due = self.env.is_main and cadence.save.time_due()  # rank 0's clock decides for all
-        votes.nonfinite = self.guard.code()
+        votes.nonfinite, votes.spike = self.guard.code(), self.spikes.code()
         votes.step_seconds = self.budget.step.value
         agreed = votes.agree()
         cadence.check.step_seconds = agreed.step_seconds
         self.guard.raise_if(agreed.nonfinite)
+        self.spikes.raise_if(agreed.spike)
         if agreed.reason is None and agreed.save_due:
             self._save()
         return agreed.reason
@@ -580,6 +614,7 @@ class Trainer:
         if busy is not None:
             self.timers.rebook(busy)
         self.guard.check_losses(losses, self._window_first)
+        self.spikes.observe(losses, self._window_first)
         self._log(out, math.fsum(losses) / len(losses))
         self._window.clear()
         self._window_first = self.counters.step + 1
@@ -625,9 +660,13 @@ class Trainer:
         """Before every save: the losses since the last check and the weights must be finite on every rank,
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
         if self._window:
-            self.guard.check_losses(torch.stack(self._window), self._window_first)
+            losses = torch.stack(self._window).float().tolist()
+            self.guard.check_losses(losses, self._window_first)
+            self.spikes.observe(losses, self._window_first)  # a spike to rewind from is never saved
         self.guard.check_weights(self.raw_modules, self.counters.step)
-        self.guard.raise_if(dist.agree_max([self.guard.code()])[0])
+        nonfinite, spike = dist.agree_max([self.guard.code(), self.spikes.code()])
+        self.guard.raise_if(nonfinite)
+        self.spikes.raise_if(spike)
 
     def _finish(self, reason: str) -> RunResult:
         improved = False
@@ -655,6 +694,10 @@ class Trainer:
             stopped_at_update=self.counters.step,
         )
 
+    def _hung(self, line: str) -> None:
+        """From the hang watchdog's thread, the loop stuck: the hop ends as a stop at the last save."""
+        self._result("stopped", "hang", EXIT_RESUMABLE, line, hang=line)
+
     def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
         self._stop_reason = reason
@@ -668,7 +711,8 @@ class Trainer:
                     EXIT_FAILURE  # trained to the end, but its copy elsewhere is not: the job must not pass
                 )
             last = self.counters.step
-            if status == "failed":  # it got only as far as its last save: where a next start continues
+            # it got only as far as its last save: where a next start continues
+            if status == "failed" or reason == "hang":
                 saved = self.checkpointer.last_saved_step
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
@@ -677,6 +721,7 @@ class Trainer:
                 job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, ran=self.ran, **extra
             )
             summary["copy_failures"] = copies  # {checkpoint.mirror_to or a pelican:// checkpoint.dir: why}
+            summary.update(self.spikes.summary())
             if self._compiling:
                 seconds = self.timers.total.get("compile", 0.0)
                 summary["compile"], line = compile_summary(
