@@ -173,12 +173,14 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
     helper fails there, the networks stay eager for the hop instead of compiling in the training process. With
     train.compile_background=false the user keeps the in-process compile, warned."""
     env = clean_env(**compile_ahead("fail"))
-    short = ("train", "train.compile=default", "train.eval_every=0", "budget.time_limit=0:45")
+    # under 10 minutes left: a short hop (3 minutes, counted from the process start, leave a loaded machine room
+    # for its 12 eager updates)
+    short = ("train", "train.compile=default", "train.eval_every=0", "budget.time_limit=3:00")
     done = hpctrain(
         *short, "train.total_updates=12", "logging.log_every=4", "run.name=s", cwd=tmp_path, env=env
     )
     assert done.code == 0, done.err
-    # the 45 s count from the process start: what is left when the networks are wrapped is less
+    # the limit counts from the process start: what is left when the networks are wrapped is less
     assert re.search(r"compiled in the background: \d+ s left in this hop and nothing of these", done.out)
     made = _summary(tmp_path, "s")["compile"]
     assert made["graphs"] == 0 and made["background"]["kept_eager"], made
@@ -193,7 +195,7 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
         timeout=600,
     )
     assert asked.code in (0, 75), asked.err  # 75: the compile took the time for a second update
-    assert "compiled in this process although only 4" in asked.out
+    assert re.search(r"compiled in this process although only \d+ s are left", asked.out)
     assert "train.compile_background=false): a cold compile can outlast the deadline" in asked.out
     assert _summary(tmp_path, "f")["compile"]["graphs"] >= 1
 
