@@ -370,8 +370,9 @@ class TrainConfig(Section):
         0,
         ge=0,
         description="torch CPU threads per process (0 = the allocation's cores: the fewer of "
-        "SLURM_CPUS_PER_TASK and the CPU affinity mask, split over torchrun's processes on a node; printed at "
-        "start).",
+        "SLURM_CPUS_PER_TASK and the CPU affinity mask, split over torchrun's processes on a node; a single "
+        "CPU process takes only the cores other work leaves free while it starts, and keeps that count in its "
+        "later hops on the same cores; printed at start).",
         json_schema_extra=MAY_CHANGE,
     )
     early_stopping: EarlyStoppingConfig = Field(

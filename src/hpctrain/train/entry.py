@@ -34,6 +34,7 @@ from hpctrain.remote.uris import MissingPathError
 from hpctrain.runtime.budget import StopSignals, TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.signals import for_run
+from hpctrain.runtime.threads import CoreProbe
 from hpctrain.train.preflight import check_config
 from hpctrain.train.remote_ckpt import prepare_tokens
 
@@ -67,6 +68,8 @@ def run(
     built: list[Trainer] = []
     error: BaseException | None = None
     _logging(env)  # first: a handler added before it would stop basicConfig from adding stderr's
+    # how busy the cores are while the process starts: the thread count of a single CPU process
+    probe = CoreProbe() if cfg.train.threads == 0 and env.world_size == 1 else None
     out = RunOutput(env)
     try:
         problems = check_config(cfg, writable=env.is_main)
@@ -77,7 +80,7 @@ def run(
         with (
             no_room_is_user_error()
         ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
-            return _train(cfg, env, make_task, signals, built, out, verbose)
+            return _train(cfg, env, make_task, signals, built, out, verbose, probe)
     except BaseException as exc:
         error = exc
         raise
@@ -101,6 +104,7 @@ def _train(
     built: list[Trainer],
     out: RunOutput,
     verbose: bool,
+    probe: CoreProbe | None = None,
 ) -> int:
     # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
@@ -115,7 +119,7 @@ def _train(
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
         task = make_task(cfg, env)
-        built.append(Trainer(cfg, task, env, run_dir, budget))
+        built.append(Trainer(cfg, task, env, run_dir, budget, probe))
         trainer = built[0]
         trainer.build()
     # chain.json's startup_seconds: the hop's start to its first update (chain is read when that comes: the

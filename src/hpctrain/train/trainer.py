@@ -25,6 +25,7 @@ from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
+from hpctrain.runtime.threads import CoreProbe
 from hpctrain.track.base import Trackers
 from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
@@ -85,20 +86,27 @@ class Trainer:
     cadence: Cadences
 
     def __init__(
-        self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv, run_dir: Path, budget: TimeBudget
+        self,
+        cfg: ConfigBase,
+        task: Task[ConfigBase],
+        env: ClusterEnv,
+        run_dir: Path,
+        budget: TimeBudget,
+        probe: CoreProbe | None = None,
     ) -> None:
+        """`probe`: how busy the cores were while the process started (runtime/threads.py)."""
         self.cfg = cfg
         self.task = task
         self.env = env
         self.run_dir = run_dir
         self.budget = budget
-        self.setup = Setup(cfg, task, env)
+        self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
+        self.setup = Setup(cfg, task, env, probe, self.chain.hops[-1] if self.chain.hops else None)
         self.device = self.setup.device
         self.store = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep_last)
         # Stand-ins until start_tracking (and for good on ranks other than 0): "off" needs no `if`.
         self.trackers = Trackers()
         self.console: Console = NullConsole()
-        self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.timers = Timers()
         self.timeline: DeviceTimeline | NoTimeline = NoTimeline()
         self._compiling = False  # some network is compiled: updates that compile are booked apart
@@ -269,7 +277,7 @@ class Trainer:
             self.counters.step,
             self.env.world_size,
             self.budget.deadline,
-            identity=self.checkpointer.hop_identity(),
+            identity={**self.checkpointer.hop_identity(), **self.setup.threads_record},
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due
         try:
