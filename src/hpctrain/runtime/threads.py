@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from hpctrain.runtime.env import ClusterEnv
 
 # Cores of other work tolerated as noise (daemons, a shell): 2 cores with 0.3 busy still take 2 threads.
@@ -51,14 +53,11 @@ class CoreProbe:
     imported), read when the thread count is set: the start-up is the window, and costs nothing extra."""
 
     def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
         self._begin = self._sample()
 
     def _sample(self) -> tuple[float, list[Any], float]:
-        own = self._psutil.Process().cpu_times()
-        return time.monotonic(), self._psutil.cpu_times(percpu=True), own.user + own.system
+        own = psutil.Process().cpu_times()
+        return time.monotonic(), psutil.cpu_times(percpu=True), own.user + own.system
 
     def busy_elsewhere(self) -> float | None:
         """Cores busy with other work over the window (at least PROBE_SECONDS); None where it cannot tell."""
