@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from hpctrain.config.dump import differences, to_yaml
+from hpctrain.config.dump import differences, override_text, to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, no_room_is_user_error, open_append
@@ -39,6 +39,7 @@ from hpctrain.train.preflight import check_config
 from hpctrain.train.remote_ckpt import prepare_tokens
 
 if TYPE_CHECKING:
+    from hpctrain.train.outcome import RunResult
     from hpctrain.train.task import TaskFactory
     from hpctrain.train.trainer import Trainer
 
@@ -46,11 +47,26 @@ log = logging.getLogger(__name__)
 
 
 def _logging(env: ClusterEnv) -> None:
-    logging.basicConfig(
-        level=logging.INFO if env.is_main else logging.WARNING,
-        format=f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """`logging` records in the console lines' own form (`warning: ...`, `[rank 1] warning: ...` when there are
+    several ranks), not a timestamped record among plain lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(f"[rank {env.rank}] " if env.world_size > 1 else ""))
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, handlers=[handler])
+
+
+class LineFormatter(logging.Formatter):
+    """A record as a plain line: its message, after `warning: ` or `error: ` (info: nothing), a rank prefix."""
+
+    def __init__(self, prefix: str = "") -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        text = f"{self.prefix}{level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
 
 def run(
@@ -66,6 +82,9 @@ def run(
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
+    ending: list[
+        Callable[[], None]
+    ] = []  # the run's last line, said once the trainer closed (its lines first)
     error: BaseException | None = None
     _logging(env)  # first: a handler added before it would stop basicConfig from adding stderr's
     # how busy the cores are while the process starts: the thread count of a single CPU process
@@ -80,14 +99,21 @@ def run(
         with (
             no_room_is_user_error()
         ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
-            return _train(cfg, env, make_task, signals, built, out, verbose, probe)
+            return _train(cfg, env, make_task, signals, built, out, verbose, probe, ending)
     except BaseException as exc:
         error = exc
         raise
     finally:
+
+        def close_trainer() -> None:
+            if built:
+                built[0].close()  # its own last lines (the data's totals of the hop) come before the run's
+            for say_last in ending:
+                say_last()
+
         _close_all(
             [
-                ("the trainer", built[0].close if built else None),
+                ("the trainer", close_trainer),
                 ("the stop signal handlers", signals.close),
                 ("the process group", lambda: _teardown(clean=error is None)),
                 ("training.log", out.close),
@@ -104,7 +130,8 @@ def _train(
     built: list[Trainer],
     out: RunOutput,
     verbose: bool,
-    probe: CoreProbe | None = None,
+    probe: CoreProbe | None,
+    ending: list[Callable[[], None]],
 ) -> int:
     # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
@@ -112,9 +139,9 @@ def _train(
 
     say = out.say
     run_dir = cfg.run.dir
-    if verbose or not sys.stdout.isatty():
-        say(to_yaml(cfg), end="")  # a job's log keeps the whole config
-    else:
+    if verbose:
+        say(to_yaml(cfg), end="")
+    else:  # the whole of it goes to the run folder (config.yaml), here the keys set away from the defaults
         say(_config_summary(cfg, run_dir))
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
@@ -138,9 +165,17 @@ def _train(
     say(_batch_and_lr(cfg, env, trainer))
     trainer.start_tracking(out.file)
     result = trainer.fit()
+    ending.append(lambda: _last_line(result, cfg, env, trainer, out))
+    return result.exit_code
+
+
+def _last_line(result: RunResult, cfg: ConfigBase, env: ClusterEnv, trainer: Trainer, out: RunOutput) -> None:
+    """The run's last line: finished, stopped (resumable) or already finished, with its params_sha256; or the
+    failure (exit 1), on stderr."""
+    say, total = out.say, trainer.counters.total_updates
     if result.status == "already_finished":
         say(
-            f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
+            f"run {cfg.run.name!r} already finished at update {result.step} ({cfg.run.dir}); "
             "raise train.total_updates to train further (with checkpoint.accept_changes=[train.total_updates] "
             f"where the LR schedule depends on the length). params_sha256={result.params_sha256}"
         )
@@ -150,14 +185,11 @@ def _train(
             out.note(f"error: {result.message}")
     elif result.status == "stopped":
         say(
-            f"stopped ({result.reason}) at update {result.step}/{trainer.counters.total_updates}; run the same "
-            f"command again to continue. params_sha256={result.params_sha256}"
+            f"stopped ({result.reason}) at update {result.step}/{total}; run the same command again to "
+            f"continue. params_sha256={result.params_sha256}"
         )
     else:
-        say(
-            f"finished at update {result.step}/{trainer.counters.total_updates}. params_sha256={result.params_sha256}"
-        )
-    return result.exit_code
+        say(f"finished at update {result.step}/{total}. params_sha256={result.params_sha256}")
 
 
 class RunOutput:
@@ -210,7 +242,7 @@ class _LogLines(logging.Handler):
 
     def __init__(self, write: Callable[[str], None]) -> None:
         super().__init__(logging.WARNING)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.setFormatter(LineFormatter())
         self._write = write
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -221,15 +253,12 @@ class _LogLines(logging.Handler):
 
 
 def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
-    """A terminal's view of the config: where the whole of it is written, and the keys set away from their
-    defaults (`--verbose` prints it all; so does a job's log, which is not a terminal)."""
-    changed = differences(cfg)
-    shown = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:12])
-    more = f", ... ({len(changed) - 12} more)" if len(changed) > 12 else ""
-    return (
-        f"config: {run_dir / 'config.yaml'} (the whole of it; --verbose prints it); "
-        f"{len(changed)} keys differ from the defaults: {shown or 'none'}{more}"
-    )
+    """One line: where the whole config is written, and the keys set away from their defaults as overrides
+    (`optim.lr=0.003`), the run's name left out (said with its folder). `--verbose` prints it all."""
+    changed = {k: v for k, v in differences(cfg).items() if k != "run.name"}
+    shown = " ".join(f"{k}={override_text(v)}" for k, v in list(changed.items())[:16])
+    more = f" ... ({len(changed) - 16} more)" if len(changed) > 16 else ""
+    return f"config ({run_dir / 'config.yaml'}; --verbose prints it): {shown or 'the defaults'}{more}"
 
 
 def _describe(
@@ -242,6 +271,8 @@ def _describe(
     setup = trainer.setup
     threads = f"{setup.threads} CPU thread{'s' if setup.threads > 1 else ''} ({setup.threads_source})"
     say(f"{env.describe()}; device {trainer.device}; {threads}; run folder {run_dir}")
+    if setup.precision_note:
+        say(setup.precision_note)
     if budget.deadline is not None:
         say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})")
 

@@ -18,7 +18,7 @@ from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.threads import CoreProbe, choose_threads
 from hpctrain.runtime.torch_build import cpu_only_message
-from hpctrain.train.context import Context
+from hpctrain.train.context import Context, bf16_on_cpu_note
 from hpctrain.train.memory import (
     AUTO_COMPILE_MIN_SECONDS,
     check_compile_names,
@@ -107,6 +107,9 @@ class Setup:
         chosen = choose_threads(train.threads, env, probe if alone else None, earlier_hop)
         self.threads, self.threads_source, self.threads_record = chosen.count, chosen.why, chosen.record
         torch.set_num_threads(self.threads)
+        # measured, not assumed: bf16 autocast on a CPU without bf16 units is several times slower than fp32
+        slow = self.device.type == "cpu" and train.precision == "bf16" and env.is_main
+        self.precision_note = bf16_on_cpu_note(self.threads) if slow else ""
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
             torch.backends.cudnn.allow_tf32 = train.allow_tf32

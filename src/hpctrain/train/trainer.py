@@ -243,7 +243,8 @@ class Trainer:
             time_left=self.budget.remaining,
             log_file=log_file,
         )
-        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds)
+        # NVML only where a GPU was asked for: a CPU run has nothing to say about GPU monitoring
+        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds, gpu=self.device.type == "cuda")
         if self.monitor.note:
             self.console.message(self.monitor.note)
         self._closers.append(self.monitor.close)
