@@ -10,6 +10,7 @@ from pathlib import Path
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
+from hpctrain.track.stages import Stages
 
 
 def main(argv: list[str]) -> int:
@@ -38,13 +39,15 @@ def main(argv: list[str]) -> int:
     if not args.run_dir:
         raise UserError("hpctrain report: name a run folder, or runs to compare with --compare RUN [RUN ...]")
 
+    stages = Stages("report", sys.stdout)
+    stages.stage(f"reading {args.run_dir}")  # before matplotlib's import (seconds on a busy machine)
     from hpctrain.track.report import write_report
     from hpctrain.track.report.data import model_type_of
     from hpctrain.workloads.registry import report_of
 
     try:
         workload = report_of(model_type_of(Path(args.run_dir)))
-        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None, workload)
+        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None, workload, stages)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     print(f"report: {page}")

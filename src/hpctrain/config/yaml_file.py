@@ -10,7 +10,6 @@ reading the text.
 from __future__ import annotations
 
 import difflib
-
 import re
 from pathlib import Path
 from typing import Any

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hpctrain.track.base import Pace
+from hpctrain.track.stages import clock_text
 
 REDRAW_SECONDS = 0.25
 
@@ -32,12 +33,6 @@ def _fmt(key: str, value: float) -> str:
     if abs(value) >= 1000:
         return f"{key} {value:.0f}"
     return f"{key} {value:.4g}"
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
 
 
 # Keys shown on the progress line, in this order (the rest goes to metrics files and trackers only).
@@ -54,11 +49,11 @@ def _line(step: int, total: int, scalars: dict[str, float], times: list[str] | N
 def timing(elapsed: float, step: int, total: int, rate: float | None, time_left: float | None) -> list[str]:
     """`elapsed`, `eta` (at `rate` updates/s; none before a rate is known) and `deadline in` (None: no
     budget) as the plain lines show them."""
-    parts = [f"elapsed {_clock(elapsed)}"]
+    parts = [f"elapsed {clock_text(elapsed)}"]
     if rate and rate > 0:
-        parts.append(f"eta {_clock(max(total - step, 0) / rate)}")
+        parts.append(f"eta {clock_text(max(total - step, 0) / rate)}")
     if time_left is not None:
-        parts.append(f"deadline in {_clock(time_left)}")
+        parts.append(f"deadline in {clock_text(time_left)}")
     return parts
 
 

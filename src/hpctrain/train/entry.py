@@ -133,16 +133,17 @@ def _train(
     probe: CoreProbe | None,
     ending: list[Callable[[], None]],
 ) -> int:
-    # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
-    from hpctrain.train.first_update import on_first_update
-    from hpctrain.train.trainer import Trainer
-
     say = out.say
     run_dir = cfg.run.dir
     if verbose:
         say(to_yaml(cfg), end="")
     else:  # the whole of it goes to the run folder (config.yaml), here the keys set away from the defaults
         say(_config_summary(cfg, run_dir))
+    # torch comes in here (seconds; the lines above were said first), after run() put the stop handlers in (a USR1
+    # during its import is a requeue)
+    from hpctrain.train.first_update import on_first_update
+    from hpctrain.train.trainer import Trainer
+
     budget = TimeBudget(cfg.budget, env, signals)
     with _user_mistakes():
         task = make_task(cfg, env)

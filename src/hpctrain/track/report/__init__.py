@@ -14,18 +14,29 @@ from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
 from hpctrain.track.report.page import render_page
 from hpctrain.track.report.panels import NO_WORKLOAD, Image, ScalarGroup, Table, WorkloadReport, save_png
+from hpctrain.track.stages import NO_STAGES, Stages
 
 __all__ = ["Image", "RunData", "ScalarGroup", "Table", "WorkloadReport", "write_report"]
 
 
-def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadReport = NO_WORKLOAD) -> Path:
-    """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path."""
+def write_report(
+    run_dir: Path,
+    out: Path | None = None,
+    workload: WorkloadReport = NO_WORKLOAD,
+    stages: Stages = NO_STAGES,
+) -> Path:
+    """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path. `stages`:
+    a line as each part begins, the figures with an ETA."""
     data = RunData.load(run_dir)
     out = Path(out) if out is not None else data.run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
+    stages.stage("laying out the figures", len(workload.panels) + 1, "groups")
     # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
     try:
-        images = [image for panel in workload.panels for image in panel(data)]
+        images = []
+        for panel in workload.panels:
+            images += panel(data)
+            stages.advance()
         images += plot_distributions(data)
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(
@@ -34,9 +45,12 @@ def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadRepor
         ) from None
     images += [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
     tables = [table for make in workload.tables for table in make(data)]
+    stages.stage(f"drawing {len(images)} figures into {out}", len(images), "figures")
     for image in images:
         with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
             save_png(image.figure, tmp, _metadata(image))
+        stages.advance()
+    stages.stage("writing the page")
     page = out / "index.html"
     with atomic_path(page, fsync=False) as tmp:
         Path(tmp).write_text(render_page(data, images, tables, workload.evaluation_table))

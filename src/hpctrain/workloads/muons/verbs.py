@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.track.stages import Stages
 from hpctrain.workloads.muons.spec import JUDGE_FOLDS as FOLDS
 from hpctrain.workloads.muons.spec import JUDGE_NULL_REPLICATES as NULL_REPLICATES
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, MuonFlowRun, MuonMultiplicityRun, MuonWGANRun
@@ -194,17 +196,23 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         truth_versions.get(args.truth)  # an unknown version is one line before the model loads
     if args.truth and args.data:
         raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
+    stages = Stages("evaluate", sys.stdout)
+    stages.stage(f"loading the model of {found[1]}")
     model = sampling.load_model(args.model, usable_device(args.device), found)
     data, truth, why = None, args.truth or truth_versions.DEFAULT, "chosen with --truth"
     if not args.data and not args.truth:
         truth, why = truth_versions.training_version(list(model.cfg.data.paths))
     if args.data:
+        stages.stage(f"reading the held-out events of {' '.join(args.data)}")
         data = evaluate.held_out_events(model.cfg, args.data, args.n_events or 0)
         if len(data) < 2:
             raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
     n_events = args.n_events or 10_000
     options = two_sample.Options(args.folds, args.null_replicates)
-    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options, truth)
+    result = evaluate.evaluate_model(
+        model, n_events, args.seed, args.batch_size, data, options, truth, stages
+    )
+    stages.done("evaluated")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
