@@ -273,6 +273,10 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     the table as text (evaluate_val.txt) in the run folder."""
     device = next(modules["generator"].parameters()).device
     model = LoadedModel(cfg, modules, step, run_dir, run_dir, device)
+    log.info(
+        "the quality table of update %d on data.val_paths (evaluate_val.json): about a minute on 2 cores",
+        step,
+    )
     data = held_out_events(cfg, list(cfg.data.val_paths), VAL_EVENTS)
     if len(data) < 2:
         log.warning("no quality table: data.val_paths hold %d event(s)", len(data))
