@@ -21,6 +21,8 @@ NOT_HERE = {
     "hpctrain sync": "uploads to a W&B account (the offline files it uploads are tested in test_wandb.py)",
     "python -m pytest": "a part of this suite",
     "hpctrain supervise -- torchrun --nnodes 2": "needs a second machine (the single-node form runs here)",
+    "make install": "the environment this suite runs in",
+    "source .venv/bin/activate": "the suite runs in that environment already",
 }
 
 # Lines that run at their documented length (the environment's TOTAL_UPDATES=4 is not given to them): the quick
