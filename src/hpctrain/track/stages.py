@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+T = TypeVar("T")
 
 
 def clock_text(seconds: float) -> str:
@@ -80,6 +82,12 @@ class Stages:
 
     def done(self, what: str = "done") -> None:
         self._say(f"{what} [{self._clock() - self._began:.0f} s]")
+
+    def counted(self, items: Iterable[T], size: Callable[[T], float]) -> Iterator[T]:
+        """`items` as they come, each advancing the stage by its `size`."""
+        for item in items:
+            self.advance(size(item))
+            yield item
 
 
 class NoStages(Stages):

@@ -24,7 +24,9 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pydantic import BaseModel
 
 from hpctrain.config.dump import differences, override_text, to_yaml
 from hpctrain.config.schema import ConfigBase
@@ -256,10 +258,25 @@ class _LogLines(logging.Handler):
 def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
     """One line: where the whole config is written, and the keys set away from their defaults as overrides
     (`optim.lr=0.003`), the run's name left out (said with its folder). `--verbose` prints it all."""
-    changed = {k: v for k, v in differences(cfg).items() if k != "run.name"}
+    changed = {k: _without_defaults(cfg, k, v) for k, v in differences(cfg).items() if k != "run.name"}
     shown = " ".join(f"{k}={override_text(v)}" for k, v in list(changed.items())[:16])
     more = f" ... ({len(changed) - 16} more)" if len(changed) > 16 else ""
     return f"config ({run_dir / 'config.yaml'}; --verbose prints it): {shown or 'the defaults'}{more}"
+
+
+def _without_defaults(cfg: ConfigBase, key: str, value: Any) -> Any:
+    """A list of sections (schedule.stages) with each item's own defaults left out, its `type` kept."""
+    held: Any = cfg
+    for part in key.split("."):
+        held = getattr(held, part, None)
+    if not isinstance(held, list) or not all(isinstance(item, BaseModel) for item in held):
+        return value
+    kept = []
+    for item in held:
+        short = item.model_dump(mode="json", exclude_defaults=True)
+        kind = getattr(item, "type", None)
+        kept.append({"type": kind, **short} if kind is not None else short)
+    return kept
 
 
 def _describe(

@@ -261,17 +261,17 @@ def text_problems(fig: Any, drawn: bool = False) -> list[str]:
         fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     width, height = fig.bbox.width, fig.bbox.height
-    drawn: list[Any] = []
+    tick_labels: list[Any] = []
     every_tick_label: set[int] = set()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             for tick in axis.get_major_ticks() + axis.get_minor_ticks():
                 every_tick_label.update((id(tick.label1), id(tick.label2)))
             if ax.get_visible():
-                drawn += _drawn_tick_labels(axis)
+                tick_labels += _drawn_tick_labels(axis)
     texts = [t for t in fig.findobj(Text) if id(t) not in every_tick_label]
     problems = []
-    for text in [*texts, *drawn]:
+    for text in [*texts, *tick_labels]:
         hidden = text.axes is not None and not text.axes.get_visible()
         if hidden or not text.get_visible() or not text.get_text().strip():
             continue

@@ -64,6 +64,26 @@ def _range_text(by: str, lo: float, hi: float) -> str:
     return f"log10 E/GeV {lo:g}-{hi:g}" if by == "energy" else f"zenith {lo:g}-{hi:g} deg"
 
 
+COUNT_TICKS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+def _count_ticks(ax: Any) -> None:
+    """Whole muon counts as ticks of a symlog axis, as many as fit apart at its width: matplotlib's own put
+    -5x10^-1 beside 0 (the first bin begins at -0.5)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    low, high = ax.get_xlim()
+    kept: list[float] = []
+    for tick in (t for t in COUNT_TICKS if low <= t <= high):
+        room = 7.0 * len(str(tick)) + 10.0  # pixels a label needs, with a gap
+        x = ax.transData.transform((tick, 0))[0]
+        if not kept or x - ax.transData.transform((kept[-1], 0))[0] >= room:
+            kept.append(tick)
+    ax.xaxis.set_major_locator(FixedLocator(kept))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
     cols = len(panels)
@@ -84,6 +104,8 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
         else:
             ax.set_xscale("log")
         clipped = ratio_panel(ax, ratio_ax, edges, true, generated, per_width=name == "multiplicity")
+        if name == "multiplicity":
+            _count_ticks(ratio_ax)
         clipped_any += clipped
         # W1/KS and the clipped ratios in the title: a box in the axes covered the low counts' points
         figures = f"W1 {fmt(spec.get('w1'))}  KS {fmt(spec.get('ks'))}"

@@ -97,16 +97,21 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.muons.models import sampling
 
     start = time.perf_counter()
+    stages = Stages("sample", sys.stdout)
+    stages.stage(f"loading the model of {found[1]}")
     model = sampling.load_model(args.model, usable_device(args.device), found)
     torch.manual_seed(args.seed)
+    what = f"{args.n_events} events" if args.n_events else f"the events of {args.primaries}"
+    stages.stage(f"generating {what} into {args.out}", args.n_events or 0, "events")
     # streamed: primaries, generation and the Parquet writer hold one batch at a time (10M events fit)
-    chunks = (
+    generated = (
         chunk
         for primaries, ids in sampling.primary_chunks(
             args.n_events, args.primaries, args.seed, args.batch_size
         )
         for chunk in sampling.generate_chunks(model, primaries, ids, args.batch_size)
     )
+    chunks = stages.counted(generated, len)  # an ETA every 10 s
     events, muons = sampling.write_stream(args.out, chunks)
     print(
         f"wrote {events} events, {muons} muons to {args.out} (model {model.checkpoint}, "
