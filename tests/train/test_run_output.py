@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.runtime.threads import usable_cores
 from tests.conftest import clean_env, hpctrain, read_jsonl
 
 
@@ -83,6 +84,14 @@ def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
     assert first.err.startswith("warning: train.eval_every=10 is ignored: this data has no validation set")
     # the run's last line is its last line, on every hop
     assert first.out.splitlines()[-1].startswith("finished at update 20/20. params_sha256=")
+    # train.threads=0 chose a count from how busy the cores were at the first start; the second hop keeps it
+    # (another count changes the arithmetic), whatever the load is now
+    hops = json.loads((tmp_path / "logs" / "debug-n_val0" / "chain.json").read_text())
+    if usable_cores() > 1:  # one core: one thread, nothing to choose or keep
+        assert (
+            hops[0]["threads"] == hops[1]["threads"] >= 1 and hops[0]["threads_cores"] >= hops[0]["threads"]
+        )
+        assert "as in this run's earlier hops on the same cores" in second.out
 
 
 def test_profile_window_and_hardware_figures_through_the_cli(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def parse_typed(cls: type[BaseModel] | None, key: str, raw: str) -> Any:
         # data.paths=data/muons/train: the one path (the seeds' -i took one); several need the brackets
         if isinstance(value, str) and "," in value:
             raise UserError(
-                f"{key}={raw}: a list of several takes brackets, quoted for the shell: '{key}=[{raw}]'"
+                f"{key}={cut(raw)}: a list of several takes brackets, quoted for the shell: '{key}=[{cut(raw)}]'"
             )
         return [value]
     return value

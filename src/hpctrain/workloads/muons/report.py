@@ -87,7 +87,7 @@ def _count_ticks(ax: Any) -> None:
 def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
     cols = len(panels)
-    width = 230 * cols + 130
+    width = 220 * cols + 130  # five bins: 1230 px, shown at 90 % or more in a 1200-pixel window
     # each column its own x range (sharex="col"): the low-energy bins' data end decades before the high ones'
     fig, axes = figure(width, 480, 2, cols, layout=None, sharex="col", height_ratios=[3, 1])
     fig.subplots_adjust(
