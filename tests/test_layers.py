@@ -111,6 +111,8 @@ REGISTRATION = (
 # The one place that allows an import inside a function: module -> why it cannot import at the top.
 LAZY = {
     "hpctrain": LOGIN + " (hpctrain.load imports workloads.trained, torch, when called)",
+    "hpctrain.commands.model_verb": "first line before torch: sample and evaluate say they are at work before "
+    "the checkpoint reader (torch) loads",
     "hpctrain.commands.report": LOGIN,
     "hpctrain.commands.submit": LOGIN,
     "hpctrain.commands.sync": LOGIN + " (wandb: only when syncing)",
@@ -140,6 +142,7 @@ LAZY = {
     "hpctrain.workloads.fields.verbs": REGISTRATION,
     "hpctrain.workloads.muons.evaluation.two_sample": "heavy dependency: scikit-learn only when the judge runs",
     "hpctrain.workloads.muons.evaluation.quality_report": "heavy dependency: matplotlib only when a figure is drawn",
+    "hpctrain.workloads.muons.report": "heavy dependency: matplotlib only when a figure is drawn",
     "hpctrain.workloads.muons.events.layouts": "heavy import: h5py only for HDF5 files",
     "hpctrain.workloads.muons.events.remote_index": "heavy import: h5py only for HDF5 files",
     "hpctrain.workloads.muons.truth_versions": "heavy import: h5py/pyarrow only when a file's version is read",

@@ -141,8 +141,8 @@ def test_the_muon_flag_and_one_path_without_brackets(tmp_path: Path, capsys) -> 
     code, out, _ = show(tmp_path, capsys, *muons, "data.paths=one/path")
     assert code == 0 and yaml.safe_load(out)["data"]["paths"] == ["one/path"]
     code, _, err = show(tmp_path, capsys, *muons, "data.paths=a,b")
-    assert code == 2 and err == (
-        "error: data.paths=a,b: a list of several takes brackets, quoted for the shell: 'data.paths=[a,b]'\n"
+    assert code == 2 and err.startswith(
+        "error: data.paths='a,b': a list of several takes brackets, quoted for the shell: 'data.paths=[a,b]'"
     )
 
 

@@ -109,7 +109,7 @@ def test_compare_runs_and_folders_of_runs_and_refuse_mistakes_in_one_line(tmp_pa
 
     # the folder is not replaced silently: the same runs are redrawn, others refused (nothing changed), taken
     # with --overwrite, or written elsewhere with --out
-    done = _report(tmp_path, "--compare", "logs/sweep/lr2", "logs/a", "logs/sweep/lr1")
+    done = _report(tmp_path, "--compare", "logs/a", "logs/sweep/lr1", "logs/sweep/lr2")
     assert (
         done.returncode == 0 and done.stdout == "report: logs/compare/index.html (redrawn: the same runs)\n"
     )

@@ -103,6 +103,9 @@ def _compare(names: list[str], out: str | None, overwrite: bool = False) -> int:
         folder = parent / "compare"
     else:
         folder = Path(out)
+    for run in runs:  # what is wrong with a run is said before what is in the way of the page
+        if not (run / "metrics.jsonl").is_file():
+            raise UserError(f"{run}: no metrics.jsonl (is this a run folder? <run.out_dir>/<run.name>)")
     redrawn = _may_write(folder, runs, overwrite)
     try:
         page = write_comparison(runs, folder)

@@ -40,14 +40,10 @@ def parse_typed(cls: type[BaseModel] | None, key: str, raw: str) -> Any:
     if kind == "bool":
         return None if null else raw.strip()  # train.compile_background=null: back to the default's rule
     value = parse_value(raw, f"the value of {quote(key)}")
-    if kind == "list" and value is not None and not isinstance(value, list):
-        # data.paths=data/muons/train: the one path (the seeds' -i took one); several need the brackets
-        if isinstance(value, str) and "," in value:
-            raise UserError(
-                f"{key}={cut(raw)}: a list of several takes brackets, quoted for the shell: '{key}=[{cut(raw)}]'"
-            )
-        return [value]
-    return value
+    # data.paths=data/muons/train: the one path (the seeds' -i took one); text with commas is left to the field
+    # (checkpoint.accept_changes splits it) or refused with the bracket form (validation.py)
+    several = isinstance(value, list) or (isinstance(value, str) and "," in value)
+    return [value] if kind == "list" and value is not None and not several else value
 
 
 def parse_override(text: str, cls: type[BaseModel] | None = None) -> tuple[str, Any]:

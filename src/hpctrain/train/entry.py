@@ -79,14 +79,13 @@ def run(
     naming: str | None = None,
 ) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
-    `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
+    `verbose`: print the whole config at start (config.yaml in the run folder always has it). `naming`: how an
     automatic run.name was formed (config/naming.py), said with the run folder first."""
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
-    ending: list[
-        Callable[[], None]
-    ] = []  # the run's last line, said once the trainer closed (its lines first)
+    # the run's last line, said once the trainer closed (its own closing lines first)
+    ending: list[Callable[[], None]] = []
     error: BaseException | None = None
     _logging(env)  # first: a handler added before it would stop basicConfig from adding stderr's
     # how busy the cores are while the process starts: the thread count of a single CPU process
