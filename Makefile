@@ -11,12 +11,15 @@ STAMP := $(VENV)/.hpctrain-installed
 
 .PHONY: install run test lint bench clean-venv
 
+# Says what it did, or that nothing was needed, and how to use what it made.
 install: $(STAMP)
+	@echo "$(VENV) is ready: hpctrain $$($(BIN)/python -c 'from importlib.metadata import version; print(version("hpctrain"))'), torch $$($(BIN)/python -c 'from importlib.metadata import version; print(version("torch"))'); use it with: source $(VENV)/bin/activate (or $(BIN)/hpctrain)"
 
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || { echo "make install: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
+	@$(BIN)/python -c "import torch" 2>/dev/null || { echo "make install: installing $(TORCH_SPEC) (a few minutes)"; $(BIN)/python -m pip install -q $(TORCH_SPEC); }
+	@echo "make install: installing hpctrain and its dependencies into $(VENV)"
 	@$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 

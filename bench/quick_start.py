@@ -37,7 +37,7 @@ def quick_start_lines() -> list[str]:
     text = readme.read_text().splitlines()
     start = next(i for i, line in enumerate(text, 1) if line.startswith(SECTION))
     end = next((i for i, line in enumerate(text, 1) if i > start and line.startswith("## ")), len(text) + 1)
-    return [c.text for c in commands(readme) if start < c.line < end]
+    return [c.text for c in commands(readme) if start < c.line < end and not c.not_here]  # no install
 
 
 def one_round(lines: list[str]) -> dict[str, float]:

@@ -113,6 +113,8 @@ LAZY = {
     "hpctrain": LOGIN + " (hpctrain.load imports workloads.trained, torch, when called)",
     "hpctrain.cli": "stop handlers first: `hpctrain train` installs them after this module's imports, so the "
     "error line's masking and importlib.metadata (the version) come in only when they are used",
+    "hpctrain.commands.model_verb": "first line before torch: sample and evaluate say they are at work before "
+    "the checkpoint reader (torch) loads",
     "hpctrain.commands.report": LOGIN,
     "hpctrain.commands.submit": LOGIN,
     "hpctrain.commands.sync": LOGIN + " (wandb: only when syncing)",
@@ -143,6 +145,7 @@ LAZY = {
     "hpctrain.workloads.fields.verbs": REGISTRATION,
     "hpctrain.workloads.muons.evaluation.two_sample": "heavy dependency: scikit-learn only when the judge runs",
     "hpctrain.workloads.muons.evaluation.quality_report": "heavy dependency: matplotlib only when a figure is drawn",
+    "hpctrain.workloads.muons.report": "heavy dependency: matplotlib only when a figure is drawn",
     "hpctrain.workloads.muons.events.layouts": "heavy import: h5py only for HDF5 files",
     "hpctrain.workloads.muons.events.remote_index": "heavy import: h5py only for HDF5 files",
     "hpctrain.workloads.muons.truth_versions": "heavy import: h5py/pyarrow only when a file's version is read",

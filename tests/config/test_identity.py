@@ -80,7 +80,7 @@ def test_judge_sorts_changes_and_compares_only_what_the_checkpoint_knows():
     del old["train"]["eval_batches"]  # a key an older version did not have: not compared
     old["model"]["type"] = "other"  # another model type: only the type is reported, not its fields
     old["model"]["hidden"] = [1]
-    cfg = load(  # continuing the same folder (the automatic name would be another: debug-lr2e-05)
+    cfg = load(  # continuing the same folder (the automatic name would be another: debug-lr0.00002)
         "run.name=debug",
         "optim.lr=2e-5",
         "slurm.time=01:00:00",

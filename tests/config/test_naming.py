@@ -24,16 +24,21 @@ def name(*overrides: str, config: str | None = None, preset: str | None = None, 
 def test_the_seed_sweep_gets_one_folder_per_value_whatever_the_spelling() -> None:
     # The template's preset, then LR from `sbatch slurm/single_gpu.sh --export=LR=...`.
     assert [name(preset="single_gpu", LR=lr) for lr in ("1e-5", "2e-5", "5e-5")] == [
-        "single_gpu-lr1e-05",
-        "single_gpu-lr2e-05",
-        "single_gpu-lr5e-05",
+        "single_gpu-lr0.00001",
+        "single_gpu-lr0.00002",
+        "single_gpu-lr0.00005",
     ]
     same = {
         name("optim.lr=2e-5", preset="single_gpu"),
         name(preset="single_gpu", HPCTRAIN_OPTIM__LR="0.00002"),
         name("optim.lr=2.0e-5", preset="single_gpu", LR="7"),  # the command line wins over LR
     }
-    assert same == {"single_gpu-lr2e-05"}
+    assert same == {"single_gpu-lr0.00002"}
+    # floats positional: the folders sort by value (`ls logs/`), lr2e-05 once came after lr0.001
+    values = ["2e-3", "2e-5", "3e-4", "1.5e-4", "5e-2"]
+    names = [name(f"optim.lr={lr}") for lr in values]
+    assert sorted(names) == [names[i] for i in sorted(range(len(values)), key=lambda i: float(values[i]))]
+    assert name("optim.lr=1.5e-4") == "debug-lr0.00015"
     assert name("optim.lr=1e-3") == "debug"  # the config's own value adds nothing
     assert name() == "debug" and name(config=str(ROOT / "configs" / "debug.yaml")) == "debug"
 
@@ -55,9 +60,10 @@ def test_the_seed_sweep_gets_one_folder_per_value_whatever_the_spelling() -> Non
     ],
 )
 def test_keys_that_may_change_between_hops_never_enter(override: str) -> None:
-    assert name(override, "optim.lr=2e-5") == "debug-lr2e-05"
+    assert name(override, "optim.lr=2e-5") == "debug-lr0.00002"
     assert (
-        name(override, "optim.lr=2e-5", RESULTS_DIR="/tmp/r", GPUS="4", TOTAL_UPDATES="9") == "debug-lr2e-05"
+        name(override, "optim.lr=2e-5", RESULTS_DIR="/tmp/r", GPUS="4", TOTAL_UPDATES="9")
+        == "debug-lr0.00002"
     )
 
 
@@ -92,14 +98,14 @@ def test_the_cli_says_the_folder_first_and_the_same_command_continues_it(tmp_pat
     first = hpctrain(*args, cwd=tmp_path, env=clean_env(LR="2e-5"))
     assert first.code == 0, first.err
     assert first.out.splitlines()[0] == (
-        "run folder logs/debug-lr2e-05 (automatic run.name: debug + optim.lr=2e-05)"
+        "run folder logs/debug-lr0.00002 (automatic run.name: debug + optim.lr=2e-05)"
     )
     again = hpctrain(*args, "optim.lr=2e-5", cwd=tmp_path)  # the same run, said another way
     assert again.code == 0, again.err
-    assert "run 'debug-lr2e-05' already finished at update 3" in again.out
+    assert "run 'debug-lr0.00002' already finished at update 3" in again.out
     other = hpctrain(*args, cwd=tmp_path, env=clean_env(LR="5e-5"))
     assert other.code == 0 and "finished at update 3/3" in other.out, other.err
-    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["debug-lr2e-05", "debug-lr5e-05"]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["debug-lr0.00002", "debug-lr0.00005"]
 
 
 @pytest.mark.parametrize(

@@ -99,3 +99,60 @@ def test_an_unquoted_variable_in_a_flow_list_says_quote_it(tmp_path: Path, capsy
     (tmp_path / "c.yaml").write_text(f"model:\n  type: muon_wgan\ndata:\n  type: muons\n  {fixed}\n")
     code, _, err = show(tmp_path, capsys, "--config", str(tmp_path / "c.yaml"))
     assert code == 2 and "is used in the config but not set" in err  # the fix parses; the variable is unset
+
+
+# The seed scripts' habits (issue 44): each answered with the key, in one line, exit 2, for every verb that takes
+# a config; the answer is then accepted as written.
+SEED_HABITS = [
+    (["--lr", "2e-5"], "write optim.lr=2e-5", ["optim.lr=2e-5"]),
+    (["--lr=2e-5"], "write optim.lr=2e-5", ["optim.lr=2e-5"]),
+    (["--batch-size", "128"], "write data.batch_size=128", ["data.batch_size=128"]),
+    (["--epochs", "10"], "write train.epochs=10", ["train.epochs=10"]),
+    (["--export=LR=2e-5"], "(LR=2e-5 hpctrain ...), or write optim.lr=2e-5", ["optim.lr=2e-5"]),
+    (["LR=2e-5"], "LR is an environment variable (what `sbatch --export=LR=...` sets), not a key: write "
+     "optim.lr=2e-5, or put it before the command (LR=2e-5 hpctrain ...)", ["optim.lr=2e-5"]),
+    (["-i", "a.parquet", "b.parquet"], "write 'data.paths=[a.parquet,b.parquet]'", None),
+    (["--wandb-offline"], "write logging.wandb.enabled=true logging.wandb.mode=offline",
+     ["logging.wandb.enabled=true", "logging.wandb.mode=offline"]),
+    (["--tb-logdir", "tb"], "write logging.tensorboard.dir=tb", ["logging.tensorboard.dir=tb"]),
+    (["--eval-every", "50"], "write train.eval_every=50", ["train.eval_every=50"]),  # by the key's name
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, expected, accepted", SEED_HABITS)
+def test_the_seed_scripts_flags_are_answered_with_the_key(
+    tmp_path: Path, capsys, args: list[str], expected: str, accepted: list[str] | None
+) -> None:
+    for verb in (["config", "show"], ["train"], ["submit", "--dry-run"]):
+        code = cli_main([*verb, "--env-file", "", *args])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("error: ") and err.rstrip().endswith(expected), err
+    if accepted is not None:
+        code, _, err = show(tmp_path, capsys, *accepted)
+        assert code == 0, err
+
+
+def test_the_muon_flag_and_one_path_without_brackets(tmp_path: Path, capsys) -> None:
+    muons = ["--config", str(Path(__file__).parents[2] / "configs" / "muons_quick.yaml")]
+    code = cli_main(["config", "show", "--env-file", "", *muons, "--max-muons-per-event", "500"])
+    assert code == 2 and capsys.readouterr().err.rstrip().endswith("write data.max_muons_per_event=500")
+    # one path without brackets is a list of one (the seeds' -i took one); several need them
+    code, out, _ = show(tmp_path, capsys, *muons, "data.paths=one/path")
+    assert code == 0 and yaml.safe_load(out)["data"]["paths"] == ["one/path"]
+    code, _, err = show(tmp_path, capsys, *muons, "data.paths=a,b")
+    assert code == 2 and err.startswith(
+        "error: data.paths='a,b': a list of several takes brackets, quoted for the shell: 'data.paths=[a,b]'"
+    )
+
+
+def test_a_mistyped_config_path_names_the_nearest_file(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(Path(__file__).parents[2])
+    code, _, err = show(tmp_path, capsys, "--config", "configs/muon_quick.yaml")
+    assert code == 2
+    assert (
+        err
+        == "error: config file 'configs/muon_quick.yaml' not found; did you mean configs/muons_quick.yaml?\n"
+    )
+    code, _, err = show(tmp_path, capsys, "--config", str(tmp_path / "nothing-like-it.yaml"))
+    assert code == 2 and err.rstrip().endswith("not found")

@@ -23,6 +23,8 @@ NOT_HERE = {
     "hpctrain supervise -- torchrun --nnodes 2": "needs a second machine (the single-node form runs here)",
     "condor_submit": "needs an HTCondor pool (tests/launch/test_condor.py parses the file with HTCondor's parser "
     "and runs its executable)",
+    "make install": "the environment this suite runs in",
+    "source .venv/bin/activate": "the suite runs in that environment already",
 }
 
 # Lines that run at their documented length (the environment's TOTAL_UPDATES=4 is not given to them): the quick

@@ -188,11 +188,11 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
     ]
     assert {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()} == before  # untouched
     # The template's preset and the exported LR name its own run folder.
-    summary = finished(project, "multi_gpu-lr2e-05", world=2)
+    summary = finished(project, "multi_gpu-lr0.00002", world=2)
     assert summary["step"] == 30
-    cfg = yaml.safe_load((project / "logs" / "multi_gpu-lr2e-05" / "config.yaml").read_text())
+    cfg = yaml.safe_load((project / "logs" / "multi_gpu-lr0.00002" / "config.yaml").read_text())
     assert cfg["optim"]["lr"] == pytest.approx(2e-5) and cfg["train"]["precision"] == "bf16"
-    assert f"run folder {project / 'logs' / 'multi_gpu-lr2e-05'}" in log_of(project, job)
+    assert f"run folder {project / 'logs' / 'multi_gpu-lr0.00002'}" in log_of(project, job)
 
 
 def test_every_documented_sbatch_line_is_accepted(slurm_cluster: SlurmCluster, project: Path) -> None:

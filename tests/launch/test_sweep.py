@@ -19,10 +19,10 @@ from tests.conftest import ROOT, clean_env, hpctrain
 
 GRID = ["--sweep", "optim.lr=1e-5,2e-5", "--sweep", "model.hidden=[64],[128,128]"]
 NAMES = [
-    "debug-lr1e-05-hidden64",
-    "debug-lr1e-05-hidden128_128",
-    "debug-lr2e-05-hidden64",
-    "debug-lr2e-05-hidden128_128",
+    "debug-lr0.00001-hidden64",
+    "debug-lr0.00001-hidden128_128",
+    "debug-lr0.00002-hidden64",
+    "debug-lr0.00002-hidden128_128",
 ]
 
 

@@ -22,6 +22,7 @@ def muon_report(muon_run_folder: Path, tmp_path_factory: pytest.TempPathFactory)
     """The folder `hpctrain report RUN --out OUT` wrote for that run, drawn once: read it, or copy it before
     adding to it."""
     out = tmp_path_factory.mktemp("muon_report") / "report"
-    done = hpctrain("report", str(muon_run_folder), "--out", str(out), cwd=out.parent)
+    # some forty figures: 20 s on 2 idle cores, over 3 minutes on a loaded machine (load 13)
+    done = hpctrain("report", str(muon_run_folder), "--out", str(out), cwd=out.parent, timeout=600)
     assert done.code == 0, done.err
     return out

@@ -72,7 +72,7 @@ def muon_run(run: Path, total: int = 120, legacy: bool = False) -> Path:
     }
     val = {"val_wasserstein": lambda s: 2.5 / math.sqrt(s), "val_multiplicity_nll": lambda s: 2 + 9 / s}
     _metrics(run, keys, val, total)
-    true, draws, reference, _ = muon_eval.reference_samples(EVENTS, 1, 2000, None)
+    true, draws, reference, clamped = muon_eval.reference_samples(EVENTS, 1, 2000, None)
     other, floor = draws[0], draws[1:]  # a truth sample for the same primaries stands in for a model
     generated = layouts.Events(other.primaries, other.muons * np.float32([2, 1, 1]), other.counts, other.ids)
     evaluation = muon_eval.compare(generated, true)
@@ -88,7 +88,8 @@ def muon_run(run: Path, total: int = 120, legacy: bool = False) -> Path:
             panel["features"] = {name: panel["features"][name] for name in OLD_FEATURES}
     else:
         evaluation["quality"] = quality.quality(generated, true, floor, reference)
-    evaluation["info"] = {"step": total, "events": EVENTS, "units": "W1 in log10 units"}
+    evaluation["info"] = {"step": total, "events": EVENTS, "units": "W1 in log10 units", "muon_cap": 2000,
+                          "truth_events_clamped_at_cap": clamped, "source": "synthetic truth v1"}  # fmt: skip
     _write(run, {"type": "muon_wgan"}, total, evaluation, "val_multiplicity_nll")
     return run
 

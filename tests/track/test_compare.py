@@ -107,6 +107,28 @@ def test_compare_runs_and_folders_of_runs_and_refuse_mistakes_in_one_line(tmp_pa
     page = (logs / "compare" / "index.html").read_text()
     assert re.findall(r"<li><b>(.*?)</b>", page) == ["a", "lr1", "lr2"]
 
+    # the folder is not replaced silently: the same runs are redrawn, others refused (nothing changed), taken
+    # with --overwrite, or written elsewhere with --out
+    done = _report(tmp_path, "--compare", "logs/a", "logs/sweep/lr1", "logs/sweep/lr2")
+    assert (
+        done.returncode == 0 and done.stdout == "report: logs/compare/index.html (redrawn: the same runs)\n"
+    )
+    done = _report(tmp_path, "--compare", "logs/a", "logs/sweep/lr1")
+    assert done.returncode == 2 and done.stderr == (
+        "error: hpctrain report --compare: logs/compare holds a comparison of other runs (a, lr1, lr2); nothing "
+        "was replaced: name another folder with --out DIR, or add --overwrite to replace it\n"
+    )
+    assert re.findall(r"<li><b>(.*?)</b>", (logs / "compare" / "index.html").read_text()) == [
+        "a",
+        "lr1",
+        "lr2",
+    ]
+    done = _report(tmp_path, "--compare", "logs/a", "logs/sweep/lr1", "--out", "logs/a-lr1")
+    assert done.returncode == 0 and done.stdout == "report: logs/a-lr1/index.html\n", done.stderr
+    done = _report(tmp_path, "--compare", "logs/a", "logs/sweep/lr1", "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"<li><b>(.*?)</b>", (logs / "compare" / "index.html").read_text()) == ["a", "lr1"]
+
     for args, message in [
         (["--compare", "logs/a"], "needs two runs or more, found 1 (logs/a)"),
         (["--compare", "logs/a", "logs/nope"], "logs/nope does not exist"),

@@ -34,9 +34,19 @@ def test_bar_redraws_at_most_a_few_times_a_second() -> None:
     assert "3000/3000" in last and last.endswith("\n")
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_one_rate_and_an_eta_bounded_by_the_budget() -> None:
-    term = Terminal()
-    console = Console(total=1000, start=100, stream=term, time_left=lambda: 75.0)
+    term, clock = Terminal(), Clock()
+    console = Console(total=1000, start=100, stream=term, time_left=lambda: 75.0, clock=clock)
+    console.update(300, {"loss": 0.25, "updates_per_s": 3.0, "samples_per_s": 96.0})
+    clock.now += 10  # 100 updates in 10 s since the first log step
     console.update(400, {"loss": 0.25, "updates_per_s": 10.0, "samples_per_s": 320.0})
     console.close()
     line = term.getvalue().strip().rsplit("\r", 1)[-1]
@@ -45,16 +55,34 @@ def test_one_rate_and_an_eta_bounded_by_the_budget() -> None:
     assert "400/1000" in line
 
 
+def test_the_first_eta_leaves_out_the_hop_start() -> None:
+    """The first log step's window holds the hop's start (a slow first update): no ETA from it; then the
+    progress since that step, not the window's rate."""
+    log, clock = io.StringIO(), Clock()
+    console = Console(total=300, start=0, stream=log, clock=clock)
+    clock.now += 5.0  # the start: 10 updates in 5 s
+    console.update(10, {"loss": 1.0, "updates_per_s": 2.0})
+    clock.now += 0.5
+    console.update(20, {"loss": 1.0, "updates_per_s": 20.0})
+    console.close()
+    first, second = log.getvalue().splitlines()
+    assert first.endswith("| elapsed 00:05") and "eta" not in first
+    assert second.endswith("| elapsed 00:05 | eta 00:14")  # 280 updates at 20/s, not at 2/s (02:20)
+
+
 def test_log_file_gets_plain_lines_and_messages_do_not_tear_the_bar() -> None:
-    log = io.StringIO()
-    console = Console(total=10, start=0, stream=log)
+    log, clock = io.StringIO(), Clock()
+    console = Console(total=10, start=0, stream=log, clock=clock)
     console.tick(1)
+    console.update(3, {"loss": 0.25, "updates_per_s": 2.0, "data_share": 0.25})
+    clock.now += 1
     console.update(5, {"loss": 0.125, "updates_per_s": 2.0, "data_share": 0.25})
     console.message("eval at update 5 | val_loss 0.1")
     console.close()
     console.close()  # twice is harmless (closed before the final line, then again at exit)
     assert (
-        log.getvalue() == "update 5/10 | loss 0.125 | updates/s 2 | data 25% | elapsed 00:00 | eta 00:02\n"
+        log.getvalue() == "update 3/10 | loss 0.25 | updates/s 2 | data 25% | elapsed 00:00\n"
+        "update 5/10 | loss 0.125 | updates/s 2 | data 25% | elapsed 00:01 | eta 00:02\n"
         "eval at update 5 | val_loss 0.1\n"
     )
 
@@ -91,10 +119,12 @@ def test_progress_lines_reach_their_files_within_a_second_messages_at_once(tmp_p
 
 def test_plain_lines_carry_elapsed_eta_and_deadline_like_the_bar() -> None:
     """A SLURM log (no terminal) gets the bar's times on every progress line (issue 31 item 2)."""
-    log = io.StringIO()
-    console = Console(total=1000, start=0, stream=log, time_left=lambda: 3725.0)
+    log, clock = io.StringIO(), Clock()
+    console = Console(total=1000, start=0, stream=log, time_left=lambda: 3725.0, clock=clock)
+    console.update(200, {"loss": 0.5, "updates_per_s": 4.0})
+    clock.now += 50
     console.update(400, {"loss": 0.5, "updates_per_s": 4.0})
     console.close()
-    line = log.getvalue().strip()
-    assert line.startswith("update 400/1000 | loss 0.5 | updates/s 4 | elapsed 00:00")
+    line = log.getvalue().strip().splitlines()[-1]
+    assert line.startswith("update 400/1000 | loss 0.5 | updates/s 4 | elapsed 00:50")
     assert line.endswith("| eta 02:30 | deadline in 1:02:05")  # 600 updates at 4/s; the budget's 3725 s

@@ -122,6 +122,28 @@ def test_muon_report_has_its_panels_and_tables(muon_run_folder: Path, muon_repor
     assert summary["model"] == "muon_wgan" and summary["job hops"] == "2"
     assert summary["final val_multiplicity_nll (update 120)"] == f"{2 + 9 / 120:.4g}"
     assert "data.prefetch_batches 0 -> 2" in page.tables["hops"][2][-1]
+    assert [row[0] for row in page.tables["hops"][1:]] == ["1", "2"]  # from 1, as train, status and plots
+    # generated vs true over all events first, then per bin, the judges, the training last
+    order = [Path(i["src"]).stem for i in page.images]
+    assert order[: len(DRAWN)] == sorted(f"dist_{f}" for f in DRAWN)
+    assert order[len(DRAWN)].startswith("energy_bins_") and order[-3:] == [
+        "scalars",
+        "throughput",
+        "time_shares",
+    ]
+    assert order.index("quality_overview") > max(
+        i for i, n in enumerate(order) if n.startswith("zenith_bins")
+    )
+    text = (muon_report / "index.html").read_text()
+    assert "data-unreadable" not in text  # every figure's text inside it and apart (panels.text_problems)
+    # every figure of the evaluation table says what it is; the truth's clamp at the muon cap is said
+    table = page.tables["table-1"]
+    assert table[0] == ["figure", "value", "what it is"] and all(row[2] != "-" for row in table[1:])
+    assert dict((r[0], r[2]) for r in table)["w1_multiplicity"].startswith("pooled Wasserstein-1 distance")
+    clamped = evaluation["info"]["truth_events_clamped_at_cap"]
+    assert (
+        f"The truth is clamped at the muon cap (data.max_muons_per_event=2000): {clamped} true events" in text
+    )
 
 
 def test_muon_report_shows_the_judged_table_per_feature_and_bin(
@@ -130,7 +152,12 @@ def test_muon_report_shows_the_judged_table_per_feature_and_bin(
     run = muon_run_folder
     page, panels = check_report(muon_report)
     judged = json.loads((run / "evaluate.json").read_text())["quality"]
-    table = next(rows for rows in page.tables.values() if rows and rows[0][:2] == ["feature", "ours W1"])
+    table = next(
+        rows for rows in page.tables.values() if len(rows) > 1 and rows[1][:2] == ["feature", "ours"]
+    )
+    # bin means, named apart from the evaluation table's pooled W1
+    assert table[0][1:3] == ["W1, mean over the judged bins", "KS, mean over the judged bins"]
+    table = table[1:]
     assert [row[0] for row in table[1:]] == list(FEATURES)
     for row in table[1:]:
         f = judged["features"][row[0]]
@@ -167,7 +194,7 @@ def test_an_evaluate_json_from_before_the_judged_table_still_renders(tmp_path: P
     page, panels = check_report(run / "report")
     old = ("multiplicity", "energy", "lateral_distance")
     assert set(panels) == GENERIC | {f"{k}_{f}" for k in ("dist", "energy_bins", "zenith_bins") for f in old}
-    assert not any(rows and rows[0][:2] == ["feature", "ours W1"] for rows in page.tables.values())
+    assert not any(len(rows) > 1 and rows[1][:2] == ["feature", "ours"] for rows in page.tables.values())
     w1 = json.loads((run / "evaluate.json").read_text())["metrics"]["w1_energy"]
     assert any(f"W1 {w1:.3g}" in title for title in _titles(run, "dist_energy"))  # from "metrics"
 
@@ -247,3 +274,24 @@ def test_the_summary_says_the_status_once_and_the_reason_when_it_adds_one(tmp_pa
     assert status({"status": "finished", "reason": "finished"}) == "finished"
     assert status({"status": "stopped", "reason": "time_limit"}) == "stopped (time_limit)"
     assert status({}) == "no summary.json (running or killed)"
+
+
+def test_a_stale_or_missing_evaluation_is_said_with_the_command_that_refreshes_it(
+    muon_run_folder: Path, tmp_path: Path
+) -> None:
+    """Extended from 120 to 160 updates after its evaluation: the page says so first, with the commands; the
+    same for a run never evaluated; nothing for a fresh one (the page alone: no figures drawn)."""
+    from hpctrain.track.report.page import render_page
+    from hpctrain.workloads.muons.report import REPORT
+
+    run = tmp_path / "run"
+    shutil.copytree(muon_run_folder, run)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "step": 160, "total_updates": 160}))
+    command = f"hpctrain evaluate {run} &amp;&amp; hpctrain report {run}"
+    page = render_page(RunData.load(run), [], [], REPORT)
+    assert "The evaluation below is of update 120, but the run has trained to update 160: it is stale" in page
+    assert '<p class="notice">' in page and f"<code>{command}</code>" in page
+    (run / "evaluate.json").unlink()
+    assert "No evaluation yet (evaluate.json)" in render_page(RunData.load(run), [], [], REPORT)
+    assert 'class="notice"' not in render_page(RunData.load(muon_run_folder), [], [], REPORT)

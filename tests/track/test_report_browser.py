@@ -1,6 +1,6 @@
 """The report page in a real browser: headless Chromium (Debian's package, installed by `make test` through
-hpc/install-browser) loads it with the network cut off, every image must have loaded, the tables must be there;
-a screenshot is saved next to the page."""
+hpc/install-browser) loads it with the network cut off, every image must have loaded and be readable (no text
+cut or overprinted, not shrunk), the tables must be there; a screenshot is saved next to the page."""
 
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ PROBE = """<!DOCTYPE html><html><body><pre id="result">not loaded</pre>
 document.getElementById("page").addEventListener("load", function () {
   var doc = this.contentDocument, out = {images: [], tables: {}};
   doc.querySelectorAll("img").forEach(function (img) {
-    out.images.push({src: img.getAttribute("src"), complete: img.complete, width: img.naturalWidth});
+    out.images.push({src: img.getAttribute("src"), complete: img.complete, width: img.naturalWidth,
+                     shown: img.getBoundingClientRect().width});
+  });
+  out.unreadable = [];
+  doc.querySelectorAll("figure[data-unreadable]").forEach(function (f) {
+    out.unreadable.push(f.id + ": " + f.getAttribute("data-unreadable"));
   });
   doc.querySelectorAll("table").forEach(function (t) { out.tables[t.id] = t.rows.length; });
   document.getElementById("result").textContent = JSON.stringify(out);
@@ -79,6 +84,11 @@ def test_the_report_renders_offline_in_chromium(tmp_path: Path, workload: str, r
     assert sorted(i["src"] for i in rendered["images"]) == pngs and len(pngs) >= 4
     broken = [i["src"] for i in rendered["images"] if not (i["complete"] and i["width"] > 0)]
     assert not broken, f"images the browser could not show: {broken}"
+    # readable as shown: no figure's text cut or overprinted (the report checks each figure as it saves it,
+    # panels.text_problems), and none shrunk much below its own size in a 1200-pixel window
+    assert rendered["unreadable"] == [], rendered["unreadable"]
+    shrunk = [i["src"] for i in rendered["images"] if i["shown"] < 0.9 * i["width"]]
+    assert not shrunk, f"images shown at under 90 % of their size: {shrunk}"
     assert rendered["tables"]["summary"] >= 6 and rendered["tables"]["hops"] == 3  # header + 2 hops
     assert len(rendered["tables"]) >= 3  # + the evaluation or the workload's (pivot) tables
 

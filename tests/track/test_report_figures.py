@@ -217,7 +217,8 @@ def test_ratio_panels_mark_the_bins_above_their_top(tmp_path: Path) -> None:
         centres = 0.5 * (edges[1:] + edges[:-1])
         assert np.allclose(triangles[0].get_xdata(), centres[above])
         assert all(0 < y <= 2 for y in triangles[0].get_ydata())  # inside the panel, at its top
-        assert f"▲ {above.sum()} bins gen/true > 2" in ax.get_title()
+        outside = (true == 0) & (generated > 0)
+        assert f"{above.sum() + outside.sum()} bins at the ratio's top" in ax.get_title()
     (dist,) = [image.figure for image in plot_distributions(data)]
     legend = dist.axes[1].get_legend()
     assert legend is not None and "gen / true above 2:" in legend.get_texts()[0].get_text()
@@ -242,3 +243,19 @@ def test_x_ranges_end_at_the_data(tmp_path: Path) -> None:
     for fig in (scalars.figure, throughput.figure):
         ax = visible_axes(fig)[0]
         assert ax.get_xlim()[1] <= 200 + 0.06 * 190  # the last record (200) and matplotlib's 5% margin
+
+
+def test_generated_values_outside_the_truths_support_are_marked_in_the_ratio_panel() -> None:
+    """Bins where the truth has nothing and the generator something have no ratio: a cross at the panel's top
+    for each, counted with the clipped ones (shown above as points, not lost below)."""
+    from hpctrain.track.report.generic import ratio_panel
+    from hpctrain.track.report.panels import figure
+
+    _, axes = figure(600, 400, 2, 1, sharex=True)
+    edges = np.arange(7, dtype=float)
+    true, generated = np.array([0, 5, 10, 8, 0, 0.0]), np.array([3, 5, 30, 8, 0, 2.0])
+    marked = ratio_panel(axes[0, 0], axes[1, 0], edges, true, generated)
+    crosses = [line for line in axes[1, 0].get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [0.5, 5.5]
+    assert all(0 < y <= 2 for y in crosses[0].get_ydata())
+    assert marked == 3  # two crosses and the bin at 30 / 10, above 2

@@ -42,7 +42,7 @@ def test_identity_change_is_refused_then_accepted_and_recorded(tmp_path: Path) -
     apart = hpctrain("train", *SHORT, "data.batch_size=64", cwd=tmp_path, env=clean_env(LR="2e-5"))
     assert apart.code == EXIT_OK, apart.err
     assert apart.out.startswith(
-        "run folder logs/debug-lr2e-05-batch_size64 (automatic run.name: debug + optim.lr=2e-05, "
+        "run folder logs/debug-lr0.00002-batch_size64 (automatic run.name: debug + optim.lr=2e-05, "
         "data.batch_size=64)\n"
     )
     assert files(run_dir) == before

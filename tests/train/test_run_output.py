@@ -1,6 +1,6 @@
-"""What a run shows and keeps: on a terminal a short config line and one bar (few redraws, our rate, closed
-before the last line); in a log file the whole config and plain lines; every hop's lines in training.log;
-profiling and hardware figures when asked for."""
+"""What a run shows and keeps: a short config line (the whole config goes to the run folder) and on a terminal
+one bar (few redraws, our rate, closed before the last line); plain lines in a log file, `logging` records in
+the same form; every hop's lines in training.log; profiling and hardware figures when asked for."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpctrain.runtime.threads import usable_cores
 from tests.conftest import clean_env, hpctrain, read_jsonl
 
 
@@ -47,7 +48,7 @@ def test_terminal_gets_a_short_config_and_one_calm_bar(tmp_path: Path) -> None:
     code, text, seconds = on_terminal("train", "train.total_updates=300", "model.hidden=[8]", cwd=tmp_path)
     assert code == 0, text[-3000:]
     assert text.startswith("run folder logs/debug-hidden8 (automatic run.name: debug + model.hidden=[8])\r\n")
-    assert "config: logs/debug-hidden8/config.yaml" in text and "keys differ from the defaults" in text
+    assert "config (logs/debug-hidden8/config.yaml; --verbose prints it): " in text
     assert "model.hidden=[8]" in text and "\nrun:\n" not in text.replace("\r", "")  # not the 130-line dump
     redraws = text.count("\r") - text.count("\r\n")
     assert redraws <= 12 + 4 * seconds, (redraws, seconds)  # was one per update (305 for 300)
@@ -66,7 +67,9 @@ def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
     assert second.code == 0, second.err
     log = (tmp_path / "logs" / "debug-n_val0" / "training.log").read_text()  # data.n_val names the run
     assert log.count("==== ") == 2  # one header per hop
-    assert "run:\n  name: debug-n_val0" in log  # a log is not a terminal: the whole config
+    assert "\nrun:\n" not in log and "config (logs/debug-n_val0/config.yaml; --verbose prints it): " in log
+    assert "run:\n  name: debug-n_val0" in (tmp_path / "logs" / "debug-n_val0" / "config.yaml").read_text()
+    assert "\nrun:\n" not in first.out  # nor the job's log (not a terminal)
     for line in (
         "update 10/20 |",
         "update 20/20 |",
@@ -76,7 +79,19 @@ def test_training_log_keeps_every_hop(tmp_path: Path) -> None:
     ):
         assert line in log, line
     assert log.index("update 20/20") < log.index("==== ", 1) < log.index("update 30/40")
-    assert log.count("WARNING hpctrain.train.trainer: train.eval_every=10 is ignored") == 2
+    # a `logging` record reads like the other lines (no time stamp, level or module name before it)
+    assert log.count("\nwarning: train.eval_every=10 is ignored") == 2
+    assert first.err.startswith("warning: train.eval_every=10 is ignored: this data has no validation set")
+    # the run's last line is its last line, on every hop
+    assert first.out.splitlines()[-1].startswith("finished at update 20/20. params_sha256=")
+    # train.threads=0 chose a count from how busy the cores were at the first start; the second hop keeps it
+    # (another count changes the arithmetic), whatever the load is now
+    hops = json.loads((tmp_path / "logs" / "debug-n_val0" / "chain.json").read_text())
+    if usable_cores() > 1:  # one core: one thread, nothing to choose or keep
+        assert (
+            hops[0]["threads"] == hops[1]["threads"] >= 1 and hops[0]["threads_cores"] >= hops[0]["threads"]
+        )
+        assert "as in this run's earlier hops on the same cores" in second.out
 
 
 def test_profile_window_and_hardware_figures_through_the_cli(tmp_path: Path) -> None:
@@ -91,10 +106,8 @@ def test_profile_window_and_hardware_figures_through_the_cli(tmp_path: Path) -> 
         cwd=tmp_path,
     )
     assert done.code == 0, done.err
-    # no NVML here: said once, as a console line like the others (not a timestamped `logging` record on stderr)
-    said = [line for line in done.out.splitlines() if "GPU monitoring is off" in line]
-    assert len(said) == 1 and said[0].startswith("GPU monitoring is off: NVML not available"), done.out
-    assert "GPU monitoring is off" not in done.err
+    # a CPU run asked for no GPU: nothing said about GPU monitoring (NVML is not even tried)
+    assert "GPU monitoring" not in done.out + done.err
     profile = tmp_path / "logs" / "debug" / "profile"
     traces = list(profile.glob("debug_rank0.*.pt.trace.json"))
     assert len(traces) == 1
@@ -107,3 +120,18 @@ def test_profile_window_and_hardware_figures_through_the_cli(tmp_path: Path) -> 
     assert "aten::" in (profile / "top_ops_rank0.txt").read_text()
     logged = [r for r in read_jsonl(tmp_path / "logs" / "debug" / "metrics.jsonl") if "loss" in r]
     assert logged and all(0.01 < r["rss_gb"] < 20 and r["workers"] == 0 for r in logged)
+
+
+def test_bf16_on_a_cpu_without_bf16_units_is_said() -> None:
+    """Measured, not assumed: where the CPU has no bf16 units (no avx512_bf16 / amx_bf16 flag) the measured layer
+    is slower in bf16, and the note says so and names fp32; elsewhere it may say nothing."""
+    import torch
+
+    from hpctrain.train.context import bf16_on_cpu_note
+
+    note = bf16_on_cpu_note(torch.get_num_threads())
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "avx512_bf16"
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        assert note.startswith("note: train.precision=bf16 is slow on this CPU (a bf16 layer took ")
+        assert note.endswith("train.precision=fp32 trains faster here") and "\n" not in note
+    assert note == "" or "fp32" in note

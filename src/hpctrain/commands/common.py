@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from hpctrain.config.keys import all_keys
 from hpctrain.config.loading import ConfigRequest, Provenance
-from hpctrain.config.messages import cut
 from hpctrain.config.provenance import announce
+from hpctrain.config.seed_flags import flag_hint
 from hpctrain.errors import UserError
-from hpctrain.workloads.registry import resolve
-
-# `--optim.lr=3e-4`, `--optim.lr` (value in the next argument) or `--lr=3e-4`: a key=value written as an option.
-_DASHED_OVERRIDE = re.compile(r"^--?[A-Za-z_][\w-]*(?:\.[\w-]+)+(?:=|$)|^--?[A-Za-z_][\w.-]*=")
+from hpctrain.workloads.registry import config_model, resolve
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -23,11 +20,11 @@ class ArgParser(argparse.ArgumentParser):
     options and positional arguments in any order (`config show --config X key=value` and
     `config show key=value --config X` are the same)."""
 
-    _argv: Sequence[str] = ()  # the arguments of the last parse (for the hint on a dashed override)
+    _argv: Sequence[str] = ()  # the arguments of the last parse (for the hint on a seed script's flag)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments") and self._takes_overrides():
-            hint = _override_hint(self._argv, self._option_string_actions)
+            hint = flag_hint(self._argv, self._option_string_actions, all_keys(config_model()))
             if hint:
                 raise UserError(f"{self.prog}: {hint}")
         raise UserError(f"{self.prog}: {message}")
@@ -42,20 +39,6 @@ class ArgParser(argparse.ArgumentParser):
         if self._subparsers is not None:  # argparse cannot intermix around sub-commands
             return super().parse_args(args, namespace)
         return _sized(self.parse_intermixed_args(args, namespace))
-
-
-def _override_hint(argv: Sequence[str], options: Mapping[str, Any]) -> str | None:
-    """What to write instead of the first override written like an option (`--optim.lr=3e-4`, or
-    `--optim.lr 3e-4`): dotted overrides take no dashes."""
-    for i, arg in enumerate(argv):
-        name, sep, value = arg.partition("=")
-        if name in options or not _DASHED_OVERRIDE.match(arg):
-            continue
-        following = argv[i + 1] if i + 1 < len(argv) else ""
-        if not sep and following and not following.startswith("-") and "=" not in following:
-            value = following  # `--optim.lr 3e-4`
-        return f"unknown option {cut(name)}: dotted overrides take no dashes: write {cut(name.lstrip('-'))}={cut(value or 'VALUE')}"
-    return None
 
 
 def _sized(args: argparse.Namespace) -> argparse.Namespace:

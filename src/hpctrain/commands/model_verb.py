@@ -9,7 +9,6 @@ from typing import Any
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import UserError
-from hpctrain.train.checkpoint import find_checkpoint
 from hpctrain.workloads import registry
 from hpctrain.workloads.registry import ModelVerb
 
@@ -28,6 +27,10 @@ def run_model_verb(verb: str, description: str, argv: list[str], more_help: str 
             print(_overview(verb, description) + (f"\n\n{more_help}" if more_help else ""))
             return 0
         raise UserError(f"hpctrain {verb}: name a run folder or a checkpoint file (`hpctrain {verb} --help`)")
+
+    # a first line before torch's import (seconds, more on a busy machine): the verb is at work
+    print(f"{verb}: reading the checkpoint of {known.model} (torch loads first)", flush=True)
+    from hpctrain.train.checkpoint import find_checkpoint
 
     found = find_checkpoint(known.model)
     model_type = _model_type(found[0])

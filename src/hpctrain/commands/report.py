@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 from hpctrain.commands.common import ArgParser
 from hpctrain.errors import EXIT_OK, UserError
+from hpctrain.fsutil import atomic_write_text
+from hpctrain.track.chain import read_json
 from hpctrain.track.runs import SEARCH_DEPTH, find_runs, is_run_dir
+from hpctrain.track.stages import Stages
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +31,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", help="where to write (default: RUN_DIR/report; with --compare, <the runs' folder>/compare)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --compare: replace a comparison of other runs in that folder (the same runs are redrawn)",
+    )
     args = parser.parse_args(argv)
     if args.compare:
         if args.run_dir:
@@ -34,17 +43,19 @@ def main(argv: list[str]) -> int:
                 f"hpctrain report: {args.run_dir!r} before --compare: name every run after it "
                 "(hpctrain report --compare RUN [RUN ...])"
             )
-        return _compare(args.compare, args.out)
+        return _compare(args.compare, args.out, args.overwrite)
     if not args.run_dir:
         raise UserError("hpctrain report: name a run folder, or runs to compare with --compare RUN [RUN ...]")
 
+    stages = Stages("report", sys.stdout)
+    stages.stage(f"reading {args.run_dir}")  # before matplotlib's import (seconds on a busy machine)
     from hpctrain.track.report import write_report
     from hpctrain.track.report.data import model_type_of
     from hpctrain.workloads.registry import report_of
 
     try:
         workload = report_of(model_type_of(Path(args.run_dir)))
-        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None, workload)
+        page = write_report(Path(args.run_dir), Path(args.out) if args.out else None, workload, stages)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     print(f"report: {page}")
@@ -82,7 +93,7 @@ def compared_runs(names: list[str]) -> list[Path]:
     return runs
 
 
-def _compare(names: list[str], out: str | None) -> int:
+def _compare(names: list[str], out: str | None, overwrite: bool = False) -> int:
     from hpctrain.track.report.compare import write_comparison
 
     runs = compared_runs(names)
@@ -92,12 +103,44 @@ def _compare(names: list[str], out: str | None) -> int:
         folder = parent / "compare"
     else:
         folder = Path(out)
+    for run in runs:  # what is wrong with a run is said before what is in the way of the page
+        if not (run / "metrics.jsonl").is_file():
+            raise UserError(f"{run}: no metrics.jsonl (is this a run folder? <run.out_dir>/<run.name>)")
+    redrawn = _may_write(folder, runs, overwrite)
     try:
         page = write_comparison(runs, folder)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    print(f"report: {page}")
+    atomic_write_text(folder / COMPARED, json.dumps(_identities(runs), indent=1) + "\n")
+    print(f"report: {page}" + (" (redrawn: the same runs)" if redrawn else ""))
     return EXIT_OK
+
+
+COMPARED = "compared.json"  # the runs a comparison folder shows: the same ones are redrawn, others refused
+
+
+def _identities(runs: list[Path]) -> list[str]:
+    return sorted(str(run.resolve()) for run in runs)
+
+
+def _may_write(folder: Path, runs: list[Path], overwrite: bool) -> bool:
+    """Whether `folder` holds this comparison already (True: redrawn); a comparison of other runs, or other
+    files, is never replaced silently: one line, exit 2, unless --overwrite."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return False
+    earlier = read_json(folder / COMPARED, None)
+    if earlier == _identities(runs):
+        return True
+    if overwrite:
+        return False
+    if isinstance(earlier, list):
+        held = f"a comparison of other runs ({', '.join(Path(p).name for p in earlier[:4])}{', ...' if len(earlier) > 4 else ''})"
+    else:
+        held = "other files" if not (folder / "index.html").exists() else "a comparison of unrecorded runs"
+    raise UserError(
+        f"hpctrain report --compare: {folder} holds {held}; nothing was replaced: name another folder with "
+        "--out DIR, or add --overwrite to replace it"
+    )
 
 
 def _common_folder(runs: list[Path]) -> Path:

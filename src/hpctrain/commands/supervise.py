@@ -69,7 +69,10 @@ def train_parser(prog: str = "hpctrain train") -> ArgParser:
     parser = ArgParser(prog=prog, description="Train a model (default: the debug regression job).")
     add_config_arguments(parser)
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="print the whole resolved config on a terminal too"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print the whole resolved config at start (config.yaml in the run folder has it anyway)",
     )
     return parser
 

@@ -48,3 +48,23 @@ def differences(cfg: BaseModel) -> dict[str, Any]:
 
 def to_yaml(cfg: BaseModel) -> str:
     return str(yaml.safe_dump(dump_config(cfg), sort_keys=False))
+
+
+def override_text(value: Any) -> str:
+    """A value as it is typed in a `key=value` override: `0.003`, `adam`, `[64,64]`, `[{type: cosine, ...}]`
+    (YAML's flow style; nulls inside a mapping left out)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return (
+            "[" + ",".join(override_text(v) if not isinstance(v, dict) else _mapping(v) for v in value) + "]"
+        )
+    if isinstance(value, dict):
+        return _mapping(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(yaml.safe_dump(value, default_flow_style=True, width=10**6)).removesuffix("\n...\n").strip()
+
+
+def _mapping(value: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {override_text(v)}" for k, v in value.items() if v is not None) + "}"

@@ -55,7 +55,7 @@ def _is_text(member: Any) -> bool:
 
 def kind(cls: type[BaseModel], dotted: str) -> str | None:
     """ "text" when the key holds a string (str, SecretStr, string literals, optional or not), "bool" for a
-    boolean, None otherwise (numbers, lists, sections, unknown keys): how a value typed on the command line is
+    boolean, "list" for a list, None otherwise (numbers, lists, sections, unknown keys): how a value typed on the command line is
     read."""
     members = [
         m for info in field_infos(cls, dotted) for m in _members(info.annotation) if m is not type(None)
@@ -66,6 +66,8 @@ def kind(cls: type[BaseModel], dotted: str) -> str | None:
         return "text"
     if all(m is bool for m in members):
         return "bool"
+    if all(typing.get_origin(m) is list or m is list for m in members):
+        return "list"
     return None
 
 

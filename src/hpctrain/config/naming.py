@@ -1,11 +1,11 @@
 """Automatic run names: the folder of a run without `run.name`, a pure function of what the run trains.
 
-    <base>[-<token>...][-<hash>]        e.g. single_gpu-lr2e-05, muons-hidden128-seed3
+    <base>[-<token>...][-<hash>]        e.g. single_gpu-lr0.00002, muons-hidden128-seed3
 
 - base: the config file's stem and the preset (`default_run_name`: debug, single_gpu, fields-single_gpu), the
   stem made folder-safe first (`my run.yaml` -> `my_run`, `...yaml` -> `run`, a long stem cut and hashed);
 - one token per identity key (config/identity.py) whose resolved value differs from the base's, i.e. from the
-  config file and preset alone: `lr2e-05`, `hidden64_64`, `seed1`, `precision_bf16`, in the schema's order; a
+  config file and preset alone: `lr0.00002` (floats positional, so names sort by value), `hidden64_64`, `seed1`, `precision_bf16`, in the schema's order; a
   value that is no folder-safe text (a path, a nested list) gives its key alone (`paths`) and the hash below.
   Values are compared, not spellings: `optim.lr=2e-5` on the command line, `LR=2e-5` from `sbatch
   --export` and `HPCTRAIN_OPTIM__LR=0.00002` name the same folder, and a value equal to the base's adds nothing;
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +93,12 @@ def _text(value: Any) -> tuple[str, bool]:
     """A value as folder-safe text, and whether that text still tells it apart from every other value."""
     if isinstance(value, bool):
         return ("true" if value else "false"), True
+    if isinstance(value, float) and math.isfinite(value) and abs(value) < 1e6:
+        # positional, the shortest that reads back as the same float: lr0.00002 sorts before lr0.001 (`ls`, the
+        # status table), where lr0.00002 came after it
+        return format(Decimal(repr(value)), "f"), True
     if isinstance(value, (int, float)):
-        return repr(value), True  # repr: the shortest text that reads back as the same float (2e-05)
+        return repr(value), True
     if value is None:
         return "none", True
     if isinstance(value, str):
@@ -107,7 +113,7 @@ def _text(value: Any) -> tuple[str, bool]:
 
 
 def _token(short: str, value: Any) -> tuple[str, bool]:
-    """`lr2e-05`, `precision_bf16`; a value that is no folder-safe text (paths, nested lists) is its key alone:
+    """`lr0.00002`, `precision_bf16`; a value that is no folder-safe text (paths, nested lists) is its key alone:
     the name's hash tells it apart."""
     text, exact = _text(value)
     key = short.replace(".", "_")

@@ -75,7 +75,7 @@ class RunConfig(Section):
         description="Run name: the run folder is <out_dir>/<name>. Default (automatic): the config file's "
         "stem, <stem>-<preset> with a --preset (each sbatch template implies its own: multi_gpu.sh -> "
         "multi_gpu), or without --config the preset's name (debug), then one token per identity key the "
-        "environment or the command line set to another value (LR=2e-5 -> single_gpu-lr2e-05; a hash "
+        "environment or the command line set to another value (LR=2e-5 -> single_gpu-lr0.00002; a hash "
         "suffix when long). Keys that may change between hops (out_dir, slurm, logging, checkpoint) and the "
         "run's length never enter it: the same command and every hop continue the same folder. A given "
         "name wins; another run (other identity keys) is refused in an existing folder.",
@@ -406,8 +406,9 @@ class TrainConfig(Section):
         0,
         ge=0,
         description="torch CPU threads per process (0 = the allocation's cores: the fewer of "
-        "SLURM_CPUS_PER_TASK and the CPU affinity mask, split over torchrun's processes on a node; printed at "
-        "start).",
+        "SLURM_CPUS_PER_TASK and the CPU affinity mask, split over torchrun's processes on a node; a single "
+        "CPU process takes only the cores other work leaves free while it starts, and keeps that count in its "
+        "later hops on the same cores; printed at start).",
         json_schema_extra=MAY_CHANGE,
     )
     early_stopping: EarlyStoppingConfig = Field(
@@ -627,7 +628,8 @@ class LoggingConfig(Section):
         ge=0,
         description="Sample per-GPU utilisation, memory, power and temperature (NVML) and the process's memory "
         "and DataLoader workers' CPU share every N seconds, in a background thread; logged at log steps as "
-        "gpu{i}_*, rss_gb, workers_cpu_pct. 0 = off. Without NVML only the process side is sampled.",
+        "gpu{i}_*, rss_gb, workers_cpu_pct. 0 = off. NVML only on a CUDA device; without it only the process "
+        "side is sampled.",
         json_schema_extra=MAY_CHANGE,
     )
     tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)

@@ -70,6 +70,9 @@ def _one(error: Any, origins: Mapping[str, str], cls: type[BaseModel] | None) ->
         expected = error.get("ctx", {}).get("expected_tags", "")
         message = f"unknown type (allowed: {expected})"
         value = error.get("ctx", {}).get("tag", value)
+    elif error["type"] == "list_type" and isinstance(value, str):
+        # data.paths=a,b: the brackets make a list on the command line (one item needs none)
+        message = f"a list of several takes brackets, quoted for the shell: '{key}=[{cut(value)}]'"
     message = cut(message, 300)
     if not key:  # a check across sections (the whole config): its message names the keys
         return message.removeprefix("Value error, ")

@@ -9,6 +9,7 @@ reading the text.
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -114,13 +115,25 @@ def load_yaml(text: str, what: str) -> Any:
         loader.dispose()
 
 
+def _near(file: Path) -> str:
+    """`; did you mean configs/muons_quick.yaml?`: the YAML files of the nearest existing folder closest to the
+    name typed (configs/muon_quick.yaml, config/muons.yaml), or those of ./configs; "" when none is close."""
+    folder = file.parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    candidates = [p for d in (folder, Path("configs")) if d.is_dir() for p in d.iterdir()]
+    names = {str(p): p for p in candidates if p.suffix in (".yaml", ".yml") and p.is_file()}
+    near = difflib.get_close_matches(str(file), list(names), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
 def read_yaml(path: str) -> dict[str, Any]:
     """The mapping of sections a config file holds; every problem with it a one-line UserError naming it."""
     file = Path(path)
     if file.is_dir():
         raise UserError(f"config file {path!r} is a folder; name a YAML file in it (e.g. {path}/debug.yaml)")
     if not file.is_file():
-        raise UserError(f"config file {path!r} not found")
+        raise UserError(f"config file {path!r} not found{_near(file)}")
     what = f"config file {path!r}"
     try:
         with file.open("rb") as stream:

@@ -4,7 +4,7 @@
 key -> list) makes the grid (the last key varies fastest), resolves and checks every element's config before
 anything is queued, and writes a plan (`plan.json`): the `hpctrain train` arguments of each element. Array task k
 runs element k (`slurm/common.sh`: `--sweep-plan PLAN` and SLURM_ARRAY_TASK_ID, which a requeued task keeps);
-each element's run folder is its automatic name (config/naming.py: `debug-lr1e-05-hidden64`), so every hop
+each element's run folder is its automatic name (config/naming.py: `debug-lr0.00001-hidden64`), so every hop
 of its chain continues it. An afterany successor is no array task: it gets the element's arguments themselves.
 
     python -m hpctrain.launch.sweep args PLAN INDEX    # the element's arguments, as shell words (batch shell)

@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 from hpctrain.config.identity import show
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
+from hpctrain.track.stages import process_age
 from hpctrain.track.what_ran import differences
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,6 @@ def process_start_time() -> float:
         candidates.append(now - age)
     # A start more than a week ago is a clock or parsing problem, not a real job (SLURM caps far lower).
     return min(c for c in candidates if now - c < 86400 * 7)
-
-
-def process_age() -> float | None:
-    """Seconds since this process started (Linux /proc, to 10 ms; None elsewhere). Field 22 of /proc/self/stat
-    is the start in clock ticks after boot, /proc/uptime the seconds since boot to 10 ms: the boot time in
-    /proc/stat is whole seconds, up to a second off for a start-up that takes two."""
-    try:
-        ticks = float(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def read_json(path: Path, default: Any) -> Any:

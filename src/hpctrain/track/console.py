@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hpctrain.track.base import Pace
+from hpctrain.track.stages import clock_text
 
 REDRAW_SECONDS = 0.25
 
@@ -32,12 +33,6 @@ def _fmt(key: str, value: float) -> str:
     if abs(value) >= 1000:
         return f"{key} {value:.0f}"
     return f"{key} {value:.4g}"
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
 
 
 # Keys shown on the progress line, in this order (the rest goes to metrics files and trackers only).
@@ -54,11 +49,11 @@ def _line(step: int, total: int, scalars: dict[str, float], times: list[str] | N
 def timing(elapsed: float, step: int, total: int, rate: float | None, time_left: float | None) -> list[str]:
     """`elapsed`, `eta` (at `rate` updates/s; none before a rate is known) and `deadline in` (None: no
     budget) as the plain lines show them."""
-    parts = [f"elapsed {_clock(elapsed)}"]
+    parts = [f"elapsed {clock_text(elapsed)}"]
     if rate and rate > 0:
-        parts.append(f"eta {_clock(max(total - step, 0) / rate)}")
+        parts.append(f"eta {clock_text(max(total - step, 0) / rate)}")
     if time_left is not None:
-        parts.append(f"deadline in {_clock(time_left)}")
+        parts.append(f"deadline in {clock_text(time_left)}")
     return parts
 
 
@@ -74,8 +69,10 @@ class Console:
         stream: TextIO | None = None,
         time_left: Callable[[], float | None] | None = None,
         log_file: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = stream or sys.stdout
+        self._clock = clock
         self.log_file = log_file  # plain lines also go here (training.log), bar or not
         # a log step's figures, shown about once a second (messages, flush and close at once): see Pace
         self._pending: list[tuple[int, dict[str, float], list[str]]] = []
@@ -83,9 +80,10 @@ class Console:
         self.total = total
         self.start = start
         self._time_left = time_left or (lambda: None)
-        self._rate: float | None = None
+        self._rate: float | None = None  # the ETA's: updates per second since the first log step
+        self._first: tuple[float, int] | None = None  # (time, update) of the first log step
         self._postfix = ""
-        self._drawn_at = self._began = time.monotonic()  # tqdm draws once when created
+        self._drawn_at = self._began = clock()  # tqdm draws once when created
         self._drawn_step = self._step = start
         self._bar: Any = None
         if mode == "bar" or (mode == "auto" and self.stream.isatty()):
@@ -99,9 +97,15 @@ class Console:
             )
 
     def update(self, step: int, scalars: dict[str, float]) -> None:
-        """A log step's figures: on the bar at once (its rate), as lines about once a second (see Pace)."""
-        self._rate = scalars.get("updates_per_s", self._rate)
-        times = timing(time.monotonic() - self._began, step, self.total, self._rate, self._time_left())
+        """A log step's figures: on the bar at once, as lines about once a second (see Pace). The ETA's rate is
+        the progress since the first log step: the first window holds the hop's start (a first update that
+        loads, warms up or compiles) and once showed 01:12 with 13 s to go, so the first step shows none."""
+        now = self._clock()
+        if self._first is None:
+            self._first = (now, step)
+        elif step > self._first[1] and now > self._first[0]:
+            self._rate = (step - self._first[1]) / (now - self._first[0])
+        times = timing(now - self._began, step, self.total, self._rate, self._time_left())
         self._pending.append((step, scalars, times))
         if self._pace.due():
             self.flush()
@@ -129,7 +133,7 @@ class Console:
         if self._bar is None:
             return
         self._step = step
-        now = time.monotonic()
+        now = self._clock()
         final = step >= self.total and self._drawn_step != step
         if now - self._drawn_at < REDRAW_SECONDS and not final:
             return

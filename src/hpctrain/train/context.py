@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from torch import nn
@@ -108,3 +109,33 @@ class Context:
                 return True
             norm = torch.nn.utils.get_total_norm(grads)
         return bool(torch.isfinite(norm))
+
+
+SLOW_BF16 = 1.5  # bf16 this many times slower than fp32 on the CPU is said at start
+
+
+def bf16_on_cpu_note(threads: int) -> str:
+    """One line when bf16 autocast is slow on this CPU (measured: a linear layer of 128 x 256 x 256, forward and
+    backward, the best of 3 in bf16 and in fp32: 0.1-0.3 s where bf16 is emulated), else "". CPUs without bf16
+    units (AVX512-BF16, AMX) emulate it: the quick muon MLP trained 7x slower than in fp32. Only said, never
+    changed: the precision is part of the run (another value is another run)."""
+    layer, x = nn.Linear(256, 256), torch.randn(128, 256)
+
+    def best(dtype: torch.dtype | None) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                layer(x).square().mean().backward()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    best(torch.bfloat16)  # the first call of each path loads its kernels
+    best(None)
+    ratio = best(torch.bfloat16) / max(best(None), 1e-9)
+    if ratio < SLOW_BF16:
+        return ""
+    return (
+        f"note: train.precision=bf16 is slow on this CPU (a bf16 layer took {ratio:.1f}x the fp32 time with "
+        f"{threads} thread{'s' if threads > 1 else ''}: no bf16 units); train.precision=fp32 trains faster here"
+    )

@@ -25,9 +25,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from hpctrain.config.dump import differences, to_yaml
+from pydantic import BaseModel
+
+from hpctrain.config.dump import differences, override_text, to_yaml
 from hpctrain.config.schema import ConfigBase
 from hpctrain.config.secrets import mask_handlers, mask_secrets
 from hpctrain.errors import EXIT_RESUMABLE, UserError
@@ -36,12 +38,14 @@ from hpctrain.remote.uris import MissingPathError
 from hpctrain.runtime.budget import StopSignals, TimeBudget, process_start
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.signals import for_run, owns_process
+from hpctrain.runtime.threads import CoreProbe
 from hpctrain.track.cancel import PREDECESSOR, read_mark, remove_mark
 from hpctrain.track.chain import process_start_time
 from hpctrain.train.preflight import check_config
 from hpctrain.train.remote_ckpt import prepare_tokens
 
 if TYPE_CHECKING:
+    from hpctrain.train.outcome import RunResult
     from hpctrain.train.task import TaskFactory
     from hpctrain.train.trainer import Trainer
 
@@ -49,13 +53,28 @@ log = logging.getLogger(__name__)
 
 
 def _logging(env: ClusterEnv) -> None:
-    logging.basicConfig(
-        level=logging.INFO if env.is_main else logging.WARNING,
-        format=f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """`logging` records in the console lines' own form (`warning: ...`, `[rank 1] warning: ...` when there are
+    several ranks), not a timestamped record among plain lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(f"[rank {env.rank}] " if env.world_size > 1 else ""))
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, handlers=[handler])
     # whoever logs (we, fsspec, pelicanfs, torch), a token inside a URI never reaches stderr or training.log
     mask_handlers(*logging.getLogger().handlers)
+
+
+class LineFormatter(logging.Formatter):
+    """A record as a plain line: its message, after `warning: ` or `error: ` (info: nothing), a rank prefix."""
+
+    def __init__(self, prefix: str = "") -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        text = f"{self.prefix}{level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
 
 def run(
@@ -67,14 +86,18 @@ def run(
     config_file: str | None = None,
 ) -> int:
     """Train the run `cfg` names in this process; returns the exit code (0 finished, 75 stopped, resumable).
-    `verbose`: print the whole config on a terminal too (a log file always gets it). `naming`: how an
+    `verbose`: print the whole config at start (config.yaml in the run folder always has it). `naming`: how an
     automatic run.name was formed (config/naming.py), said with the run folder first. `config_file`: the YAML
     it came from, whose git tree each hop records (train/what_ran.py)."""
     signals = for_run()  # `hpctrain train` installed them first thing (kept until exit); else installed here
     # Filled as soon as it exists, so that a build failing half-way is still closed.
     built: list[Trainer] = []
+    # the run's last line, said once the trainer closed (its own closing lines first)
+    ending: list[Callable[[], None]] = []
     error: BaseException | None = None
     _logging(env)  # first: a handler added before it would stop basicConfig from adding stderr's
+    # how busy the cores are while the process starts: the thread count of a single CPU process
+    probe = CoreProbe() if cfg.train.threads == 0 and env.world_size == 1 else None
     out = RunOutput(env)
     try:
         problems = check_config(cfg, writable=env.is_main)
@@ -85,14 +108,21 @@ def run(
         with (
             no_room_is_user_error()
         ):  # a full disk or quota (config.yaml, chain.json, a save): one line, exit 2
-            return _train(cfg, env, make_task, signals, built, out, verbose, config_file)
+            return _train(cfg, env, make_task, signals, built, out, verbose, probe, ending, config_file)
     except BaseException as exc:
         error = exc
         raise
     finally:
+
+        def close_trainer() -> None:
+            if built:
+                built[0].close()  # its own last lines (the data's totals of the hop) come before the run's
+            for say_last in ending:
+                say_last()
+
         _close_all(
             [
-                ("the trainer", built[0].close if built else None),
+                ("the trainer", close_trainer),
                 ("the stop signal handlers", signals.close),
                 ("the process group", lambda: _teardown(clean=error is None)),
                 ("training.log", out.close),
@@ -109,14 +139,21 @@ def _train(
     built: list[Trainer],
     out: RunOutput,
     verbose: bool,
+    probe: CoreProbe | None,
+    ending: list[Callable[[], None]],
     config_file: str | None = None,
 ) -> int:
-    # torch comes in here, after run() put the stop handlers in (a USR1 during its import is a requeue)
+    say = out.say
+    run_dir = cfg.run.dir
+    if verbose:
+        say(to_yaml(cfg), end="")
+    else:  # the whole of it goes to the run folder (config.yaml), here the keys set away from the defaults
+        say(_config_summary(cfg, run_dir))
+    # torch comes in here (seconds; the lines above were said first), after run() put the stop handlers in (a USR1
+    # during its import is a requeue)
     from hpctrain.train.first_update import on_first_update
     from hpctrain.train.trainer import Trainer
 
-    say = out.say
-    run_dir = cfg.run.dir
     mark = read_mark(run_dir)
     if mark is not None and (
         mark.names(env.scheduler_job, os.environ.get(PREDECESSOR)) or mark.time >= process_start_time()
@@ -124,17 +161,13 @@ def _train(
         # `hpctrain cancel` named this job (or came after this process started): the chain ends here
         say(f"the run was {mark.said()}: not training; it is resumable (submit or run it again to continue)")
         return EXIT_RESUMABLE
-    if verbose or not sys.stdout.isatty():
-        say(to_yaml(cfg), end="")  # a job's log keeps the whole config
-    else:
-        say(_config_summary(cfg, run_dir))
     # budget.time_limit counts from the process start when the process is this run's (`hpctrain train`)
     budget = TimeBudget(
         cfg.budget, env, signals, started=process_start(env) if owns_process(signals) else None
     )
     with _user_mistakes():
         task = make_task(cfg, env)
-        built.append(Trainer(cfg, task, env, run_dir, budget, config_file))
+        built.append(Trainer(cfg, task, env, run_dir, budget, config_file, probe))
         trainer = built[0]
         trainer.build()
     if mark is not None and env.is_main:  # a start the cancel did not name: the run goes on, the mark goes
@@ -156,9 +189,17 @@ def _train(
     say(_batch_and_lr(cfg, env, trainer))
     trainer.start_tracking(out.file)
     result = trainer.fit()
+    ending.append(lambda: _last_line(result, cfg, env, trainer, out))
+    return result.exit_code
+
+
+def _last_line(result: RunResult, cfg: ConfigBase, env: ClusterEnv, trainer: Trainer, out: RunOutput) -> None:
+    """The run's last line: finished, stopped (resumable) or already finished, with its params_sha256; or the
+    failure (exit 1), on stderr."""
+    say, total = out.say, trainer.counters.total_updates
     if result.status == "already_finished":
         say(
-            f"run {cfg.run.name!r} already finished at update {result.step} ({run_dir}); "
+            f"run {cfg.run.name!r} already finished at update {result.step} ({cfg.run.dir}); "
             "raise train.total_updates to train further (with checkpoint.accept_changes=[train.total_updates] "
             f"where the LR schedule depends on the length). params_sha256={result.params_sha256}"
         )
@@ -168,17 +209,14 @@ def _train(
             out.note(f"error: {result.message}")
     elif result.status == "stopped":
         say(
-            f"stopped ({result.reason}) at update {result.step}/{trainer.counters.total_updates}; run the same "
-            f"command again to continue. params_sha256={result.params_sha256}"
+            f"stopped ({result.reason}) at update {result.step}/{total}; run the same command again to "
+            f"continue. params_sha256={result.params_sha256}"
         )
     else:
-        say(
-            f"finished at update {result.step}/{trainer.counters.total_updates}. params_sha256={result.params_sha256}"
-        )
+        say(f"finished at update {result.step}/{total}. params_sha256={result.params_sha256}")
     if result.copy_failures and env.is_main:
         done = result.status in ("finished", "already_finished")  # nothing will send them but a new start
-        _say_copies(result.copy_failures, run_dir, failed=done, out=out)
-    return result.exit_code
+        _say_copies(result.copy_failures, cfg.run.dir, failed=done, out=out)
 
 
 def _say_copies(failures: dict[str, str], run_dir: Path, failed: bool, out: RunOutput) -> None:
@@ -251,7 +289,7 @@ class _LogLines(logging.Handler):
 
     def __init__(self, write: Callable[[str], None]) -> None:
         super().__init__(logging.WARNING)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.setFormatter(LineFormatter())
         self._write = write
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -262,15 +300,27 @@ class _LogLines(logging.Handler):
 
 
 def _config_summary(cfg: ConfigBase, run_dir: Path) -> str:
-    """A terminal's view of the config: where the whole of it is written, and the keys set away from their
-    defaults (`--verbose` prints it all; so does a job's log, which is not a terminal)."""
-    changed = differences(cfg)
-    shown = ", ".join(f"{k}={v}" for k, v in list(changed.items())[:12])
-    more = f", ... ({len(changed) - 12} more)" if len(changed) > 12 else ""
-    return (
-        f"config: {run_dir / 'config.yaml'} (the whole of it; --verbose prints it); "
-        f"{len(changed)} keys differ from the defaults: {shown or 'none'}{more}"
-    )
+    """One line: where the whole config is written, and the keys set away from their defaults as overrides
+    (`optim.lr=0.003`), the run's name left out (said with its folder). `--verbose` prints it all."""
+    changed = {k: _without_defaults(cfg, k, v) for k, v in differences(cfg).items() if k != "run.name"}
+    shown = " ".join(f"{k}={override_text(v)}" for k, v in list(changed.items())[:16])
+    more = f" ... ({len(changed) - 16} more)" if len(changed) > 16 else ""
+    return f"config ({run_dir / 'config.yaml'}; --verbose prints it): {shown or 'the defaults'}{more}"
+
+
+def _without_defaults(cfg: ConfigBase, key: str, value: Any) -> Any:
+    """A list of sections (schedule.stages) with each item's own defaults left out, its `type` kept."""
+    held: Any = cfg
+    for part in key.split("."):
+        held = getattr(held, part, None)
+    if not isinstance(held, list) or not all(isinstance(item, BaseModel) for item in held):
+        return value
+    kept = []
+    for item in held:
+        short = item.model_dump(mode="json", exclude_defaults=True)
+        kind = getattr(item, "type", None)
+        kept.append({"type": kind, **short} if kind is not None else short)
+    return kept
 
 
 def _describe(
@@ -283,6 +333,8 @@ def _describe(
     setup = trainer.setup
     threads = f"{setup.threads} CPU thread{'s' if setup.threads > 1 else ''} ({setup.threads_source})"
     say(f"{env.describe()}; device {trainer.device}; {threads}; run folder {run_dir}")
+    if setup.precision_note:
+        say(setup.precision_note)
     if budget.deadline is not None:
         say(f"deadline in {budget.remaining():.0f} s ({budget.deadline_source})")
 

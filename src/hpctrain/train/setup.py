@@ -6,6 +6,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,9 +16,9 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.threads import cpu_threads
+from hpctrain.runtime.threads import CoreProbe, choose_threads
 from hpctrain.runtime.torch_build import cpu_only_message
-from hpctrain.train.context import Context
+from hpctrain.train.context import Context, bf16_on_cpu_note
 from hpctrain.train.memory import (
     AUTO_COMPILE_MIN_SECONDS,
     check_compile_names,
@@ -81,7 +82,16 @@ def short_hop(seconds_left: float | None) -> bool:
 
 
 class Setup:
-    def __init__(self, cfg: ConfigBase, task: Task[ConfigBase], env: ClusterEnv) -> None:
+    def __init__(
+        self,
+        cfg: ConfigBase,
+        task: Task[ConfigBase],
+        env: ClusterEnv,
+        probe: CoreProbe | None = None,
+        earlier_hop: dict[str, Any] | None = None,
+    ) -> None:
+        """`probe`: started when the process began (entry.py), for the thread count of a single CPU process
+        (runtime/threads.py; None: one is started here); `earlier_hop`: the run's last chain.json record."""
         self.cfg = cfg
         self.task = task
         self.env = env
@@ -91,9 +101,16 @@ class Setup:
         self.compile_key = ""  # what the compiled code depends on (memory.compile_key), when any is compiled
         if train.precision == "fp16" and self.device.type != "cuda":
             raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
-        # the allocation's cores, not torch's default of every core on the machine (runtime/threads.py)
-        self.threads, self.threads_source = cpu_threads(train.threads, env)
+        # the allocation's free cores, not torch's default of every core on the machine (runtime/threads.py)
+        alone = self.device.type == "cpu" and env.world_size == 1 and train.threads == 0
+        if alone and probe is None:
+            probe = CoreProbe()
+        chosen = choose_threads(train.threads, env, probe if alone else None, earlier_hop)
+        self.threads, self.threads_source, self.threads_record = chosen.count, chosen.why, chosen.record
         torch.set_num_threads(self.threads)
+        # measured, not assumed: bf16 autocast on a CPU without bf16 units is several times slower than fp32
+        slow = self.device.type == "cpu" and train.precision == "bf16" and env.is_main
+        self.precision_note = bf16_on_cpu_note(self.threads) if slow else ""
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = train.allow_tf32
             torch.backends.cudnn.allow_tf32 = train.allow_tf32

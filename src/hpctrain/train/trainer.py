@@ -26,6 +26,7 @@ from hpctrain.runtime import dist
 from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
+from hpctrain.runtime.threads import CoreProbe
 from hpctrain.track.base import Trackers
 from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
@@ -98,7 +99,9 @@ class Trainer:
         run_dir: Path,
         budget: TimeBudget,
         config_file: str | None = None,
+        probe: CoreProbe | None = None,
     ) -> None:
+        """`probe`: how busy the cores were while the process started (runtime/threads.py)."""
         self.cfg = cfg
         self.config_file = config_file  # where the config came from: its git tree is recorded (what_ran.py)
         self.ran: dict[str, Any] = {}  # what ran in this hop (rank 0; made by build)
@@ -106,13 +109,13 @@ class Trainer:
         self.env = env
         self.run_dir = run_dir
         self.budget = budget
-        self.setup = Setup(cfg, task, env)
+        self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
+        self.setup = Setup(cfg, task, env, probe, self.chain.hops[-1] if self.chain.hops else None)
         self.device = self.setup.device
         self.store = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep_last)
         # Stand-ins until start_tracking (and for good on ranks other than 0): "off" needs no `if`.
         self.trackers = Trackers()
         self.console: Console = NullConsole()
-        self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.timers = Timers()
         self.timeline: DeviceTimeline | NoTimeline = NoTimeline()
         self._compiling = False  # some network is compiled: updates that compile are booked apart
@@ -263,7 +266,8 @@ class Trainer:
             time_left=self.budget.remaining,
             log_file=log_file,
         )
-        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds)
+        # NVML only where a GPU was asked for: a CPU run has nothing to say about GPU monitoring
+        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds, gpu=self.device.type == "cuda")
         if self.monitor.note:
             self.console.message(self.monitor.note)
         self._closers.append(self.monitor.close)
@@ -306,7 +310,7 @@ class Trainer:
             self.counters.step,
             self.env.world_size,
             self.budget.deadline,
-            identity=self.checkpointer.hop_identity(),
+            identity={**self.checkpointer.hop_identity(), **self.setup.threads_record},
             ran=self.ran,
         )
         watch_waits(self.budget.urgent_stop_reason)  # data waits give up when a stop is due

@@ -44,6 +44,25 @@ def test_evaluate_held_out_files_prints_and_writes_the_table(
     for name in quality.FEATURES:
         assert any(line.strip().startswith(name) for line in done.out.splitlines()), (name, done.out)
     assert "min_feature_ratio" in done.out and "held-out files" in done.out
+    # a line as each stage begins, before the results (issue 44): the first before torch is imported
+    stages = [
+        line.split(" [")[0]
+        for line in done.out.splitlines()
+        if line.startswith("evaluate: ") and "eta" not in line
+    ]
+    assert stages[0] == f"evaluate: reading the checkpoint of {reference} (torch loads first)"
+    begun = [line.split(":")[1].split()[0] for line in stages[1:]]
+    assert begun == [
+        "loading",
+        "reading",
+        "sampling",
+        "generating",
+        "the",
+        "classifier",
+        "histograms",
+        "evaluated",
+    ]
+    assert done.out.index("evaluate: evaluated") < done.out.index("min_feature_ratio")
     result = json.loads(out.read_text())
     # events above the model's muon cap (150) are kept, clamped to it as the generator clamps (issue 28); half is
     # judged against the other half

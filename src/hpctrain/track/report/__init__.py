@@ -13,34 +13,65 @@ from hpctrain.fsutil import atomic_path, make_folders
 from hpctrain.track.report.data import RunData
 from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
 from hpctrain.track.report.page import render_page
-from hpctrain.track.report.panels import NO_WORKLOAD, Image, ScalarGroup, Table, WorkloadReport, save_png
+from hpctrain.track.report.panels import (
+    NO_WORKLOAD,
+    Image,
+    ScalarGroup,
+    Table,
+    WorkloadReport,
+    save_png,
+    text_problems,
+)
+from hpctrain.track.stages import NO_STAGES, Stages
 
 __all__ = ["Image", "RunData", "ScalarGroup", "Table", "WorkloadReport", "write_report"]
 
 
-def write_report(run_dir: Path, out: Path | None = None, workload: WorkloadReport = NO_WORKLOAD) -> Path:
-    """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path."""
+def write_report(
+    run_dir: Path,
+    out: Path | None = None,
+    workload: WorkloadReport = NO_WORKLOAD,
+    stages: Stages = NO_STAGES,
+) -> Path:
+    """Write the PNGs and index.html into `out` (default <run_dir>/report); returns the HTML path. `stages`:
+    a line as each part begins, the figures with an ETA."""
     data = RunData.load(run_dir)
     out = Path(out) if out is not None else data.run_dir / "report"
     make_folders(out)  # <run folder>/report by default: at most 0750, as the run folder
-    # What the evaluation says first (the workload's panels, then evaluate.json's distributions), then training.
+    stages.stage("laying out the figures", len(workload.panels) + 1, "groups")
+    # What the evaluation shows first: generated vs true over all events (evaluate.json's distributions), then
+    # the workload's panels in its order (muons: per bin, then the judges), then the training.
     try:
-        images = [image for panel in workload.panels for image in panel(data)]
-        images += plot_distributions(data)
+        images = [_in(image, "Generated vs true") for image in plot_distributions(data)]
+        stages.advance()
+        for panel in workload.panels:
+            images += [_in(image, "Evaluation") for image in panel(data)]
+            stages.advance()
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(
             f"{data.run_dir / 'evaluate.json'} is not what this version reads ({type(exc).__name__}: {exc}); "
             "write it again with `hpctrain evaluate`"
         ) from None
-    images += [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
+    training = [plot_scalars(data, workload.groups(data)), plot_throughput(data), plot_time_shares(data)]
+    images += [_in(image, "Training") for image in training]
     tables = [table for make in workload.tables for table in make(data)]
+    stages.stage(f"drawing {len(images)} figures into {out}", len(images), "figures")
     for image in images:
         with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
             save_png(image.figure, tmp, _metadata(image))
+        image.problems = text_problems(image.figure, drawn=True)  # its layout as saved (no second drawing)
+        stages.advance()
+    stages.stage("writing the page")
     page = out / "index.html"
     with atomic_path(page, fsync=False) as tmp:
-        Path(tmp).write_text(render_page(data, images, tables, workload.evaluation_table))
+        Path(tmp).write_text(render_page(data, images, tables, workload))
     return page
+
+
+def _in(image: Image, section: str) -> Image:
+    """The image under `section` on the page, unless its panel named one."""
+    image.section = image.section or section
+    return image
 
 
 def _metadata(image: Image) -> dict[str, str]:

@@ -86,7 +86,14 @@ def plot_scalars(data: RunData, named: list[ScalarGroup]) -> Image:
             constant.append(f"{group.title} {shown}")
     cells = len(groups) + 1  # + the learning rate
     rows = (cells + 1) // 2
-    fig, axes = figure(1100, 60 + 250 * rows, rows, 2, sharex=True)
+    title = f"{data.run_dir.name}: logged scalars by meaning (lines: where each job hop began)"
+    caption = "Logged scalars grouped by meaning; the learning rate on its own axis."
+    if constant:
+        note = "the same over the whole run (no panel): " + "; ".join(constant)
+        title += "\n" + textwrap.fill(note, 110)
+        caption += f" Not drawn, {note}."
+    # room for every line of the title (a long one pushed the x label off the figure)
+    fig, axes = figure(1100, 60 + 250 * rows + 18 * title.count("\n"), rows, 2, sharex=True)
     flat = list(axes.flat)
     for ax, group in zip(flat, groups):
         for key in group.keys:
@@ -104,14 +111,10 @@ def plot_scalars(data: RunData, named: list[ScalarGroup]) -> Image:
     lr_ax.set(title="learning rate", ylabel="learning rate [per update]")
     for ax in flat[cells:]:
         ax.set_visible(False)
-    for ax in flat[-2:]:
-        ax.set_xlabel(X_UPDATE)
-    title = f"{data.run_dir.name}: logged scalars by meaning (lines: where each job hop began)"
-    caption = "Logged scalars grouped by meaning; the learning rate on its own axis."
-    if constant:
-        note = "the same over the whole run (no panel): " + "; ".join(constant)
-        title += "\n" + textwrap.fill(note, 110)
-        caption += f" Not drawn, {note}."
+    for column in (0, 1):  # the lowest panel of each column carries the x axis (its neighbour may be empty)
+        for ax in flat[column:cells:2][-1:]:
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel(X_UPDATE)
     fig.suptitle(title)
     left_out = label_hops(flat[0], data)  # last: it lays the figure out
     if left_out:
@@ -193,9 +196,10 @@ def ratio_panel(
     per_width: bool = False,
 ) -> int:
     """Counts of true (line, grey band: +-1 sigma) and generated (points) with Poisson errors, and generated /
-    true below, on 0..2: a bin above 2 is a triangle at the top (label: how many). The x range ends at the
-    outermost bins holding anything. `per_width` divides by the bin width (for bins of unequal width on a
-    linear scale). Returns how many bins were above 2."""
+    true below, on 0..2: a bin above 2 is a triangle at the top (label: how many), a bin with generated
+    values where the truth has none (outside its support: no ratio) a cross at the top. The x range ends at
+    the outermost bins holding anything. `per_width` divides by the bin width (for bins of unequal width on a
+    linear scale). Returns how many bins were drawn at the top (either mark)."""
     centres = 0.5 * (edges[1:] + edges[:-1])
     scale = 1.0 / np.diff(edges) if per_width else np.ones(len(true))
     t, t_err, g, g_err = true * scale, np.sqrt(true) * scale, generated * scale, np.sqrt(generated) * scale
@@ -221,6 +225,14 @@ def ratio_panel(
             centres[above], np.full(clipped, 0.96 * RATIO_TOP), "^", markersize=4, color="tab:red",
             label=f"gen / true above {RATIO_TOP:g}: {clipped} bin{'s' if clipped > 1 else ''}",
         )  # fmt: skip
+    outside = (true == 0) & (generated > 0)  # generated where the truth has nothing: shown above, and here
+    if outside.any():
+        count = int(outside.sum())
+        ratio_ax.plot(
+            centres[outside], np.full(count, 0.96 * RATIO_TOP), "x", markersize=5, mew=1.5, color="darkred",
+            label=f"generated, none true: {count} bin{'s' if count > 1 else ''}",
+        )  # fmt: skip
+        clipped += count
     ratio_ax.axhline(1.0, color="k", linewidth=0.8)
     ratio_ax.set_ylim(0.0, RATIO_TOP)
     ratio_ax.set_ylabel("gen / true")
@@ -243,8 +255,8 @@ def fit_x(ax: Any, edges: np.ndarray, counts: np.ndarray) -> None:
 
 
 def clip_note(clipped: int) -> str:
-    """A title's mention of ratio bins drawn at the top (empty if none)."""
-    return f"▲ {clipped} bin{'s' if clipped > 1 else ''} gen/true > {RATIO_TOP:g}" if clipped else ""
+    """A title's mention of ratio bins drawn at the top (empty if none); the caption says which marks."""
+    return f"{clipped} bin{'s' if clipped > 1 else ''} at the ratio's top" if clipped else ""
 
 
 def plot_distributions(data: RunData) -> list[Image]:
@@ -266,7 +278,7 @@ def plot_distributions(data: RunData) -> list[Image]:
         w1, ks = spec.get("w1", metrics.get(f"w1_{name}")), spec.get("ks", metrics.get(f"ks_{name}"))
         title = f"{label}: generated vs true, all events"
         if w1 is not None and ks is not None:  # in the title: a box in the axes covered the tail's points
-            title += f"\nW1 {w1:.3g}   KS {ks:.3g}"
+            title += f"\npooled W1 {w1:.3g}   KS {ks:.3g}"
         ax.set(title=title, ylabel=spec.get("y_label", "count per bin"))
         ratio_ax.set_xlabel(f"{label} [{unit}]")
         legend_outside(ax)

@@ -28,6 +28,8 @@ class Image:
     name: str
     caption: str
     figure: Any
+    section: str = ""  # the page's heading over it (set by write_report when empty)
+    problems: list[str] = field(default_factory=list)  # text_problems once saved: on the page, for tests
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class WorkloadReport:
     tables: Sequence[TableMaker] = field(default_factory=tuple)
     # evaluate.json's "metrics" as a generic table (off when the workload's own tables show them better)
     evaluation_table: bool = True
+    # what each of those figures is, for the table's third column ("" where the workload does not say)
+    explain: Callable[[str], str] = lambda key: ""
 
 
 NO_WORKLOAD = WorkloadReport()
@@ -89,16 +93,47 @@ def figure(
     return fig, axes
 
 
+LABEL_PX = {"x": 42.0, "y": 16.0}  # room a tick label needs along its axis (x: its width, y: its height)
+
+
+def _log_ticks(ax: Any, axis: Any) -> None:
+    """A log axis's minor ticks at 2 and 5 of each decade (not at every integer), labelled only where they fit
+    beside each other at the axis's length: 1-2-5 or 1-3 in plain numbers (0.05 0.1 0.2) on a short range,
+    else none ("2x10^-1" beside "10^-1" overprinted on a narrow panel)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    if isinstance(axis.get_major_locator(), FixedLocator):  # ticks chosen by the figure (a colour bar's)
+        axis.set_minor_locator(FixedLocator([]))
+        return
+    low, high = sorted(axis.get_view_interval())
+    along = "x" if axis is ax.xaxis else "y"
+    length = ax.bbox.width if along == "x" else ax.bbox.height
+    decades = math.log10(high / low) if low > 0 and high > low else 0.0
+    per_decade = length / decades if decades else 0.0
+    subs = next(
+        (s for s, gap in (((2.0, 5.0), 0.301), ((3.0,), 0.477)) if per_decade * gap >= LABEL_PX[along]), ()
+    )
+    plain = low >= 1e-3 and high <= 1e4 and bool(subs)
+    if not plain:
+        axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        axis.set_minor_formatter(NullFormatter())
+        return
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    minors = [m * 10.0**k for k in range(first, last + 1) for m in subs if low <= m * 10.0**k <= high]
+    axis.set_minor_locator(FixedLocator(minors))
+    text = FuncFormatter(lambda value, _: f"{value:g}")
+    axis.set_minor_formatter(text)
+    axis.set_major_formatter(text)
+
+
 def save_png(fig: Any, path: Any, metadata: dict[str, str]) -> None:
     """Write `fig` as a PNG at DPI. Log axes get minor ticks at 2 and 5 of each decade, not at every
     integer: matplotlib builds an object per tick, and 8 per decade on every log axis were a third of a muon
     report's drawing time (28 s -> 21 s for its 42 figures on one core); the gridless plots lose nothing."""
-    from matplotlib.ticker import LogLocator
-
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() == "log":
-                axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+                _log_ticks(ax, axis)
     fig.savefig(path, dpi=DPI, format="png", metadata=metadata)
 
 
@@ -205,3 +240,64 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if np.isfinite(value) else "-"
     return "-" if value is None else str(value)
+
+
+def _drawn_tick_labels(axis: Any) -> list[Any]:
+    """The tick labels matplotlib draws: those of ticks inside the view (it keeps others, undrawn)."""
+    low, high = sorted(axis.get_view_interval())
+    span = (high - low) * 1e-6
+    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    labels = [t.label1 for t in ticks if low - span <= t.get_loc() <= high + span]
+    labels += [t.label2 for t in ticks if low - span <= t.get_loc() <= high + span]
+    return [t for t in labels if t.get_visible() and t.get_text().strip()]
+
+
+def text_problems(fig: Any, drawn: bool = False) -> list[str]:
+    """What a reader could not read in `fig` once drawn: text cut by the figure's edge (a title, a label, a
+    tick label, a legend entry), titles and axis labels that overprint each other (a long title over its
+    neighbour's), and tick labels of one axis that overprint each other. Empty: all of it
+    readable. `drawn`: the figure was just drawn (saved): its layout is read as it is, not drawn again."""
+    from matplotlib.text import Text
+
+    if not drawn:
+        fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    tick_labels: list[Any] = []
+    every_tick_label: set[int] = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                every_tick_label.update((id(tick.label1), id(tick.label2)))
+            if ax.get_visible():
+                tick_labels += _drawn_tick_labels(axis)
+    texts = [t for t in fig.findobj(Text) if id(t) not in every_tick_label]
+    problems = []
+    for text in [*texts, *tick_labels]:
+        hidden = text.axes is not None and not text.axes.get_visible()
+        if hidden or not text.get_visible() or not text.get_text().strip():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.width and (box.x0 < -1 or box.y0 < -1 or box.x1 > width + 1 or box.y1 > height + 1):
+            problems.append(f"cut by the edge: {text.get_text()[:40]!r}")
+    named = [fig._suptitle] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        if ax.get_visible():
+            named += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+    boxes = [(t.get_window_extent(renderer), t) for t in named if t.get_visible() and t.get_text().strip()]
+    for i, (b1, t1) in enumerate(boxes):
+        for b2, t2 in boxes[i + 1 :]:
+            if b1.width and b2.width and b1.overlaps(b2):
+                problems.append(f"texts overprint: {t1.get_text()[:30]!r} and {t2.get_text()[:30]!r}")
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis) if ax.get_visible() else ():
+            along = 0 if axis is ax.xaxis else 1  # neighbours along the axis
+            labels = sorted(
+                ((t.get_window_extent(renderer), t) for t in _drawn_tick_labels(axis)),
+                key=lambda pair: pair[0].get_points()[0][along],
+            )
+            for (b1, t1), (b2, t2) in zip(labels, labels[1:]):
+                if b1.width and b2.width and b1.overlaps(b2):
+                    problems.append(f"tick labels overprint: {t1.get_text()!r} and {t2.get_text()!r}")
+                    break
+    return problems

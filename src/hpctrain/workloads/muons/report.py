@@ -6,13 +6,14 @@ panels and W1/KS over each, and the per-bin figures as pivot tables. No torch: r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from hpctrain.track.report import Image, RunData, ScalarGroup, Table, WorkloadReport
 from hpctrain.track.report.generic import RATIO_TOP, clip_note, ratio_panel
-from hpctrain.track.report.panels import figure, fmt, legend_outside
+from hpctrain.track.report.panels import Panel, figure, fmt, legend_outside
 from hpctrain.workloads.muons.evaluation.cap_note import cap_table
 from hpctrain.workloads.muons.evaluation.classifier_report import classifier_panels, classifier_table
 from hpctrain.workloads.muons.evaluation.quality_report import quality_panels, quality_table
@@ -84,10 +85,30 @@ def _range_text(by: str, lo: float, hi: float) -> str:
     return f"log10 E/GeV {lo:g}-{hi:g}" if by == "energy" else f"zenith {lo:g}-{hi:g} deg"
 
 
+COUNT_TICKS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+def _count_ticks(ax: Any) -> None:
+    """Whole muon counts as ticks of a symlog axis, as many as fit apart at its width: matplotlib's own put
+    -5x10^-1 beside 0 (the first bin begins at -0.5)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    low, high = ax.get_xlim()
+    kept: list[float] = []
+    for tick in (t for t in COUNT_TICKS if low <= t <= high):
+        room = 7.0 * len(str(tick)) + 10.0  # pixels a label needs, with a gap
+        x = ax.transData.transform((tick, 0))[0]
+        if not kept or x - ax.transData.transform((kept[-1], 0))[0] >= room:
+            kept.append(tick)
+    ax.xaxis.set_major_locator(FixedLocator(kept))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     label, unit = FEATURES.get(name, (name.replace("_", " "), "1"))
     cols = len(panels)
-    width = 230 * cols + 130
+    width = 220 * cols + 130  # five bins: 1230 px, shown at 90 % or more in a 1200-pixel window
     # each column its own x range (sharex="col"): the low-energy bins' data end decades before the high ones'
     fig, axes = figure(width, 480, 2, cols, layout=None, sharex="col", height_ratios=[3, 1])
     fig.subplots_adjust(
@@ -104,12 +125,14 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
         else:
             ax.set_xscale("log")
         clipped = ratio_panel(ax, ratio_ax, edges, true, generated, per_width=name == "multiplicity")
+        if name == "multiplicity":
+            _count_ticks(ratio_ax)
         clipped_any += clipped
         # W1/KS and the clipped ratios in the title: a box in the axes covered the low counts' points
         figures = f"W1 {fmt(spec.get('w1'))}  KS {fmt(spec.get('ks'))}"
         note = clip_note(clipped)
-        ax.set_title(
-            f"{_range_text(by, *panel['range'])}, {panel['events_true']} true events\n{figures}"
+        ax.set_title(  # short lines: a column is ~170 px wide, its title must not reach the next one's
+            f"{_range_text(by, *panel['range'])}\n{panel['events_true']} true events\n{figures}"
             + (f"\n{note}" if note else ""),
             fontsize=8,
         )
@@ -125,7 +148,10 @@ def _feature_image(by: str, name: str, panels: list[dict[str, Any]]) -> Image:
     fig.suptitle(f"{label}: generated vs true per {BY[by][1]} (error bars: Poisson; W1 in log10 units)")
     caption = f"{label}: generated (points) vs true (line, grey band) per {BY[by][1]}."
     if clipped_any:
-        caption += f" Triangles: bins whose generated / true is above {RATIO_TOP:g} (drawn at the top)."
+        caption += (
+            f" At the top of the ratio panels, triangles: bins whose generated / true is above {RATIO_TOP:g}; "
+            "crosses: bins with generated values where the truth has none."
+        )
     return Image(f"{by}_bins_{name}", caption, fig)
 
 
@@ -165,9 +191,55 @@ def pivot_tables(data: RunData) -> list[Table]:
     return tables
 
 
-# What the judgements say first (evaluate.json's "quality" and "two_sample"), then the histograms behind them.
+POOLED = {  # figures.compare's features: what its pooled W1 is measured on
+    "multiplicity": "log10(N+1) of the muons per event",
+    "energy": "log10(E/GeV) of every muon",
+    "lateral_distance": "log10(r/m) of every muon's distance from the axis",
+}
+EXPLAINED = {
+    "conditional_w1": "mean of the pooled W1 of multiplicity, energy and lateral distance over the primary-energy "
+    "bins with 20+ true values",
+    "min_feature_ratio": "the smallest baseline/ours W1 over the judged features (> 1: ours beats looking up "
+    "the nearest simulated primary's bundle)",
+    "features_within_floor": "judged features whose every bin is within the floor's tolerance (as good as a "
+    "second truth sample)",
+    "features_goal_met": "judged features that meet the goal in every bin and over all bins together",
+    "auc": "the classifier test's AUC over all events (0.5: it cannot tell generated from true bundles)",
+    "auc_null_upper": "the upper edge of the AUC's null band (truth vs truth): above it, the classifier "
+    "tells them apart",
+    "fpd": "Fréchet distance of the standardised per-event features with the primary, generated vs true",
+    "kpd": "kernel (polynomial MMD) distance of the same, generated vs true",
+    "fpd_null": "the Fréchet distance between two truth samples: what no difference looks like",
+    "kpd_null": "the kernel distance between two truth samples (about 0 or below: no difference)",
+}
+
+
+def explain(key: str) -> str:
+    """What an evaluate.json figure of a muon model is (the report's evaluation table)."""
+    for prefix, what in (("w1_", "Wasserstein-1 distance"), ("ks_", "Kolmogorov-Smirnov statistic")):
+        name = key.removeprefix(prefix)
+        if key.startswith(prefix) and name in POOLED:
+            units = " (in those log10 units)" if prefix == "w1_" else ""
+            return f"pooled {what}{units}, generated vs true, all events together: {POOLED[name]}"
+    return EXPLAINED.get(key, "")
+
+
+def _under(section: str, panel: Panel) -> Panel:
+    """`panel`'s images under `section` on the page."""
+    return lambda data: [replace(image, section=section) for image in panel(data)]
+
+
+# After the distributions over all events (the generic part draws them first): the same per bin, then what the
+# judges say of them (evaluate.json's "quality" and "two_sample").
 REPORT = WorkloadReport(
     groups=groups,
-    panels=(quality_panels, classifier_panels, binned_panels),
+    panels=(
+        _under("Generated vs true per primary-energy bin and zenith band", binned_panels),
+        _under(
+            "Judged quality per feature and bin (ours against the floor and the baseline)", quality_panels
+        ),
+        _under("The classifier two-sample test", classifier_panels),
+    ),
     tables=(quality_table, classifier_table, cap_table, pivot_tables),
+    explain=explain,
 )

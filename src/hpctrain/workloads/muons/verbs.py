@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text, nearest_existing_folder
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.track.stages import Stages
 from hpctrain.workloads.muons.spec import (
     EVALUATE_EVENTS,
     EVALUATE_SEED,
@@ -92,22 +94,27 @@ def sample(args: argparse.Namespace, found: Found) -> int:
     from hpctrain.workloads.muons.models import sampling
 
     start = time.perf_counter()
+    stages = Stages("sample", sys.stdout)
+    stages.stage(f"loading the model of {found[1]}")
     model = sampling.load_model(args.model, args.device, found)
     torch.manual_seed(args.seed)
+    what = f"{args.n_events} events" if args.n_events else f"the events of {args.primaries}"
+    stages.stage(f"generating {what} into {args.out}", args.n_events or 0, "events")
+    # streamed: primaries, generation and the Parquet writer hold one batch at a time (10M events fit)
     at_cap = [0]  # events whose sampled multiplicity hit the cap
 
     def counted(chunk: Any) -> Any:
         at_cap[0] += int((chunk.counts >= model.cap).sum())
         return chunk
 
-    # streamed: primaries, generation and the Parquet writer hold one batch at a time (10M events fit)
-    chunks = (
+    generated = (
         counted(chunk)
         for primaries, ids in sampling.primary_chunks(
             args.n_events, args.primaries, args.seed, args.batch_size
         )
         for chunk in sampling.generate_chunks(model, primaries, ids, args.batch_size)
     )
+    chunks = stages.counted(generated, len)  # an ETA every 10 s
     events, muons = sampling.write_stream(args.out, chunks)
     print(
         f"wrote {events} events, {muons} muons to {args.out} (model {model.checkpoint}, "
@@ -200,17 +207,23 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
         truth_versions.get(args.truth)  # an unknown version is one line before the model loads
     if args.truth and args.data:
         raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
+    stages = Stages("evaluate", sys.stdout)
+    stages.stage(f"loading the model of {found[1]}")
     model = sampling.load_model(args.model, args.device, found)
     data, truth, why = None, args.truth or truth_versions.DEFAULT, "chosen with --truth"
     if not args.data and not args.truth:
         truth, why = truth_versions.training_version(list(model.cfg.data.paths))
     if args.data:
+        stages.stage(f"reading the held-out events of {' '.join(args.data)}")
         data = evaluate.held_out_events(model.cfg, args.data, args.n_events or 0)
         if len(data) < 2:
             raise UserError(f"--data {' '.join(args.data)}: {len(data)} event(s) read; need at least 2")
     n_events = args.n_events or EVALUATE_EVENTS
     options = two_sample.Options(args.folds, args.null_replicates)
-    result = evaluate.evaluate_model(model, n_events, args.seed, args.batch_size, data, options, truth)
+    result = evaluate.evaluate_model(
+        model, n_events, args.seed, args.batch_size, data, options, truth, stages
+    )
+    stages.done("evaluated")
     info = result["info"]
     head = (
         f"evaluated {model.checkpoint} (update {info['step']}) on {info['events']} events of the "

@@ -22,6 +22,7 @@ import torch
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
+from hpctrain.track.stages import NO_STAGES, Stages
 from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.evaluation import quality, two_sample, verdict
 from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
@@ -92,29 +93,43 @@ def evaluate_model(
     data: layouts.Events | None = None,
     options: two_sample.Options = two_sample.DEFAULT_OPTIONS,
     truth: str = truth_versions.DEFAULT,
+    stages: Stages = NO_STAGES,
 ) -> dict[str, Any]:
     """Generate for the primaries of fresh events of synthetic truth `truth` (or of held-out `data`, split in
     two halves) and compare; the result is evaluate.json's content (the classifier test under "two_sample",
-    for models that generate muons)."""
+    for models that generate muons). `stages`: a line as each part begins (and ETAs), for a verb."""
     start = time.perf_counter()
     cap = muon_cap(model.cfg)
+    source = "held-out events" if data is not None else f"true events of the synthetic truth {truth}"
+    stages.stage(f"sampling {len(data) if data is not None else n_events} {source} and the floor's samples")
     true, floor, reference, clamped = reference_samples(n_events, seed, cap, data, truth)
     torch.manual_seed(seed)
     only: tuple[str, ...] = ("multiplicity",) if model.model_type == "muon_multiplicity" else FEATURES
-    generated = _generate(model, true, batch_size, only)
+    draws_n = (
+        len(floor) if data is None else 2 + quality.FLOOR_DRAWS
+    )  # held out: both halves, then the splits
+    what = "multiplicities" if only != FEATURES else "bundles"
+    stages.stage(
+        f"generating {draws_n} x {len(true)} {what} (ours, as many draws as the floor)",
+        draws_n * len(true),
+        what,
+    )
+    generated = _generate(model, true, batch_size, only, stages)
     result = compare(generated, true, only)
     judged_only = quality.FEATURES if only == FEATURES else only
     other_generated = None
     if data is None:  # ours over as many draws of the generator as the floor has truth draws
-        draws = [generated] + [_generate(model, true, batch_size, only) for _ in floor[1:]]
+        draws = [generated] + [_generate(model, true, batch_size, only, stages) for _ in floor[1:]]
+        stages.stage(f"the floor: {len(judged_only)} features per bin, ours vs {len(floor)} truth draws")
         result["quality"] = quality.quality(draws, true, floor, reference, judged_only)
     else:  # held out: over FLOOR_DRAWS splits in two (the first, by parity, is the one above); ours is drawn
         # for the other half's primaries, as the floor's bundles are (quality.py's docstring)
-        other_generated = _generate(model, floor[0], batch_size, only)
+        other_generated = _generate(model, floor[0], batch_size, only, stages)
         runs = [(other_generated, true, floor[0])]
         rng = numpy_rng(seed, TRUTH_EVENTS, BASELINE_STREAM + 2)
         for half, other in quality.held_out_splits(quality.clamp_to_cap(data, cap)[0], rng, parity=False):
-            runs.append((_generate(model, other, batch_size, only), half, other))
+            runs.append((_generate(model, other, batch_size, only, stages), half, other))
+        stages.stage(f"the floor: {len(judged_only)} features per bin over {len(runs)} splits of the events")
         result["quality"] = quality.quality_over_splits(runs, judged_only)
     q = result["quality"]
     result["metrics"].update(
@@ -127,10 +142,11 @@ def evaluate_model(
     )
     if only == FEATURES:  # a multiplicity model's bundles have no muons for the classifier to look at
         judged = _classifier_test(
-            model, true, generated, floor[0], other_generated, batch_size, seed, options, truth
+            model, true, generated, floor[0], other_generated, batch_size, seed, options, truth, stages
         )
         result["two_sample"] = judged.as_dict()
         result["metrics"].update(judged.metrics())
+    stages.stage("histograms for the report")
     result["distributions"] = distributions(generated, true, only)
     result["binned"] = binned(generated, true, only)  # per energy bin and zenith band, for the report
     result["info"] = {
@@ -162,6 +178,7 @@ def _classifier_test(
     seed: int,
     options: two_sample.Options,
     truth: str = truth_versions.DEFAULT,
+    stages: Stages = NO_STAGES,
 ) -> two_sample.Judgement:
     """The classifier test on paired primaries. Synthetic truth: `true` and `generated` (for its primaries),
     the band from fresh truth bundles for the same primaries. Held out: both halves (the other generated for
@@ -171,10 +188,12 @@ def _classifier_test(
         nulls = [
             paired_truth(true.primaries, seed, NULL_STREAM + j, cap, truth) for j in range(options.replicates)
         ]
-        return two_sample.judge_events(true, generated, nulls, options.folds, seed)
+        return two_sample.judge_events(true, generated, nulls, options.folds, seed, stages=stages)
     pairs_true = layouts.concat_events([true, other])
     pairs_generated = layouts.concat_events([generated, other_generated])
-    return two_sample.judge_events(pairs_true, pairs_generated, [], options.folds, seed, options.replicates)
+    return two_sample.judge_events(
+        pairs_true, pairs_generated, [], options.folds, seed, options.replicates, stages
+    )
 
 
 def classifier_on_truth(
@@ -204,12 +223,19 @@ def paired_truth(
     return _truth_sample(primaries, seed, key, cap, version)
 
 
-def _generate(model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...]) -> layouts.Events:
+def _generate(
+    model: Any, true: layouts.Events, batch_size: int, only: tuple[str, ...], stages: Stages = NO_STAGES
+) -> layouts.Events:
     """Bundles for the primaries of `true` (multiplicities only when `only` is the multiplicity)."""
     if only == ("multiplicity",):
         counts = sampling.sample_counts(model, true.primaries, batch_size)
+        stages.advance(len(counts))
         return layouts.Events(true.primaries, np.zeros((0, 3), np.float32), counts, true.ids)
-    return sampling.generate_events(model, true.primaries, true.ids, batch_size)
+    parts = []
+    for chunk in sampling.generate_chunks(model, true.primaries, true.ids, batch_size):
+        parts.append(chunk)
+        stages.advance(len(chunk))
+    return layouts.concat_events(parts) if parts else sampling.generate_events(model, true.primaries[:0])
 
 
 def held_out_events(cfg: Any, paths: list[str], max_events: int = 0) -> layouts.Events:
@@ -252,6 +278,10 @@ def evaluate_after_training(cfg: Any, modules: dict[str, Any], step: int, run_di
     half: a smoke check, labelled so, with the command that judges (verdict.py)."""
     device = next(modules["generator"].parameters()).device
     model = LoadedModel(cfg, modules, step, run_dir, run_dir, device)
+    log.info(
+        "the quality table of update %d on data.val_paths (evaluate_val.json): about a minute on 2 cores",
+        step,
+    )
     data = held_out_events(cfg, list(cfg.data.val_paths), VAL_EVENTS)
     if len(data) < 2:
         log.warning("no quality table: data.val_paths hold %d event(s)", len(data))

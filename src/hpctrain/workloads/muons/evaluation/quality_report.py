@@ -139,7 +139,7 @@ def _ratio_map(ax: Any, rows: list[dict[str, Any]], fig: Any, colorbar: bool = T
             ax.add_patch(
                 Rectangle((z - 0.45, e - 0.45), 0.9, 0.9, fill=False, edgecolor="darkred", linewidth=2)
             )
-    ax.set_xticks(range(len(zeniths)), zeniths, fontsize=7)
+    ax.set_xticks(range(len(zeniths)), zeniths, fontsize=7, rotation=90)  # flat, 10 bands overprinted
     ax.set_yticks(range(len(energies)), energies, fontsize=7)
     ax.set_xlabel("zenith [deg] (z), mass number (A), depth [m] (d)", fontsize=8)
     ax.set_ylabel("log10(E_primary / GeV)", fontsize=8)
@@ -242,4 +242,6 @@ def quality_table(data: RunData) -> list[Table]:
               "bins ok", "goal"]  # fmt: skip
     word = "smoke check" if smoke else ("goal met" if judged.get("goal_met") else "goal NOT met")
     legend = LEGEND + ([verdict.SMOKE_LEGEND] if smoke else [])
-    return [Table(f"Judged quality per feature ({word})", header, rows, note, legend=legend)]
+    # bin means, named apart from the pooled W1 of the evaluation table (all events together)
+    groups = [("", 1), ("mean over the judged bins", 6), ("", 3)]
+    return [Table(f"Judged quality per feature ({word})", header, rows, note, groups, legend=legend)]

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.track.stages import NO_STAGES, Stages
 from hpctrain.workloads.muons.evaluation import event_features
 from hpctrain.workloads.muons.events.decoded import Events
 from hpctrain.workloads.muons.spec import JUDGE_FOLDS, JUDGE_NULL_REPLICATES
@@ -247,17 +248,25 @@ def judge(
     folds: int = FOLDS,
     seed: int = 0,
     swaps: int = 0,
+    stages: Stages = NO_STAGES,
 ) -> Judgement:
     """The test for paired bundles: `true`, `generated` and each of `nulls` (other truth bundles for the
     same primaries) are (muons (M, 3) physical, counts (n,)); the nulls give the band, or, without them,
     `swaps` label-swap replicates do."""
     rng = np.random.default_rng(seed)
+    fits = 1 + (len(nulls) or swaps)
+    stages.stage(
+        f"classifier test: {fits} classifiers of {folds} folds (ours, then the null band's)",
+        fits,
+        "classifiers",
+    )
     f_true = event_features.event_features(*true, rng)
     f_gen = event_features.event_features(*generated, rng)
     bins = energy_bin(primaries)
     events = {"all": len(primaries)}
     events.update({bin_label(i): int((bins == i).sum()) for i in range(len(ENERGY_BINS_LOG10_GEV) - 1)})
     result = Judgement(classifier_aucs(primaries, f_true, f_gen, folds, seed), events=events, folds=folds)
+    stages.advance()
     cloud_true = np.concatenate([f_true, event_features.primary_features(primaries)], axis=1)
     mean, std = cloud_true.mean(axis=0), cloud_true.std(axis=0) + 1e-12
     c_true, c_gen = _cloud(primaries, f_true, mean, std), _cloud(primaries, f_gen, mean, std)
@@ -270,6 +279,7 @@ def judge(
             replicates.append((np.where(swap, f_gen, f_true), np.where(swap, f_true, f_gen)))
     for j, (f_a, f_b) in enumerate(replicates):
         result.null.append(classifier_aucs(primaries, f_a, f_b, folds, seed + 1000 * (j + 1)))
+        stages.advance()
         if j == 0:
             c_a, c_b = _cloud(primaries, f_a, mean, std), _cloud(primaries, f_b, mean, std)
             result.fpd_null = frechet_distance(c_a, c_b)
@@ -284,6 +294,7 @@ def judge_events(
     folds: int = FOLDS,
     seed: int = 0,
     swaps: int = NULL_REPLICATES,
+    stages: Stages = NO_STAGES,
 ) -> Judgement:
     """`judge` on paired Events: row i of `true`, `generated` and each of `nulls` has the same primary (the
     primaries of `true` are used); without `nulls`, `swaps` label-swap replicates make the band."""
@@ -297,6 +308,7 @@ def judge_events(
         folds,
         seed,
         swaps,
+        stages,
     )
 
 
