@@ -32,6 +32,7 @@ from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
+from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.compile_ahead import AHEAD_MIN_SECONDS, CompileAhead
@@ -65,7 +66,6 @@ from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
-from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
 from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
