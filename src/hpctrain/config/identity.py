@@ -1,6 +1,6 @@
 """A run folder continues only its own run: which keys may differ from the checkpoint's, and the check on resume.
 
-Every config key is marked where it is defined (schema.py, the workloads' specs; `json_schema_extra=`):
+Every config key is marked where it is defined (config/sections/, the workloads' specs; `json_schema_extra=`):
   identity    another value makes another run (model, data content and order, seed, optimizer, schedule,
               precision, batch size): refused on resume unless named in `checkpoint.accept_changes`
   may_change  where, how fast and how the run is watched (time budget, SLURM, logging, evaluation and

@@ -1,6 +1,6 @@
 """The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model.
 
-The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in schedule.py
+The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in cadence.py
 whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, schedule.CheckVotes).
 Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the parts a checkpoint holds (parts.py),
 saving (checkpointer.py), resuming (resume.py) and profiling (profile.py) live beside it.
@@ -32,6 +32,7 @@ from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
+from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.compile_ahead import AHEAD_MIN_SECONDS, CompileAhead
@@ -65,7 +66,6 @@ from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
-from hpctrain.train.schedule import EMPTY, GO, Cadences, CheckVotes, FetchVotes
 from hpctrain.train.setup import Setup, short_hop
 from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
@@ -353,7 +353,7 @@ class Trainer:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
 
         Per update only what every update needs (its batches, LR, counters, timers); each other part asks its
-        cadence (schedule.py) whether it is due: a log line (the loss window is read only then), histograms, and
+        cadence (cadence.py) whether it is due: a log line (the loss window is read only then), histograms, and
         a check step (evaluation, saves, the budget and one vote of all ranks on what comes next)."""
         counters, stream, cadence, clock = self.counters, self.train_stream, self.cadence, time.perf_counter
         self._start_hop_loop(clock())

@@ -9,18 +9,17 @@ Layouts (detected from the schema and the row widths, never configured):
 - `hdf5`: primaries (N, 7), muons (M, 6) float32 as above, counts (N,) int32; same empty-event convention.
 Files are routed by format (suffix, else magic bytes): a Parquet file never reaches h5py.
 
-Errors a user's data can cause are `UserError`s of one line naming the file: `LayoutError` (a readable file of
-an unknown layout), `UnreadableFileError` (missing, unreadable, truncated or corrupt: whatever pyarrow or h5py
-raised, reduced to its first line). A valid file without events has layout "empty" and no units to read.
+Errors a user's data can cause are the one-line `LayoutError` and `UnreadableFileError` of formats.py (with the
+layout names and the format check, re-exported here). A valid file without events has layout "empty" and no
+units to read.
 
-Size (~480 lines): one detector, reader and writer per physicists' layout, side by side so that a new layout is
+Size (~460 lines): one detector, reader and writer per physicists' layout, side by side so that a new layout is
 added next to the ones it resembles.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,13 +36,24 @@ from hpctrain.data.stream.ragged import (
     nested_rows,
     numbers,
 )
-from hpctrain.errors import UserError
-from hpctrain.fsutil import atomic_path, nearest_existing_folder
+from hpctrain.fsutil import atomic_path
 from hpctrain.workloads.muons.events import file_cache, first_batch
 from hpctrain.workloads.muons.events.decoded import Events
+
+# The format names and errors live in formats.py; readers of this module find them here too.
+from hpctrain.workloads.muons.events.formats import HDF5_MAGIC as HDF5_MAGIC
+from hpctrain.workloads.muons.events.formats import HDF5_SUFFIXES as HDF5_SUFFIXES
+from hpctrain.workloads.muons.events.formats import LAYOUTS as LAYOUTS
+from hpctrain.workloads.muons.events.formats import PARQUET_SUFFIXES as PARQUET_SUFFIXES
+from hpctrain.workloads.muons.events.formats import LayoutError as LayoutError
+from hpctrain.workloads.muons.events.formats import MissingFileError as MissingFileError
+from hpctrain.workloads.muons.events.formats import UnreadableFileError as UnreadableFileError
+from hpctrain.workloads.muons.events.formats import check_local as check_local
+from hpctrain.workloads.muons.events.formats import file_format as file_format
+from hpctrain.workloads.muons.events.formats import one_line as one_line
+from hpctrain.workloads.muons.events.formats import unreadable as unreadable
 from hpctrain.workloads.muons.spec import UNIT_EVENTS
 
-LAYOUTS = ("parquet", "parquet-legacy", "parquet-hdf5", "hdf5")
 # layout -> (primary width, muon width, columns of [E, zenith, mass, depth] in primary, of [E, x, y] in muon)
 _WIDTHS = {
     "parquet": (4, 3, [0, 1, 2, 3], [0, 1, 2]),
@@ -55,85 +65,7 @@ _EXPECTED = (
     "expected 'primary' list<float> of 4 values with primary_major_id/primary_minor_id columns (current), "
     "6 values (legacy) or 7 values (converted from HDF5), and 'muons' list<list<float>>"
 )
-PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
-HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
-HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 SPEED_OF_LIGHT_M_PER_NS = 0.299792458
-
-
-class LayoutError(UserError):
-    """A file whose layout is not one of LAYOUTS."""
-
-
-class UnreadableFileError(UserError):
-    """A file that cannot be read: missing, no permission, truncated or corrupt (`reason`: one line)."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path, self.reason = path, reason
-
-
-def one_line(err: BaseException, limit: int = 300) -> str:
-    """`Type: first line of the message`, at most `limit` characters (library errors can be long)."""
-    text = str(err).strip().splitlines()
-    detail = f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-    return detail if len(detail) <= limit else detail[: limit - 3] + "..."
-
-
-def unreadable(path: str, err: BaseException, what: str = "cannot be read") -> UnreadableFileError:
-    """The one-line error for a failure of pyarrow/h5py/the OS on `path`."""
-    if isinstance(err, UnreadableFileError):
-        return err
-    # the libraries wrap OS errors in their own types: ask the file system what is wrong
-    if isinstance(err, PermissionError) or (os.path.isfile(path) and not os.access(path, os.R_OK)):
-        return UnreadableFileError(path, f"{what}: permission denied; check the file's permissions")
-    if isinstance(err, FileNotFoundError) or not os.path.lexists(path):
-        return UnreadableFileError(path, f"{what}: the file disappeared (moved or deleted while in use)")
-    if isinstance(err, IsADirectoryError) or os.path.isdir(path):
-        return UnreadableFileError(path, f"{what}: it is a folder, not a file")
-    try:
-        empty = os.path.getsize(path) == 0
-    except OSError:
-        empty = False
-    if empty:
-        return UnreadableFileError(path, f"{what}: the file is empty (0 bytes; an interrupted copy?)")
-    return UnreadableFileError(path, f"{what}, truncated or corrupt ({one_line(err)})")
-
-
-def file_format(path: str) -> str:
-    """'parquet' or 'hdf5', from the suffix or else the magic bytes."""
-    lower = path.lower()
-    if lower.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if lower.endswith(HDF5_SUFFIXES):
-        return "hdf5"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except OSError as err:
-        raise unreadable(path, err) from None
-    if head[:4] == b"PAR1":
-        return "parquet"
-    if head == HDF5_MAGIC:
-        return "hdf5"
-    raise LayoutError(f"{path}: neither Parquet nor HDF5 (suffix {Path(path).suffix!r}, unknown magic bytes)")
-
-
-class MissingFileError(UnreadableFileError, FileNotFoundError):
-    """A local file that does not exist."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        UnreadableFileError.__init__(self, path, reason)
-
-
-def check_local(path: str) -> None:
-    """A clear error for a missing local file, hinting at an unmounted volume."""
-    if not os.path.exists(path):
-        raise MissingFileError(
-            path,
-            f"no such file (nearest existing folder: {nearest_existing_folder(path)}); if the data lives on a shared or "
-            f"scratch volume, check that it is mounted on this node",
-        )
 
 
 def _empty_convention(raw_muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The loop's cadences (train/schedule.py): when a log line, a save, an evaluation and a check are due, and the
+"""The loop's cadences (train/cadence.py): when a log line, a save, an evaluation and a check are due, and the
 votes all ranks reduce in one call."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hpctrain.commands.train import run
 from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.errors import EXIT_OK
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.schedule import (
+from hpctrain.train.cadence import (
     FIRST_LINE_SECONDS,
     CheckCadence,
     CheckVotes,
