@@ -116,6 +116,7 @@ def test_the_programs_tracebacks_and_stray_warnings_mask_tokens() -> None:
         "import logging\n"
         "from hpctrain import cli\n"
         "cli._masked_tracebacks()\n"
+        "cli._masked_last_resort()\n"
         f"logging.getLogger('x').warning('to https://h/x?authz={TOKENS[0]}')\n"
         f"raise OSError('pelican://f/x?sig={TOKENS[2]}')\n"
     )

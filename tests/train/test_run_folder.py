@@ -36,9 +36,9 @@ def cfg_for(out: Path, *overrides: str):
 
 
 def one_error_line(err: str) -> str:
-    # Log records of the start ("[rank 0] INFO ...") may come first; the error itself is one line.
-    lines = [line for line in err.splitlines() if line.strip() and "[rank " not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    # Log lines of the start may come first; the error itself is one line.
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
 

@@ -98,7 +98,8 @@ def _text(value: Any) -> tuple[str, bool]:
         # status table), where lr0.00002 came after it
         return format(Decimal(repr(value)), "f"), True
     if isinstance(value, (int, float)):
-        return repr(value), True
+        text = repr(value).replace("e+", "e")  # 1e16, not 1e+16: a '+' is no run.name character
+        return _UNSAFE.sub("_", text), _UNSAFE.search(text) is None
     if value is None:
         return "none", True
     if isinstance(value, str):

@@ -55,13 +55,9 @@ def train(tmp_path: Path, *overrides: str, name: str = "t") -> Done:
 def error_line(done: Done) -> str:
     """The one line a user mistake leaves on stderr (asserts exit 2, no traceback, nothing else)."""
     assert done.code == 2, done.err
-    # Notes and log records of the start ("[rank 0] INFO ...") may come first; the error is one line.
-    lines = [
-        line
-        for line in done.err.strip().splitlines()
-        if not line.startswith("note: ") and "[rank " not in line
-    ]
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.err
+    # Notes, warnings and the start's log lines may come first; the error is one line, and no traceback.
+    lines = [line for line in done.err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in done.err, done.err
     return lines[0]
 
 
