@@ -332,10 +332,6 @@ def test_a_slow_upload_never_holds_the_run_past_its_walltime(setup: Setup) -> No
     reader = threading.Thread(target=lambda: said.extend((time.time(), line) for line in proc.stderr))
     reader.start()
     deadline = None
-    said: list[tuple[float, str]] = []  # stderr's lines with the time each arrived (they carry none)
-    assert proc.stderr is not None
-    reader = threading.Thread(target=lambda: said.extend((time.time(), line) for line in proc.stderr))
-    reader.start()
     try:
         for (
             line

@@ -56,7 +56,15 @@ def test_resume_forms(tmp_path: Path) -> None:
     assert latest.code == 0 and "already finished at update 6" in latest.out, latest.out + latest.err
 
     # another run's folder (its latest checkpoint) or one of its files starts a new run from it
-    folder = hpctrain("train", *RUN, "run.name=from-folder", "checkpoint.resume=logs/debug", cwd=tmp_path)
+    # (a finished run's final checkpoint restored whole needs updates left to train: tests/train/test_restart_finished.py)
+    folder = hpctrain(
+        "train",
+        *RUN,
+        "run.name=from-folder",
+        "checkpoint.resume=logs/debug",
+        "train.total_updates=8",
+        cwd=tmp_path,
+    )
     assert folder.code == 0 and "restored everything from logs/debug at update 6" in folder.out, folder.err
     given = checkpoints / "step_00000004.pt"
     file = hpctrain("train", *RUN, "run.name=from-file", f"checkpoint.resume={given}", cwd=tmp_path)
