@@ -16,7 +16,15 @@ from hpctrain.train.compile_ahead import own_tensors
 from hpctrain.train.memory import compile_in_background
 from tests.conftest import clean_env, compile_ahead, hpctrain
 
-ARGS = ("train", "train.compile=default", "train.compile_background=true", "train.eval_every=0")
+# one thread: the auto count follows the machine's load, and a second run under another count would find no code
+# of its own in the kept cache (Inductor keys its CPU code on the count), as it should, but not what is tested here
+ARGS = (
+    "train",
+    "train.compile=default",
+    "train.compile_background=true",
+    "train.eval_every=0",
+    "train.threads=1",
+)
 
 
 def _alive(pid: int) -> bool:
@@ -42,7 +50,8 @@ def test_background_compile_is_on_for_one_cuda_process_unless_asked() -> None:
 def test_the_hop_trains_eagerly_until_the_helper_has_compiled_then_loads_its_code(tmp_path: Path) -> None:
     """The helper compiles from nothing (its own log: cache misses); the training process, switched at the first
     check step after the helper ended (the test hook waits for it there, so the switch update is known), makes
-    its graph from the helper's cached code: hits, no misses. The updates before the switch ran eagerly."""
+    its graph from the helper's cached code: hits, no misses. The updates before the switch ran eagerly. The helper
+    compiles under the trainer's thread count, whatever its own probe of the load would say."""
     env = clean_env(**compile_ahead("wait"))
     args = (*ARGS, "train.total_updates=30", "logging.log_every=5", "run.name=b")
     done = hpctrain(*args, cwd=tmp_path, env=env, timeout=600)
@@ -56,6 +65,7 @@ def test_the_hop_trains_eagerly_until_the_helper_has_compiled_then_loads_its_cod
     assert made["inductor_cache_hits"] >= 1 and made["inductor_cache_misses"] == 0, made
     helper = [json.loads(x) for x in Path(ahead["log"]).read_text().splitlines() if x.startswith("{")]
     assert helper and helper[-1]["compiled"] == ["model"] and helper[-1]["inductor_cache_misses"] >= 1
+    assert helper[-1]["threads"] == 1  # the trainer's count
     line = f"torch.compile: compiled in the background in {ahead['seconds']:.1f} s while {ahead['eager_updates']}"
     assert line in done.out
     assert not _alive(ahead["pid"])
@@ -316,6 +326,7 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
             f"run.out_dir={tmp_path}",
             "train.compile=default",
             "train.compile_background=true",
+            "train.threads=1",  # auto would follow the load, and Inductor's CPU code is keyed on the count
             *overrides,
         ]
         cfg = load_config(ConfigRequest(None, None, over, None), config_model(), {}, fill_default_types)
@@ -329,6 +340,7 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
     assert key("data.batch_size=64") != base
     assert key("train.precision=bf16") != base
     assert key("model.dropout=0.25") != base
+    assert key("train.threads=2") != base  # code compiled under one thread count is a miss under another
 
 
 def test_the_compile_mark_changes_with_the_networks_source(tmp_path: Path) -> None:

@@ -52,6 +52,9 @@ def main() -> int:
     payload = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)
     cfg, device = validate(config_model(), payload["config"]), torch.device(payload["device"])
     cfg.train.compile_background = False  # compile here, in this process
+    # the trainer's count, not one probed here (train.threads auto): Inductor keys its CPU code on the count, so
+    # code compiled under another would be a cache miss in the trainer
+    cfg.train.threads = int(payload.get("threads") or cfg.train.threads)
     env = ClusterEnv()  # one process, whatever the job's variables say
     task = make_task(cfg, env)
     setup = Setup(cfg, task, env)
@@ -74,7 +77,15 @@ def main() -> int:
         torch.cuda.synchronize(device)
     compiled = [name for name, module in modules.items() if is_compiled(module)]
     print(
-        json.dumps({"compiled": compiled, "seconds": time.monotonic() - start, **compile_stats()}), flush=True
+        json.dumps(
+            {
+                "compiled": compiled,
+                "seconds": time.monotonic() - start,
+                "threads": torch.get_num_threads(),
+                **compile_stats(),
+            }
+        ),
+        flush=True,
     )
     return 0
 

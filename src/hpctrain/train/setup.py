@@ -148,7 +148,12 @@ class Setup:
             # what the code also depends on beyond the networks' repr: their hyperparameters, the data settings
             # (the batch's shapes, static for most workloads), the card (Triton's binaries). More than needed
             # only costs a helper (a hop that is not warm compiles in the background); less costs a cold compile
-            card = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+            # on a CPU Inductor's code is keyed on the thread count too (train.threads auto varies with the load)
+            card = (
+                torch.cuda.get_device_name(self.device)
+                if self.device.type == "cuda"
+                else f"threads {torch.get_num_threads()}"
+            )
             setting = (
                 f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type} {card} "
                 f"data {self.cfg.data.model_dump_json()} model {self.cfg.model.model_dump_json()}"

@@ -485,6 +485,7 @@ class Trainer:
             {
                 "config": self.cfg.model_dump(),  # a tree: the config's type is built at run time
                 "device": str(self.device),
+                "threads": torch.get_num_threads(),  # Inductor's CPU code is keyed on it: the helper's must match
                 "weights": {name: m.state_dict() for name, m in self.raw_modules.items()},
                 "states": self.task.compile_rehearsals(),
                 "micro": micro,
