@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from hpctrain.runtime.torch_build import installed_build
-from hpctrain.train.memory import resolve_compile
+from hpctrain.train.compile.policy import resolve_compile, short_hop
 from hpctrain.train.outcome import Timers
-from hpctrain.train.setup import short_hop
 from hpctrain.workloads.muons.models.losses import functional_penalty, gradient_penalty, pair_muons
 from hpctrain.workloads.muons.models.networks import Critic, event_index
 from tests.conftest import clean_env, hpctrain
@@ -112,7 +111,13 @@ def test_an_update_that_compiles_is_compile_time_not_step_time(tmp_path: Path) -
     """torch.compile for real (a tiny MLP on CPU): the updates that compiled are booked as compile time, so the
     time budget's step estimate (kept in the checkpoint) holds only compiled steps."""
     # one thread: Inductor keys its CPU code on the count, which train.threads auto takes from the machine's load
-    args = ("train", "train.compile=default", "train.total_updates=6", "train.eval_every=0", "train.threads=1")
+    args = (
+        "train",
+        "train.compile=default",
+        "train.total_updates=6",
+        "train.eval_every=0",
+        "train.threads=1",
+    )
     args = (*args, "run.name=c")
     done = hpctrain(*args, "logging.log_every=3", cwd=tmp_path, timeout=600)
     assert done.code == 0, done.err
@@ -152,7 +157,7 @@ def test_ragged_networks_are_traced_once_per_compile() -> None:
 
     import torch._logging
 
-    from hpctrain.train.memory import compile_network
+    from hpctrain.train.compile.policy import compile_network
     from hpctrain.workloads.muons.models.losses import likelihood_losses
     from hpctrain.workloads.muons.models.networks import Generator
 
@@ -292,7 +297,7 @@ def test_a_function_past_the_recompile_limit_is_counted() -> None:
     about: the hop's compile line counts it (compile_stats)."""
     import torch._dynamo
 
-    from hpctrain.train.memory import compile_stats, compile_summary, watch_compiles
+    from hpctrain.train.compile.stats import compile_stats, compile_summary, watch_compiles
 
     watch_compiles()
     watch_compiles()  # once per process, however often asked
