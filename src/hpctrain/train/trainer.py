@@ -11,7 +11,6 @@ boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,9 +49,7 @@ from hpctrain.train.outcome import (
     Timers,
     data_failure,
     nonfinite_message,
-    rates,
     summary_record,
-    update_scalars,
 )
 from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
@@ -61,6 +58,7 @@ from hpctrain.train.runlock import RunLock
 from hpctrain.train.setup import Setup
 from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.update_log import LogLine, LossWindow
 from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 from hpctrain.train.what_ran import hop_record
 
@@ -115,7 +113,7 @@ class Trainer:
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
         self.watchdog: HangWatchdog | NoWatchdog = NoWatchdog()
         self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
-        self.last_log_step = 0
+        self.log_line = LogLine(env, self.device)
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
         self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
@@ -123,8 +121,7 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.train)
         self.spikes = SpikeGuard(cfg.train, lambda: self.checkpointer.last_saved_step)  # train.on_spike
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
-        self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
-        self._window_first = 1  # the update of _window[0]
+        self.window = LossWindow(self.guard, self.spikes)  # the losses since the last log line
         self._stop_reason = ""  # why the hop ended (_result)
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
@@ -330,8 +327,8 @@ class Trainer:
         """Back to the last checkpoint as a new hop would resume from it, the LR scaled (spikes.py)."""
         where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
         self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
-        self._window.clear()  # the losses of the updates undone
-        self._lr_factor, self.last_log_step = None, self.counters.step
+        self.window.restart(self.counters.step)  # the losses of the updates undone
+        self._lr_factor, self.log_line.last_step = None, self.counters.step
 
     def _train(self) -> str | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -376,7 +373,7 @@ class Trainer:
         self.cadence.save.saved()  # time-based saves count from the hop's start
         self.cadence.log.start(now)
         self.cadence.check.next = self.counters.step + 1
-        self._window_first = self.counters.step + 1
+        self.window.first = self.counters.step + 1
         self.compiler.hop_began(self.counters.step)
 
     def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
@@ -405,9 +402,7 @@ class Trainer:
         samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
         counters.samples += samples * self.env.world_size
         loss = out.loss
-        self._window.append(
-            loss.detach() if loss.requires_grad else loss
-        )  # device tensors, read at log steps
+        self.window.add(loss)
         if self.guard.skip:
             self.guard.note_update(self.ctx.skipped_steps, counters.step)
         end = clock()
@@ -425,7 +420,7 @@ class Trainer:
 
     def _stopping(self, reason: str | None, out: StepOutput | None) -> str | None:
         """A stop between log lines still records the hop's last metrics line (before fit's save)."""
-        if self._window and out is not None:
+        if self.window.losses and out is not None:
             self._log_window(out)
         return reason
 
@@ -528,36 +523,21 @@ class Trainer:
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
     def _log_window(self, out: StepOutput) -> None:
-        """At a log step: the losses since the last one are checked (every rank) and their mean logged."""
-        # read once, only when logging (no per-update tensor arithmetic); checked and averaged on the host
-        losses = torch.stack(self._window).float().tolist()
-        busy = self.timeline.busy_seconds()  # CUDA: the GPU's own time (the sync above already waited)
+        """At a log step: the losses since the last one are checked (every rank) and rank 0 logs the line."""
+        losses = self.window.checked()  # read once, only when logging: no per-update tensor arithmetic
+        busy = self.timeline.busy_seconds()  # CUDA: the GPU's own time (the read above already waited)
         if busy is not None:
             self.timers.rebook(busy)
-        self.guard.check_losses(losses, self._window_first)
-        self.spikes.observe(losses, self._window_first)
-        self._log(out, math.fsum(losses) / len(losses))
-        self._window.clear()
-        self._window_first = self.counters.step + 1
-
-    def _log(self, out: StepOutput, mean_loss: float) -> None:
-        if not self.env.is_main:
-            return
-        shares, elapsed = self.timers.shares()
-        updates = max(self.counters.step - max(self.last_log_step, self.counters.resumed_step or 0), 1)
-        self.last_log_step = self.counters.step
-        lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
-        scalars = update_scalars(out, mean_loss, self.ctx.grad_norms, lr)
-        scalars.update(rates(out, updates, elapsed, self.env.world_size))
-        scalars.update(shares)
-        scalars.update(self.monitor.latest())
-        if self.guard.skip:
-            scalars["nonfinite_skips"] = self.guard.skipped
-        if self.device.type == "cuda":
-            scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.trackers.log_scalars(self.counters.step, scalars)
-        self.console.update(self.counters.step, scalars)
-        self.timers.reset_window()
+        if self.env.is_main:
+            lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
+            scalars = self.log_line.scalars(out, losses, self.counters, self.timers, lr, self.ctx.grad_norms)
+            scalars.update(self.monitor.latest())
+            if self.guard.skip:
+                scalars["nonfinite_skips"] = self.guard.skipped
+            self.trackers.log_scalars(self.counters.step, scalars)
+            self.console.update(self.counters.step, scalars)
+            self.timers.reset_window()
+        self.window.restart(self.counters.step)
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
         if self.env.is_main:
@@ -580,10 +560,8 @@ class Trainer:
     def _check_finite(self) -> None:
         """Before every save: the losses since the last check and the weights must be finite on every rank,
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
-        if self._window:
-            losses = torch.stack(self._window).float().tolist()
-            self.guard.check_losses(losses, self._window_first)
-            self.spikes.observe(losses, self._window_first)  # a spike to rewind from is never saved
+        if self.window.losses:
+            self.window.checked()  # a spike to rewind from is never saved
         self.guard.check_weights(self.raw_modules, self.counters.step)
         nonfinite, spike = dist.agree_max([self.guard.code(), self.spikes.code()])
         self.guard.raise_if(nonfinite)
