@@ -33,6 +33,7 @@ from hpctrain.commands.common import (
     resolve_from_args,
 )
 from hpctrain.config.loading import ConfigRequest, Provenance
+from hpctrain.config.provenance import Layer
 from hpctrain.config.schema import ConfigBase
 from hpctrain.config.secrets import mask_secrets
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, UserError
@@ -91,7 +92,7 @@ def job_signal_lead(cfg: ConfigBase, args: Any, sources: Provenance) -> float | 
     variable), and sbatch's own --signal beats the script's #SBATCH line: use slurm.signal_lead_seconds when the
     user gave it (not a default, not a preset), else the script's line; say in ONE line that it is unconfirmed."""
     given = sources.source("slurm.signal_lead_seconds")
-    if given is not None and not given.startswith("preset "):
+    if given is not None and given.layer is not Layer.PRESET:
         lead: float | None = float(cfg.slurm.signal_lead_seconds)
         how = f"slurm.signal_lead_seconds={lead:g} (from {given})"
     elif args.signal_lead is not None:

@@ -85,10 +85,8 @@ def dotenv_file(path: str | None, required: bool = False) -> dict[str, str | Non
     return dict(dotenv_values(stream=io.StringIO(text)))
 
 
-def env_overrides(
-    environ: Mapping[str, str | None], where: str = "environment"
-) -> list[tuple[str, str, str]]:
-    """(dotted key, raw value, "<where> NAME") of every variable that sets a key."""
+def env_overrides(environ: Mapping[str, str | None]) -> list[tuple[str, str, str]]:
+    """(dotted key, raw value, variable name) of every variable that sets a key."""
     found = []
     for name, value in sorted(environ.items()):
         if value is None:
@@ -96,11 +94,11 @@ def env_overrides(
         if name.startswith(ENV_PREFIX) and "__" in name[len(ENV_PREFIX) :]:
             # Only SECTION__KEY names are config: HPCTRAIN_HOME and other script variables are not.
             key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            found.append((key, value, f"{where} {name}"))
+            found.append((key, value, name))
         elif name in ENV_ALIASES and value != "":
-            found.append((ENV_ALIASES[name], value, f"{where} {name}"))
+            found.append((ENV_ALIASES[name], value, name))
         elif name in ENV_KEYS and value != "":
-            found.append((ENV_KEYS[name], value, f"{where} {name}"))
+            found.append((ENV_KEYS[name], value, name))
     return found
 
 

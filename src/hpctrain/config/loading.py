@@ -30,7 +30,7 @@ from hpctrain.config.keys import all_keys, secret_keys
 from hpctrain.config.messages import error_line, quote
 from hpctrain.config.naming import default_run_name, name_run
 from hpctrain.config.overrides import coerce_text, parse_override, parse_typed, set_dotted
-from hpctrain.config.provenance import Provenance
+from hpctrain.config.provenance import Layer, Provenance, Source
 from hpctrain.config.secrets import is_masked, looks_secret, refuse_secret
 from hpctrain.config.validation import validate
 from hpctrain.config.yaml_file import read_yaml
@@ -94,34 +94,34 @@ def _resolve(
     secrets = secret_keys(cls)
     if request.config_path:
         tree = interpolate(read_yaml(request.config_path), variables)
-        _drop_masked(tree, secrets, f"config file {Path(request.config_path).name}", sources)
+        file = Source(Layer.CONFIG_FILE, Path(request.config_path).name)
+        _drop_masked(tree, secrets, file, sources)
         coerce_text(tree, cls)
         for key, value in tree.items():
-            sources.add(key, value, f"config file {Path(request.config_path).name}")
+            sources.add(key, value, file)
     for key, value in presets.flat(request.preset) if request.preset else ():
-        _put(tree, origins, sources, key, value, f"preset {request.preset}")
+        _put(tree, origins, sources, key, value, Source(Layer.PRESET, request.preset or ""))
     # The config file and preset alone: what automatic names compare with.
     base_tree, base_origins = copy.deepcopy(tree), dict(origins)
     known = all_keys(cls)
-    for where, found in ((".env", file_vars), ("environment", environ)):
-        refuse_misspelt(found, where, known)
-        for key, raw, source in env_overrides(found, where):
+    for layer, found in ((Layer.DOTENV, file_vars), (Layer.ENVIRONMENT, environ)):
+        refuse_misspelt(found, layer.value, known)
+        for key, raw, name in env_overrides(found):
+            source = Source(layer, name)
             if key in secrets and is_masked(raw):
                 sources.masked.append(f"{key} ({source})")
                 continue
             value = parse_typed(cls, key, raw)
-            if where == "environment" and source.split()[-1].startswith(ENV_PREFIX):
+            if layer is Layer.ENVIRONMENT and name.startswith(ENV_PREFIX):
                 # WANDB_API_KEY and BEARER_TOKEN are the secrets' own routes; HPCTRAIN_ names are not.
-                refuse_secret(
-                    key, value, secrets, f"in the {source.replace('environment', 'environment variable')}"
-                )
+                refuse_secret(key, value, secrets, f"in the environment variable {name}")
             _put(tree, origins, sources, key, value, source)
             sources.raw[source] = raw
     for text in request.overrides:
         key, value = parse_override(text, cls)
         refuse_secret(key, value, secrets, f"on the command line ({key}=...)")
         shown = f"override {key}=***" if looks_secret(key) else f"override {quote(text)}"
-        _put(tree, origins, sources, key, value, shown, "command line")
+        _put(tree, origins, sources, key, value, Source(Layer.COMMAND_LINE, ""), shown)
 
     _one_batch_form(tree, origins, request.config_path)
     run = tree.get("run")
@@ -132,12 +132,12 @@ def _resolve(
     if not named:
         base_name = default_run_name(request.config_path, request.preset)
         base, retyped = _base_config(cls, (base_tree, base_origins), tree, request.config_path, prepare)
-        later = {key for key, sets in sources.sets.items() if not sets[-1][0].startswith(_NAMED_LAYERS)}
+        later = {key for key, sets in sources.sets.items() if not sets[-1][0].named}
         cfg.run.name, sources.naming = name_run(cfg, base_name, base, later, retyped)
     return cfg, sources
 
 
-def _drop_masked(tree: dict[str, Any], secrets: set[str], source: str, sources: Provenance) -> None:
+def _drop_masked(tree: dict[str, Any], secrets: set[str], source: Source, sources: Provenance) -> None:
     """Secrets of a file whose value is a mask (a saved config.yaml given back with --config writes them as
     '**********'): unset, as if the file did not name them, and said at start; never sent as a key or token."""
     for dotted in sorted(secrets):
@@ -156,18 +156,15 @@ def _put(
     sources: Provenance,
     key: str,
     value: Any,
-    origin: str,
-    source: str | None = None,
+    source: Source,
+    origin: str | None = None,
 ) -> None:
-    """One layer's value at a dotted key: in the tree, as the key's origin (named in errors) and in the sources
-    (`source`, when the sources name it more briefly than errors do)."""
+    """One layer's value at a dotted key: in the tree, in the sources, and as the key's origin named in errors
+    (`origin`, when errors name it more fully than the sources: the override as typed)."""
+    origin = origin or str(source)
     set_dotted(tree, key, value, origin)
     origins[key] = origin
-    sources.add(key, value, source or origin)
-
-
-# The layers a name is based on; values from the others (.env, environment, command line) name the run.
-_NAMED_LAYERS = ("config file ", "preset ")
+    sources.add(key, value, source)
 
 
 def _base_config(

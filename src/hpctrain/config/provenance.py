@@ -7,6 +7,7 @@ conflict between sources, and every value of the user's config file that a prese
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -19,8 +20,38 @@ from pydantic import SecretStr
 from hpctrain.config.messages import cut
 from hpctrain.config.secrets import looks_secret, mask_secrets
 
-# Sources a user does not see in the command: a value from one of them is always named at start.
-_IMPLICIT = ("environment ", ".env ")
+
+class Layer(enum.Enum):
+    """The layers of a config, in the order applied (a later one wins); the value is how a line names it."""
+
+    CONFIG_FILE = "config file"
+    PRESET = "preset"
+    DOTENV = ".env"
+    ENVIRONMENT = "environment"
+    COMMAND_LINE = "command line"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value came from: its layer, and the detail within it (the file's name, the preset, the
+    variable's name; none for the command line). Said as `config file x.yaml`, `environment HPCTRAIN_OPTIM__LR`,
+    `command line`."""
+
+    layer: Layer
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.layer.value} {self.detail}" if self.detail else self.layer.value
+
+    @property
+    def implicit(self) -> bool:
+        """A layer the user does not see in the command: a value from it is always named at start."""
+        return self.layer in (Layer.DOTENV, Layer.ENVIRONMENT)
+
+    @property
+    def named(self) -> bool:
+        """A layer an automatic run name is based on (values of the others name the run)."""
+        return self.layer in (Layer.CONFIG_FILE, Layer.PRESET)
 
 
 def _shown(key: str, value: Any) -> str:
@@ -42,16 +73,16 @@ def leaves(key: str, value: Any) -> Iterator[tuple[str, Any]]:
 class Provenance:
     """Every source that set each dotted key, in the order applied (the last one won)."""
 
-    sets: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
-    raw: dict[str, str] = field(default_factory=dict)  # the text of variables, as the user wrote it
+    sets: dict[str, list[tuple[Source, Any]]] = field(default_factory=dict)
+    raw: dict[Source, str] = field(default_factory=dict)  # the text of variables, as the user wrote it
     naming: str | None = None  # how an automatic run.name was formed (None: run.name was given)
     masked: list[str] = field(default_factory=list)  # secrets given as a mask ('**********'): left unset
 
-    def add(self, key: str, value: Any, source: str) -> None:
+    def add(self, key: str, value: Any, source: Source) -> None:
         for dotted, leaf in leaves(key, value):
             self.sets.setdefault(dotted, []).append((source, leaf))
 
-    def source(self, key: str) -> str | None:
+    def source(self, key: str) -> Source | None:
         """The source whose value a key holds (None: the default)."""
         found = self.sets.get(key)
         return found[-1][0] if found else None
@@ -64,7 +95,7 @@ class Provenance:
         for key, sets in self.sets.items():
             winner, value = sets[-1]
             losers = [(src, v) for src, v in sets[:-1] if v != value]
-            implicit = any(src.startswith(_IMPLICIT) for src, _ in [(winner, value), *losers])
+            implicit = any(src.implicit for src, _ in [(winner, value), *losers])
             if losers and implicit:
                 beaten = ", ".join(f"{src}: {_shown(key, self.raw.get(src, v))}" for src, v in losers)
                 items.append(f"{key}={_shown(key, value)} from {winner} (over {beaten})")
@@ -75,7 +106,7 @@ class Provenance:
         items = []
         for key, sets in self.sets.items():
             src = sets[-1][0]
-            if src.startswith(_IMPLICIT):
+            if src.implicit:
                 items.append(f"{key}={_shown(key, self.raw.get(src, sets[-1][1]))} ({src})")
         return "note: taken from the environment or .env: " + ", ".join(items) if items else None
 
@@ -94,11 +125,11 @@ class Provenance:
         items = []
         preset = file = ""
         for key, sets in self.sets.items():
-            if len(sets) < 2 or not sets[-1][0].startswith("preset "):
+            if len(sets) < 2 or sets[-1][0].layer is not Layer.PRESET:
                 continue
-            (src, mine), (preset, theirs) = sets[-2], sets[-1]
-            if src.startswith("config file ") and mine != theirs:
-                file = src
+            (src, mine), (by, theirs) = sets[-2], sets[-1]
+            if src.layer is Layer.CONFIG_FILE and mine != theirs:
+                file, preset = str(src), str(by)
                 items.append(f"{key}: {_shown(key, mine)} -> {_shown(key, theirs)}")
         if not items:
             return None
