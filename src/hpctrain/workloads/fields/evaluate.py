@@ -23,14 +23,15 @@ from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
+from hpctrain.train.checkpoint import locate, strip_prefixes
 from hpctrain.workloads.registry import config_model, task_factory
 
 
 def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
     """(cfg, task, model in eval mode, step, checkpoint file, run folder) of a run folder's latest checkpoint
     or of a checkpoint file."""
-    state, file, run_dir = find_checkpoint(path)
+    found = locate(path)
+    state, file, run_dir = found.state, found.file, found.run_dir
     cfg = validate(config_model(), state["config"])
     if cfg.model.type != "field_cnn":
         raise UserError(f"{file}: model.type={cfg.model.type!r} is not a fields model")
