@@ -437,6 +437,7 @@ def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Loc
     match = _WHICH.match(which)
     if match is None:
         raise NotLocated("which", f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
+    name = "best.pt" if which == "best" else f"step_{int(match.group(1)):08d}.pt" if match.group(1) else ""
     target = Path(path).expanduser()
     if exports and target.is_dir() and is_export(target):
         if which != "latest":
@@ -451,11 +452,11 @@ def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Loc
         line = f"{path}: {kind}; which={which} needs the run folder"
         if which == "latest":
             line = f"{path}: no such run folder or checkpoint file"
-        raise NotLocated("missing", line, name=_which_file(which, match), folder=target)
+        raise NotLocated("missing", line, name=name, folder=target)
     folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
     run_dir = folder.parent if folder.name == "checkpoints" else None
     if which != "latest":
-        file = folder / _which_file(which, match)
+        file = folder / name
         if not file.is_file():
             steps = sorted(int(p.stem[5:]) for p in folder.glob("step_*.pt") if p.stem[5:].isdigit())
             held = ", ".join(
@@ -475,10 +476,6 @@ def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Loc
             "empty", f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)"
         )
     return Located(loaded[0], loaded[1], run_dir)
-
-
-def _which_file(which: str, match: re.Match[str]) -> str:
-    return "best.pt" if which == "best" else f"step_{int(match.group(1)):08d}.pt"
 
 
 def _read_file(file: Path) -> Located:

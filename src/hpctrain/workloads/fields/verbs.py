@@ -38,7 +38,7 @@ def evaluate(args: argparse.Namespace, found: Located) -> int:
         raise UserError(f"--max-maps must be 0 (all) or positive, not {args.max_maps}")
     from hpctrain.workloads.fields.evaluate import evaluate_run, write_outputs
 
-    result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split)
+    result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split, found=found)
     run_dir = found.run_dir  # the run folder of the checkpoint the command found (None: a lone file)
     if args.out:
         out = Path(args.out)
