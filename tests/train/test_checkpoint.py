@@ -18,7 +18,7 @@ import torch
 
 from hpctrain.cli import main as cli_main
 from hpctrain.errors import RunError, UserError
-from hpctrain.train.checkpoint import CheckpointStore, find_checkpoint, load_verified, strip_prefixes
+from hpctrain.train.checkpoint import CheckpointStore, load_verified, locate, strip_prefixes
 from tests.conftest import clean_env, hpctrain, save_pause
 
 
@@ -288,7 +288,7 @@ def test_a_model_verb_on_a_folder_of_damaged_checkpoints_is_a_user_line(tmp_path
     for file in (tmp_path / "checkpoints").glob("step_*.pt"):
         file.write_bytes(file.read_bytes()[:100])
     with pytest.raises(UserError) as refused:
-        find_checkpoint(tmp_path)
+        locate(tmp_path)
     assert str(refused.value).startswith(f"no checkpoint in {tmp_path / 'checkpoints'} can be used (")
     assert "step_00000002.pt: its SHA-256 does not match" in str(refused.value)
     assert "resume=never" not in str(refused.value)

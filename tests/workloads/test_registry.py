@@ -14,10 +14,10 @@ import pytest
 from pydantic import BaseModel
 
 import hpctrain.workloads as package
+from hpctrain.train.checkpoint import Located
 from hpctrain.workloads import registry
 from hpctrain.workloads.registry import (
     DataVerbs,
-    Found,
     ModelVerb,
     RegistrationError,
     Verbs,
@@ -42,7 +42,7 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, found: Found) -> int:
+def _run(args: argparse.Namespace, found: Located) -> int:
     return 0
 
 
@@ -73,7 +73,7 @@ def test_a_verb_with_the_wrong_parameters_fails_registration() -> None:
 
 
 def test_a_verb_with_the_wrong_return_fails_registration() -> None:
-    def run(args: argparse.Namespace, found: Found) -> str:
+    def run(args: argparse.Namespace, found: Located) -> str:
         return ""
 
     with pytest.raises(RegistrationError, match=r"verb sample.run takes \(args, found\) -> str"):

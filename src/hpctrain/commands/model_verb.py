@@ -30,19 +30,19 @@ def run_model_verb(verb: str, description: str, argv: list[str], more_help: str 
 
     # a first line before torch's import (seconds, more on a busy machine): the verb is at work
     print(f"{verb}: reading the checkpoint of {known.model} (torch loads first)", flush=True)
-    from hpctrain.train.checkpoint import find_checkpoint
+    from hpctrain.train.checkpoint import locate
 
-    found = find_checkpoint(known.model)
-    model_type = _model_type(found[0])
+    found = locate(known.model)
+    model_type = _model_type(found.state)
     spec = registry.workload_of(model_type) if model_type is not None else None
     able = ", ".join(registry.offering(verb)) or "none"
     if model_type is None:
-        raise UserError(f"{found[1]}: holds no configuration, so no workload to {verb} it with")
+        raise UserError(f"{found.file}: holds no configuration, so no workload to {verb} it with")
     handler = spec.verbs.model_verb(verb) if spec is not None else None
     if spec is None or handler is None:
         owner = f"workload {spec.name!r}" if spec is not None else "no registered workload"
         raise UserError(
-            f"{found[1]}: model.type={model_type!r} ({owner}) has no `hpctrain {verb}`; it is offered for "
+            f"{found.file}: model.type={model_type!r} ({owner}) has no `hpctrain {verb}`; it is offered for "
             f"models of: {able}"
         )
     parser = _parser(verb, description, handler)

@@ -24,8 +24,9 @@ import os
 import pickle
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -384,37 +385,110 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
 def load_verified(path: Path, named: bool = True) -> dict[str, Any]:
     """Read a checkpoint file the user named, checking its sidecar hash when there is one (warned when there is
     none; refused then unless `named`: a file of a run folder, which has its sidecar); a bad one is one line
-    saying why (UserError)."""
+    saying why (NotLocated)."""
     try:
         return read_checkpoint(path, named=named)
     except Unreadable as exc:
-        raise UserError(f"{path}: not a readable hpctrain checkpoint ({exc})") from None
+        raise NotLocated(
+            "unusable", f"{path}: not a readable hpctrain checkpoint ({exc})", why=str(exc)
+        ) from None
 
 
-def find_checkpoint(path: str | Path) -> tuple[dict[str, Any], Path, Path | None]:
-    """(state, checkpoint file, run folder or None) for a run folder (its latest checkpoint), a checkpoint file
-    or an export folder (train/exported.py: the folder in place of the file): what `hpctrain sample`,
-    `hpctrain evaluate`, `hpctrain export` and `hpctrain.load` are given."""
-    target = Path(path)
-    if target.is_dir() and is_export(target):
-        return read_export(target)
-    if target.is_dir():
-        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-        try:
-            loaded = CheckpointStore(folder, keep_last=1).load_latest()
-        except NoUsableCheckpoint as exc:
-            # what training says, less its advice to train afresh (checkpoint.resume means nothing here)
-            raise UserError(exc.what) from None
-        if loaded is None:
-            raise UserError(f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)")
-        state, file = loaded
-        return state, file, folder.parent if folder.name == "checkpoints" else None
-    if not target.is_file():
-        raise UserError(f"{path}: no such run folder or checkpoint file")
-    run_dir = target.parent.parent if target.parent.name == "checkpoints" else None
-    # a run's own checkpoint has its sidecar beside it: loaded only verified; a file copied alone, with a warning
-    verified = load_verified(target, named=run_dir is None or not is_run_checkpoint(target))
-    return verified, target, run_dir
+_WHICH = re.compile(r"^(?:latest|best|step_0*(\d+))$")
+
+
+@dataclass(frozen=True)
+class Located:
+    """A checkpoint `locate` found and read: its state (verified), its file (an export: its folder), and the run
+    folder it belongs to (None: a file copied alone, a folder without checkpoints/, an export)."""
+
+    state: dict[str, Any]
+    file: Path
+    run_dir: Path | None
+
+
+class NotLocated(UserError):
+    """No usable checkpoint where `locate` was sent; its text is the line `hpctrain sample|evaluate|export` and
+    `hpctrain.load` show. `reason` (missing: no such path, or no `name` in `folder` holding `held`; empty: a
+    folder without checkpoints; unusable: `why`; which: a `which` that does not fit the path) lets a caller
+    that named the path differently (checkpoint.resume) say it in its own words."""
+
+    def __init__(
+        self,
+        reason: Literal["missing", "empty", "unusable", "which"],
+        line: str,
+        name: str = "",
+        folder: Path | None = None,
+        held: str = "",
+        why: str = "",
+    ) -> None:
+        super().__init__(line)
+        self.reason, self.name, self.folder, self.held, self.why = reason, name, folder, held, why
+
+
+def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Located:
+    """The checkpoint `which` (latest | best | step_N) of a run folder or its checkpoints folder (latest: the
+    one a resume would pick), or the file `path` names (a `latest` pointer: the file it names), or an export
+    folder (train/exported.py; latest only). What resume (checkpoint.resume=best|step_N|<path>), `hpctrain
+    sample|evaluate|export` and `hpctrain.load` read. A run folder's files (step_*.pt, best.pt) are loaded only
+    verified against their sidecar; a file copied alone, with a warning. Every failure is NotLocated (one line)
+    but a checkpoint newer than this hpctrain (UserError). `exports=False`: an export folder is no checkpoint
+    (checkpoint.resume: every rank reads the file rank 0 chose)."""
+    match = _WHICH.match(which)
+    if match is None:
+        raise NotLocated("which", f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
+    name = "best.pt" if which == "best" else f"step_{int(match.group(1)):08d}.pt" if match.group(1) else ""
+    target = Path(path).expanduser()
+    if exports and target.is_dir() and is_export(target):
+        if which != "latest":
+            raise NotLocated(
+                "which", f"{path}: an export holds one update; which={which} needs the run folder"
+            )
+        return Located(read_export(target), target, None)
+    if not target.is_dir():
+        if which == "latest" and target.is_file():
+            return _read_file(target)
+        kind = "a checkpoint file" if target.is_file() else "no such run folder"
+        line = f"{path}: {kind}; which={which} needs the run folder"
+        if which == "latest":
+            line = f"{path}: no such run folder or checkpoint file"
+        raise NotLocated("missing", line, name=name, folder=target)
+    folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+    run_dir = folder.parent if folder.name == "checkpoints" else None
+    if which != "latest":
+        file = folder / name
+        if not file.is_file():
+            steps = sorted(int(p.stem[5:]) for p in folder.glob("step_*.pt") if p.stem[5:].isdigit())
+            held = ", ".join(
+                [f"step_{step}" for step in steps] + (["best"] if (folder / "best.pt").exists() else [])
+            )
+            line = f"{path}: no {file.name} in {folder} (it holds: {held or 'nothing'})"
+            raise NotLocated("missing", line, name=file.name, folder=folder, held=held)
+        return _read_file(file)
+    try:
+        loaded = CheckpointStore(folder, keep_last=1).load_latest()
+    except NoUsableCheckpoint as exc:  # what training says, less its advice (checkpoint.resume is not here)
+        raise NotLocated("unusable", exc.what, why=exc.what) from None
+    except RunError as exc:  # the folder cannot be listed
+        raise NotLocated("unusable", str(exc), why=str(exc)) from None
+    if loaded is None:
+        raise NotLocated(
+            "empty", f"{path}: no readable checkpoint (expected <run folder>/checkpoints/step_*.pt)"
+        )
+    return Located(loaded[0], loaded[1], run_dir)
+
+
+def _read_file(file: Path) -> Located:
+    """A checkpoint file (a `latest` pointer: the file it names): a run folder's own only verified (its sidecar
+    is beside it), any other with a warning."""
+    try:
+        file = follow_pointer(file)
+    except Unreadable as exc:
+        raise NotLocated(
+            "unusable", f"{file}: not a readable hpctrain checkpoint ({exc})", why=str(exc)
+        ) from None
+    run_dir = file.parent.parent if file.parent.name == "checkpoints" else None
+    return Located(load_verified(file, named=run_dir is None or not is_run_checkpoint(file)), file, run_dir)
 
 
 def is_run_checkpoint(path: Path) -> bool:

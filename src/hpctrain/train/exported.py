@@ -45,9 +45,6 @@ FORMAT = 2  # 1: the first exports (no hashes; absolute paths), read by nothing
 MAX_META_BYTES = 16 * 2**20
 _PLAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a file name in the folder: no '/', no '..'
 
-# (state, where it came from, run folder or None): the form of hpctrain.train.checkpoint.find_checkpoint's answer
-Found = tuple[dict[str, Any], Path, Path | None]
-
 
 def is_export(folder: Path) -> bool:
     """Whether `folder` is an export folder (an export.json and no run's checkpoints/ beside it)."""
@@ -206,7 +203,7 @@ def _written_by(path: Path, hashes: list[str] | None) -> bool:
     return _file_hash(path) in hashes
 
 
-def read_export(folder: Path) -> Found:
+def read_export(folder: Path) -> dict[str, Any]:
     """The export in `folder` as a checkpoint's state (`config`, `modules`, `counters.step`, `params_sha256`),
     every file checked against export.json's hash first; any problem is one UserError line naming the folder."""
     meta = _read_meta(folder)
@@ -248,7 +245,7 @@ def read_export(folder: Path) -> Found:
         "counters": {"step": int(meta.get("step") or 0)},
         "params_sha256": str(meta.get("params_sha256", "")),
     }
-    return state, folder, None
+    return state
 
 
 def _checked(folder: Path, name: Any, recorded: dict[str, list[str]]) -> bytes:

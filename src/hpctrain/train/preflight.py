@@ -25,7 +25,7 @@ from hpctrain.fsutil import nearest_existing_folder, not_yours
 from hpctrain.remote.auth import resolve_token
 from hpctrain.remote.uris import PELICAN_SCHEMES, has_magic, is_remote, magic_prefix, split_federation
 from hpctrain.runtime.torch_build import cuda_problem
-from hpctrain.train.resume_forms import resume_form
+from hpctrain.train.resume_forms import GIVEN_MISSING, resume_form
 
 
 def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) -> list[str]:
@@ -72,10 +72,7 @@ def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) ->
         and not is_remote(resume)
         and not Path(resume).expanduser().exists()
     ):
-        errors.append(
-            f"checkpoint.resume={resume}: no such file or folder (give a checkpoint file or a run folder, "
-            "or auto | never | latest | best | step_N)"
-        )
+        errors.append(f"checkpoint.resume={resume}: {GIVEN_MISSING}")
     return errors
 
 

@@ -36,9 +36,11 @@ from hpctrain.track.chain import read_chain
 from hpctrain.train.checkpoint import (
     FULL_STATE_KEYS,
     CheckpointStore,
+    Located,
+    NotLocated,
     Unreadable,
-    follow_pointer,
     is_full_state,
+    locate,
     read_checkpoint,
     strip_prefixes,
 )
@@ -46,7 +48,7 @@ from hpctrain.train.counters import Counters
 from hpctrain.train.length import length_change
 from hpctrain.train.parts import Group, Parts
 from hpctrain.train.remote_ckpt import claim_destinations, local_resume_path, pull_working_copy
-from hpctrain.train.resume_forms import note_rewind, resume_form, rewind_target
+from hpctrain.train.resume_forms import GIVEN_MISSING, note_rewind, resume_form, rewound
 from hpctrain.train.runlock import earlier_history, set_aside_previous_run
 
 if TYPE_CHECKING:
@@ -168,13 +170,9 @@ def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan,
             where.env.job_id,
         )
     form = resume_form(mode)
-    if form.kind == "rewind":  # best / step_N: this run goes back to one of its own checkpoints, once
-        target = rewind_target(form, store, run_dir)
-        if target is not None:
-            try:
-                return ResumePlan(ResumeKind.REWIND, target, mode), read_checkpoint(target)
-            except Unreadable as exc:
-                raise UserError(f"checkpoint.resume={mode}: cannot be used: {exc}") from None
+    if form.kind == "rewind" and not rewound(form, run_dir):  # best / step_N: back to one of its own, once
+        found = _located(mode, store.folder, mode)
+        return ResumePlan(ResumeKind.REWIND, found.file, mode), found.state
     # The run folder's own checkpoints come first, also with resume=<path>: a requeued fine-tuning job
     # continues its own run instead of starting again from the given file.
     pull_working_copy(cfg, store)  # a remote checkpoint.dir fills an empty working copy
@@ -194,7 +192,9 @@ def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan,
             "start afresh when there is none"
         )
     if form.kind == "given":
-        path, snap = _given_checkpoint(local_resume_path(cfg, where.env, run_dir, mode))
+        given = local_resume_path(cfg, where.env, run_dir, mode)
+        found = _located(given, given)
+        path, snap = found.file, found.state
         kind = ResumeKind.RESTART if cfg.checkpoint.restart else ResumeKind.FINETUNE
         if kind is ResumeKind.RESTART:
             _refuse_nothing_to_train(snap, mode, total)
@@ -474,25 +474,25 @@ def _checkpointed_update(run_dir: Path) -> int:
     return max((int(h.get("last_update") or 0) for h in read_chain(run_dir / "chain.json").hops), default=0)
 
 
-def _given_checkpoint(given: str) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint `checkpoint.resume=<given>` names: a file, a run folder or a checkpoints folder."""
-    path = Path(given).expanduser()
-    if not path.exists():
-        raise UserError(
-            f"checkpoint.resume={given}: no such file or folder (give a checkpoint file or a run folder, or "
-            "auto | never | latest | best | step_N)"
-        )
+def _located(given: str, path: str | Path, which: str = "latest") -> Located:
+    """The checkpoint checkpoint.resume=<given> names (train/checkpoint.py's locate: `which` of the folder
+    `path`, or the file or folder `path` names), its refusals said as checkpoint.resume's."""
     try:
-        if path.is_dir():
-            folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-            loaded = CheckpointStore(folder, keep_last=1).load_latest()
-            if loaded is None:
-                raise UserError(f"checkpoint.resume={given}: no checkpoint in this folder")
-            return loaded[1], loaded[0]
-        path = follow_pointer(path)  # <run>/checkpoints/latest: the file it names
-        return path, read_checkpoint(path, named=True)
-    except (Unreadable, RunError) as exc:
-        raise UserError(
-            f"checkpoint.resume={given}: cannot be used: {exc}; give a checkpoint file (step_N.pt, best.pt), "
-            "a run folder or its checkpoints folder"
-        ) from None
+        return locate(path, which, exports=False)
+    except NotLocated as exc:
+        setting = f"checkpoint.resume={given}"
+        if which != "latest" and exc.reason == "missing":
+            held = exc.held or "nothing"
+            line = f"{setting}: no {exc.name} in {exc.folder} (it holds: {held}); give one of those, latest or auto"
+        elif which != "latest":
+            line = f"{setting}: cannot be used: {exc.why}"
+        elif exc.reason == "missing":
+            line = f"{setting}: {GIVEN_MISSING}"
+        elif exc.reason == "empty":
+            line = f"{setting}: no checkpoint in this folder"
+        else:
+            line = (
+                f"{setting}: cannot be used: {exc.why}; give a checkpoint file (step_N.pt, best.pt), a run "
+                "folder or its checkpoints folder"
+            )
+        raise UserError(line) from None

@@ -17,16 +17,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_json
 from hpctrain.track.chain import read_json
 
-if TYPE_CHECKING:  # resume_form is read by `submit --check` on login nodes, without torch
-    from hpctrain.train.checkpoint import CheckpointStore
-
 APPLIED = "resume_applied.json"
+# checkpoint.resume=<path> where there is nothing (said by preflight on a login node, and by resume)
+GIVEN_MISSING = "no such file or folder (give a checkpoint file or a run folder, or auto | never | latest | best | step_N)"
 _REWIND = re.compile(r"^(?:best|step_0*(\d+))$")
 
 
@@ -47,21 +45,9 @@ def resume_form(text: str) -> ResumeForm:
     return ResumeForm("given", text)
 
 
-def rewind_target(form: ResumeForm, store: CheckpointStore, run_dir: Path) -> Path | None:
-    """The checkpoint a best/step_N form goes back to, or None when this run already went back with it."""
-    if read_json(run_dir / APPLIED, {}).get("form") == form.text:
-        return None
-    path = store.folder / "best.pt" if form.step is None else store.path_for(form.step)
-    if not path.exists():
-        steps = sorted(int(p.stem[5:]) for p in store.folder.glob("step_*.pt") if p.stem[5:].isdigit())
-        held = ", ".join(f"step_{s}" for s in steps) + (
-            ", best" if (store.folder / "best.pt").exists() else ""
-        )
-        raise UserError(
-            f"checkpoint.resume={form.text}: no {path.name} in {store.folder} (it holds: {held or 'nothing'}); "
-            "give one of those, latest or auto"
-        )
-    return path
+def rewound(form: ResumeForm, run_dir: Path) -> bool:
+    """Whether this run already went back with this best/step_N form (a later hop continues instead)."""
+    return bool(read_json(run_dir / APPLIED, {}).get("form") == form.text)
 
 
 def note_rewind(run_dir: Path, form: ResumeForm, path: Path, step: int) -> None:

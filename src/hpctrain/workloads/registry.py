@@ -21,7 +21,6 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -36,12 +35,11 @@ if TYPE_CHECKING:
     from hpctrain.config.loading import ConfigRequest, Provenance
     from hpctrain.config.schema import ConfigBase
     from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.checkpoint import Located
     from hpctrain.train.task import Task
 
 DEFAULT_WORKLOAD = "regression"
 
-# hpctrain.train.checkpoint.find_checkpoint's answer: (checkpoint state, its file, its run folder or None)
-Found = tuple[dict[str, Any], Path, Path | None]
 TaskFactory = Callable[[Any, "ClusterEnv"], "Task[Any]"]  # (cfg of its model type, env) -> its Task
 
 
@@ -82,7 +80,7 @@ class ModelVerb:
     """`hpctrain sample|evaluate MODEL ...` for a checkpoint of one of the workload's model types."""
 
     add_args: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Found], int]
+    run: Callable[[argparse.Namespace, Located], int]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ export.json.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,18 +17,13 @@ import torch
 from torch import nn
 
 from hpctrain.config.loading import validate
-from hpctrain.errors import RunError, UserError
+from hpctrain.errors import UserError
 from hpctrain.runtime.devices import usable_device
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.checkpoint import find_checkpoint, load_verified
-from hpctrain.train.exported import check_params, is_export
+from hpctrain.train.checkpoint import Located, locate
+from hpctrain.train.exported import check_params
 from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads import registry
-
-# (state, checkpoint file, run folder or None): what hpctrain.train.checkpoint.find_checkpoint returns.
-Found = tuple[dict[str, Any], Path, Path | None]
-
-_STEP = re.compile(r"^step_0*(\d+)$")
 
 
 @dataclass(repr=False)
@@ -83,44 +77,16 @@ class Trained:
         return "\n".join(lines)
 
 
-def pick_checkpoint(path: str | Path, which: str = "latest") -> Found:
-    """The checkpoint `which` of a run folder (or the checkpoint file `path` names, with which=latest). Every
-    failure is a UserError naming what is there: no checkpoint, an unreadable one, an unknown `which`."""
-    match = _STEP.match(which)
-    if which not in ("latest", "best") and match is None:
-        raise UserError(f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
-    target = Path(path)
-    if which != "latest" and target.is_dir() and is_export(target):
-        raise UserError(f"{path}: an export holds one update; which={which} needs the run folder")
-    if which == "latest":
-        try:
-            return find_checkpoint(target)
-        except RunError as exc:  # checkpoints there, none readable: nothing to export either
-            raise UserError(str(exc)) from None
-    if not target.is_dir():
-        kind = "a checkpoint file" if target.is_file() else "no such run folder"
-        raise UserError(f"{path}: {kind}; which={which} needs the run folder")
-    folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-    name = "best.pt" if match is None else f"step_{int(match.group(1)):08d}.pt"
-    file = folder / name
-    if not file.is_file():
-        steps = sorted(int(p.stem[5:]) for p in folder.glob("step_*.pt") if p.stem[5:].isdigit())
-        held = [f"step_{step}" for step in steps] + (["best"] if (folder / "best.pt").exists() else [])
-        raise UserError(f"{path}: no {name} in {folder} (it holds: {', '.join(held) or 'nothing'})")
-    state = load_verified(file, named=False)  # a run's own file: only with its sidecar's hash
-    return state, file, folder.parent if folder.name == "checkpoints" else None
-
-
 def load(path: str | Path, which: str = "latest", device: str | torch.device = "cpu") -> Trained:
     """The networks of checkpoint `which` of run folder (or checkpoint file, or export folder) `path`, in eval
     mode on `device`, with the workload's sampler. A device this machine has not is one UserError line."""
     dev = usable_device(device, f"device={str(device)!r}")
-    return build(pick_checkpoint(path, which), dev)
+    return build(locate(path, which), dev)
 
 
-def build(found: Found, device: torch.device) -> Trained:
+def build(found: Located, device: torch.device) -> Trained:
     """The `Trained` of a checkpoint's state (or an export's) that was found and read already."""
-    state, file, run_dir = found
+    state, file, run_dir = found.state, found.file, found.run_dir
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{file}: holds no configuration, so no workload to build its networks with")
     cfg = validate(registry.config_model(), state["config"])

@@ -23,14 +23,15 @@ from hpctrain.config.loading import validate
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.checkpoint import find_checkpoint, strip_prefixes
+from hpctrain.train.checkpoint import Located, locate, strip_prefixes
 from hpctrain.workloads.registry import config_model, task_factory
 
 
-def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
+def _load(path: str | Path, found: Located | None) -> tuple[Any, Any, Any, int, Path, Path | None]:
     """(cfg, task, model in eval mode, step, checkpoint file, run folder) of a run folder's latest checkpoint
-    or of a checkpoint file."""
-    state, file, run_dir = find_checkpoint(path)
+    or of a checkpoint file (`found`: that checkpoint, when the caller has read it already)."""
+    found = found if found is not None else locate(path)
+    state, file, run_dir = found.state, found.file, found.run_dir
     cfg = validate(config_model(), state["config"])
     if cfg.model.type != "field_cnn":
         raise UserError(f"{file}: model.type={cfg.model.type!r} is not a fields model")
@@ -42,8 +43,10 @@ def _load(path: str | Path) -> tuple[Any, Any, Any, int, Path, Path | None]:
     return cfg, task, model, int(state.get("counters", {}).get("step", 0)), file, run_dir
 
 
-def evaluate_run(path: str | Path, max_maps: int = 0, split: str = "test") -> dict[str, Any]:
-    cfg, task, model, step, file, _ = _load(path)
+def evaluate_run(
+    path: str | Path, max_maps: int = 0, split: str = "test", found: Located | None = None
+) -> dict[str, Any]:
+    cfg, task, model, step, file, _ = _load(path, found)
     dataset = task.dataset(split)
     if dataset is None or len(dataset) == 0:
         raise UserError(f"{path}: the fields data has no {split!r} maps (data.n_{split}=0?)")

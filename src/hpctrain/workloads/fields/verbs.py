@@ -16,10 +16,11 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.workloads.fields.spec import FieldsRun
-from hpctrain.workloads.registry import DataVerbs, Found, ModelVerb, Verbs, lazy_data_verbs
+from hpctrain.workloads.registry import DataVerbs, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
     from hpctrain.track.report.panels import WorkloadReport
+    from hpctrain.train.checkpoint import Located
     from hpctrain.train.task import Task
 
 
@@ -32,13 +33,13 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
 
 
-def evaluate(args: argparse.Namespace, found: Found) -> int:
+def evaluate(args: argparse.Namespace, found: Located) -> int:
     if args.max_maps < 0:
         raise UserError(f"--max-maps must be 0 (all) or positive, not {args.max_maps}")
     from hpctrain.workloads.fields.evaluate import evaluate_run, write_outputs
 
-    result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split)
-    run_dir = found[2]  # the run folder of the checkpoint the command found (None: a lone file)
+    result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split, found=found)
+    run_dir = found.run_dir  # the run folder of the checkpoint the command found (None: a lone file)
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,10 +28,11 @@ from hpctrain.workloads.muons.spec import (
 )
 from hpctrain.workloads.muons.spec import JUDGE_FOLDS as FOLDS
 from hpctrain.workloads.muons.spec import JUDGE_NULL_REPLICATES as NULL_REPLICATES
-from hpctrain.workloads.registry import DataVerbs, FilesVerb, Found, ModelVerb, Verbs, lazy_data_verbs
+from hpctrain.workloads.registry import DataVerbs, FilesVerb, ModelVerb, Verbs, lazy_data_verbs
 
 if TYPE_CHECKING:
     from hpctrain.track.report.panels import WorkloadReport
+    from hpctrain.train.checkpoint import Located
     from hpctrain.train.task import Task
 
 
@@ -68,7 +69,7 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu, cuda or mps (default: cuda when available)")
 
 
-def sample(args: argparse.Namespace, found: Found) -> int:
+def sample(args: argparse.Namespace, found: Located) -> int:
     """Generate muon bundles with a muon_wgan model; writes the current Parquet layout."""
     if args.n_events is not None and args.n_events < 1:
         raise UserError(f"--events must be at least 1, not {args.n_events}")
@@ -95,7 +96,7 @@ def sample(args: argparse.Namespace, found: Found) -> int:
 
     start = time.perf_counter()
     stages = Stages("sample", sys.stdout)
-    stages.stage(f"loading the model of {found[1]}")
+    stages.stage(f"loading the model of {found.file}")
     model = sampling.load_model(args.model, args.device, found)
     torch.manual_seed(args.seed)
     what = f"{args.n_events} events" if args.n_events else f"the events of {args.primaries}"
@@ -187,7 +188,7 @@ def _check_classifier(args: argparse.Namespace) -> None:
         raise UserError(f"--null-replicates must be non-negative, not {args.null_replicates}")
 
 
-def evaluate(args: argparse.Namespace, found: Found) -> int:
+def evaluate(args: argparse.Namespace, found: Located) -> int:
     """A muon model's bundles against fresh samples of the synthetic truth or held-out files: W1 and KS per
     feature and bin of primary energy x zenith, next to the floor and the baseline (quality.py). Writes
     evaluate.json in the run folder, appends the figures to metrics.jsonl and prints the table."""
@@ -208,7 +209,7 @@ def evaluate(args: argparse.Namespace, found: Found) -> int:
     if args.truth and args.data:
         raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
     stages = Stages("evaluate", sys.stdout)
-    stages.stage(f"loading the model of {found[1]}")
+    stages.stage(f"loading the model of {found.file}")
     model = sampling.load_model(args.model, args.device, found)
     data, truth, why = None, args.truth or truth_versions.DEFAULT, "chosen with --truth"
     if not args.data and not args.truth:

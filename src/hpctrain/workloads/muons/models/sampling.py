@@ -27,7 +27,7 @@ from hpctrain.fsutil import atomic_path
 from hpctrain.runtime.devices import usable_device
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
-from hpctrain.train.checkpoint import find_checkpoint
+from hpctrain.train.checkpoint import Located, locate
 from hpctrain.train.exported import check_params
 from hpctrain.train.parts import load_weights, params_sha256
 from hpctrain.workloads.muons import physics, truth
@@ -36,7 +36,7 @@ from hpctrain.workloads.muons.events.files import local_files
 from hpctrain.workloads.muons.models import primaries as named
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, muon_cap
-from hpctrain.workloads.registry import Found, config_model, task_factory
+from hpctrain.workloads.registry import config_model, task_factory
 
 log = logging.getLogger("hpctrain.muons")
 MUON_MODELS = ("muon_wgan", "muon_flow", "muon_multiplicity")
@@ -62,12 +62,13 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, device: str | torch.device | None = None, found: Found | None = None
+    path: str | Path, device: str | torch.device | None = None, found: Located | None = None
 ) -> LoadedModel:
     """The networks of a muon_wgan, muon_flow or muon_multiplicity checkpoint (or export), verified, in eval mode
     on `device` (default: CUDA when there is one). `found`: the checkpoint `path` names, when the caller has read
     it already."""
-    state, file, run_dir = found if found is not None else find_checkpoint(path)
+    found = found if found is not None else locate(path)
+    state, file, run_dir = found.state, found.file, found.run_dir
     config = state.get("config")
     kind = (config.get("model") or {}).get("type") if isinstance(config, dict) else None
     if kind not in MUON_MODELS:
