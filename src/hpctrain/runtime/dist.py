@@ -271,12 +271,15 @@ def barrier() -> None:
         Collectives.leave()
 
 
-def gather_objects(obj: object) -> list[object]:
-    """Every rank's `obj` in rank order, on every rank (one collective; [obj] at world size 1)."""
+def gather_objects(obj: T, what: str = "objects") -> list[T]:
+    """Every rank's `obj` (each rank gives one of the same type) in rank order, on every rank (one collective;
+    [obj] at world size 1)."""
     if not active():
         return [obj]
-    every: list[object] = [None] * torch_dist.get_world_size()
+    Collectives.enter(f"all_gather_object ({what})")
+    every: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(every, obj)
+    Collectives.leave()
     return every
 
 
