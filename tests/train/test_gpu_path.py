@@ -112,7 +112,13 @@ def test_an_update_that_compiles_is_compile_time_not_step_time(tmp_path: Path) -
     """torch.compile for real (a tiny MLP on CPU): the updates that compiled are booked as compile time, so the
     time budget's step estimate (kept in the checkpoint) holds only compiled steps."""
     # one thread: Inductor keys its CPU code on the count, which train.threads auto takes from the machine's load
-    args = ("train", "train.compile=default", "train.total_updates=6", "train.eval_every=0", "train.threads=1")
+    args = (
+        "train",
+        "train.compile=default",
+        "train.total_updates=6",
+        "train.eval_every=0",
+        "train.threads=1",
+    )
     args = (*args, "run.name=c")
     done = hpctrain(*args, "logging.log_every=3", cwd=tmp_path, timeout=600)
     assert done.code == 0, done.err
