@@ -82,8 +82,9 @@ def count_syncs(step: Any, device: torch.device) -> int | None:
 def step_variant(name: str, device: torch.device, batches: list, args: argparse.Namespace) -> dict[str, Any]:
     from muon_step import build
 
+    from hpctrain.train.compile.policy import compile_network
+    from hpctrain.train.compile.stats import compiled_graphs
     from hpctrain.train.context import Context
-    from hpctrain.train.memory import compile_network, compiled_graphs
     from hpctrain.train.task import MicroBatch
 
     compiled, precision = name.startswith("compiled"), name.rsplit("_", 1)[1]

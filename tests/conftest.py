@@ -34,7 +34,7 @@ _LEAKY = (
     "RESULTS_DIR",
     "DATA_DIR",
     "WANDB_API_KEY",
-    # set in this process by an in-process run that compiled (train/memory.py keep_compiled_code): a child
+    # set in this process by an in-process run that compiled (train/compile/cache.py keep_compiled_code): a child
     # must choose its own, beside its own runs
     "TORCHINDUCTOR_CACHE_DIR",
 )

@@ -137,7 +137,7 @@ LAZY = {
     "hpctrain.track.wandb_tracker": "heavy import: wandb only when that tracker is on",
     "hpctrain.train.entry": "stop handlers before torch: the submitit job calls run() with no torch imported, so a "
     "USR1 during torch's slow import is a requeue; the trainer, first_update and dist (torch) come after them",
-    "hpctrain.train.memory": "heavy import: torch._dynamo (seconds) only when a model is compiled",
+    "hpctrain.train.compile.stats": "heavy import: torch._dynamo (seconds) only when a model is compiled",
     "hpctrain.train.profile": "torch.profiler only when train.profile is on",
     "hpctrain.train.what_ran": "heavy import: pynvml only where a GPU is used",
     "hpctrain.workloads.fields.dataset": "heavy import: h5py only for HDF5 shards",

@@ -117,12 +117,12 @@ if _exit_marks:
 
     _at_finalization = _AtFinalization()
 
-# `_HPCTRAIN_TEST_COMPILE_AHEAD=wait|fail`: the background compile's helper (hpctrain/train/compile_ahead.py) is
+# `_HPCTRAIN_TEST_COMPILE_AHEAD=wait|fail`: the background compile's helper (hpctrain/train/compile/ahead.py) is
 # waited for at the first check step after its start, so the switch comes at a known update however slow the
 # machine; with `fail` the helper cannot start (it dies at once). See tests.conftest.compile_ahead(HOW).
 _ahead = os.environ.get("_HPCTRAIN_TEST_COMPILE_AHEAD")
 if _ahead:
-    from hpctrain.train import compile_ahead
+    from hpctrain.train.compile import ahead as compile_ahead
 
     _poll = compile_ahead.CompileAhead.poll
 

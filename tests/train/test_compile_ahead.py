@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
-from hpctrain.train.compile_ahead import own_tensors
-from hpctrain.train.memory import compile_in_background
+from hpctrain.train.compile.ahead import own_tensors
+from hpctrain.train.compile.policy import compile_in_background
 from tests.conftest import clean_env, compile_ahead, hpctrain
 
 # one thread: the auto count follows the machine's load, and a second run under another count would find no code
@@ -156,7 +156,7 @@ def test_a_helper_still_compiling_at_the_hop_end_gets_the_idle_time_then_is_ende
     import subprocess
     import sys
 
-    from hpctrain.train.compile_ahead import CompileAhead
+    from hpctrain.train.compile.ahead import CompileAhead
 
     def helper(sleep: float) -> CompileAhead:
         ahead = CompileAhead({"model": "default"}, tmp_path / "log")
@@ -244,7 +244,7 @@ def test_the_helper_ends_with_its_trainer_even_before_it_ran_and_ignores_the_war
     import sys
     import time
 
-    from hpctrain.train.compile_ahead import HELPER, PARENT_VARIABLE, helper_environ
+    from hpctrain.train.compile.ahead import HELPER, PARENT_VARIABLE, helper_environ
 
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -318,6 +318,7 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
     network compiled with static ones) or other model settings is not warm from it."""
     from hpctrain.config.loading import ConfigRequest, load_config
     from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.train.compile.compiler import Compiler
     from hpctrain.train.setup import Setup
     from hpctrain.workloads.registry import config_model, fill_default_types, make_task
 
@@ -332,8 +333,9 @@ def test_the_compile_mark_is_the_networks_with_their_batch_and_settings(tmp_path
         cfg = load_config(ConfigRequest(None, None, over, None), config_model(), {}, fill_default_types)
         task = make_task(cfg, ClusterEnv())
         setup = Setup(cfg, task, ClusterEnv())
-        setup.wrap(task.build_modules(), None)
-        return setup.compile_key
+        compiler = Compiler(cfg, task, ClusterEnv(), setup.device)
+        setup.wrap(task.build_modules(), compiler, None)
+        return compiler.key
 
     base = key()
     assert base and key() == base
@@ -350,7 +352,7 @@ def test_the_compile_mark_changes_with_the_networks_source(tmp_path: Path) -> No
 
     from torch import nn
 
-    from hpctrain.train.memory import compile_key
+    from hpctrain.train.compile.cache import compile_key
 
     def network(forward: str) -> nn.Module:
         path = tmp_path / "my_net.py"
@@ -390,7 +392,7 @@ def test_the_compile_line_says_whether_the_networks_were_switched(tmp_path: Path
     import subprocess
     import sys
 
-    from hpctrain.train.compile_ahead import CompileAhead
+    from hpctrain.train.compile.ahead import CompileAhead
 
     def ended(code: int, last: str) -> CompileAhead:
         ahead = CompileAhead({"model": "default"}, tmp_path / f"log{code}")

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from hpctrain.runtime.torch_build import installed_build
-from hpctrain.train.memory import resolve_compile
+from hpctrain.train.compile.policy import resolve_compile, short_hop
 from hpctrain.train.outcome import Timers
-from hpctrain.train.setup import short_hop
 from hpctrain.workloads.muons.models.losses import functional_penalty, gradient_penalty, pair_muons
 from hpctrain.workloads.muons.models.networks import Critic, event_index
 from tests.conftest import clean_env, hpctrain
@@ -158,7 +157,7 @@ def test_ragged_networks_are_traced_once_per_compile() -> None:
 
     import torch._logging
 
-    from hpctrain.train.memory import compile_network
+    from hpctrain.train.compile.policy import compile_network
     from hpctrain.workloads.muons.models.losses import likelihood_losses
     from hpctrain.workloads.muons.models.networks import Generator
 
@@ -298,7 +297,7 @@ def test_a_function_past_the_recompile_limit_is_counted() -> None:
     about: the hop's compile line counts it (compile_stats)."""
     import torch._dynamo
 
-    from hpctrain.train.memory import compile_stats, compile_summary, watch_compiles
+    from hpctrain.train.compile.stats import compile_stats, compile_summary, watch_compiles
 
     watch_compiles()
     watch_compiles()  # once per process, however often asked

@@ -1,6 +1,6 @@
 """The background compile's helper process (train/compile_ahead.py): `python -m hpctrain.commands.compile_ahead`,
 fed by the trainer through stdin. It builds the run's networks with the trainer's weights, compiles them as the
-trainer will (`Setup.wrap`, the same `Setup.compiled` call), and runs one update per rehearsed task state on the
+trainer will (`Setup.wrap`, the same `Compiler.compiled` call), and runs one update per rehearsed task state on the
 trainer's first batch: torch.compile's caches (<run.out_dir>/.compile-cache, named by the inherited
 TORCHINDUCTOR_CACHE_DIR) then hold what the trainer's own first compiled call looks up. Nothing else is written."""
 
@@ -20,8 +20,10 @@ import torch
 from hpctrain.config.validation import validate
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import seed_everything
-from hpctrain.train.compile_ahead import PARENT_VARIABLE
-from hpctrain.train.memory import compile_stats, is_compiled
+from hpctrain.train.compile.ahead import PARENT_VARIABLE
+from hpctrain.train.compile.compiler import Compiler
+from hpctrain.train.compile.policy import is_compiled
+from hpctrain.train.compile.stats import compile_stats
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.setup import Setup
 from hpctrain.workloads.registry import config_model, make_task
@@ -59,6 +61,7 @@ def main() -> int:
     task = make_task(cfg, env)
     setup = Setup(cfg, task, env)
     setup.device = device
+    compiler = Compiler(cfg, task, env, device)  # no run folder: no helper of its own
     if device.type == "cuda":
         torch.cuda.set_device(device)
     seed_everything(cfg.run.seed)
@@ -66,7 +69,7 @@ def main() -> int:
     for name, module in raw.items():
         module.to(device)
         module.load_state_dict(payload["weights"][name])
-    modules = setup.wrap(raw)
+    modules = setup.wrap(raw, compiler)
     optimizers, _ = setup.optimizers(raw)
     ctx = setup.context(modules, raw, optimizers, NonFiniteGuard(cfg.train))
     micro = [dataclasses.replace(m, data=task.to_device(m.data, device)) for m in payload["micro"]]

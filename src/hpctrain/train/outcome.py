@@ -14,7 +14,6 @@ from hpctrain.errors import UserError
 from hpctrain.runtime.budget import Stop
 from hpctrain.train.counters import Counters
 from hpctrain.train.nonfinite import NonFinite
-from hpctrain.train.task import StepOutput
 
 
 @dataclass
@@ -136,29 +135,6 @@ def data_failure(error: UserError | None, step: int) -> UserError:
         f"{cause} (the {step} updates done so far are saved: once the data is fixed, the same command "
         "continues from there)"
     )
-
-
-def update_scalars(
-    out: StepOutput, mean_loss: float, grad_norms: dict[str, Any], lr: float
-) -> dict[str, float]:
-    """The figures of one log line that the update itself gives: its loss, the mean loss since the last line,
-    the task's metrics, gradient norms (one per optimizer, named when there are several) and the LR."""
-    scalars = {"loss": float(out.loss), "loss_mean": mean_loss}
-    scalars.update({k: float(v) for k, v in out.metrics.items()})
-    for name, norm in grad_norms.items():
-        scalars[f"grad_norm_{name}" if len(grad_norms) > 1 else "grad_norm"] = float(norm)
-    scalars["lr"] = lr
-    return scalars
-
-
-def rates(out: StepOutput, updates: int, elapsed: float, world_size: int) -> dict[str, float]:
-    """Updates, samples (and the task's extra counts, e.g. muons) per second over all ranks since the last
-    log line."""
-    per_update = out.samples * world_size
-    scalars = {"updates_per_s": updates / elapsed, "samples_per_s": per_update * updates / elapsed}
-    for key, count in out.extra_counts.items():
-        scalars[f"{key}_per_s"] = count * world_size * updates / elapsed
-    return scalars
 
 
 def summary_record(

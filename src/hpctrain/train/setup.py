@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,18 +17,9 @@ from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.threads import CoreProbe, choose_threads
 from hpctrain.runtime.torch_build import cpu_only_message
+from hpctrain.train.compile.compiler import Compiler
 from hpctrain.train.context import Context, bf16_on_cpu_note
-from hpctrain.train.memory import (
-    AUTO_COMPILE_MIN_SECONDS,
-    check_compile_names,
-    checkpoint_blocks,
-    compile_in_background,
-    compile_key,
-    compile_network,
-    compiled_before,
-    keep_compiled_code,
-    recompute_wanted,
-)
+from hpctrain.train.memory import checkpoint_blocks, recompute_wanted
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import build_optimizer, effective_lr
 from hpctrain.train.spikes import SpikeGuard
@@ -76,11 +66,6 @@ def per_gpu_batch(global_batch: int, world_size: int, accumulation: int) -> int:
     return global_batch // share
 
 
-def short_hop(seconds_left: float | None) -> bool:
-    """Whether a hop is too short for `auto` to compile (None: no deadline)."""
-    return seconds_left is not None and seconds_left < AUTO_COMPILE_MIN_SECONDS
-
-
 class Setup:
     def __init__(
         self,
@@ -97,8 +82,6 @@ class Setup:
         self.env = env
         train = cfg.train
         self.device = pick_device(train.device, env)
-        self.ahead: dict[str, str] = {}  # networks to compile in the background (wrap), name -> mode
-        self.compile_key = ""  # what the compiled code depends on (memory.compile_key), when any is compiled
         if train.precision == "fp16" and self.device.type != "cuda":
             raise UserError("train.precision='fp16' needs CUDA (GradScaler); use bf16 or fp32 on CPU")
         # the allocation's free cores, not torch's default of every core on the machine (runtime/threads.py)
@@ -125,78 +108,20 @@ class Setup:
         """Samples per update over all ranks: per-GPU batch x world size x accumulation."""
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
-    def wrap(self, raw: dict[str, nn.Module], seconds_left: float | None = None) -> dict[str, nn.Module]:
+    def wrap(
+        self, raw: dict[str, nn.Module], compiler: Compiler, seconds_left: float | None = None
+    ) -> dict[str, nn.Module]:
         """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
-        `seconds_left`: the hop's time (the same on every rank). Under 10 minutes, networks not in the kept cache
-        are not compiled in the training process, where nothing could stop the compile at the deadline: `auto`
-        leaves them eager, an explicit mode compiles them in the background (one process), not at all (DDP), or
-        here only when train.compile_background=false says so. Networks to compile in the background are left
-        eager here and kept in `self.ahead` (name -> mode) for `compile_now` at the switch."""
+        `compiler` decides which networks compile and where (train/compile/compiler.py); `seconds_left`: the
+        hop's time (the same on every rank)."""
         train = self.cfg.train
-        check_compile_names(train.compile, list(raw), self.cfg.model.type)
-        background = compile_in_background(
-            train.compile_background, self.device.type == "cuda", self.env.world_size
-        )
-        self.ahead = {}
+        plan = compiler.plan(raw, seconds_left)
         wrapped: dict[str, nn.Module] = {}
         said: list[str] = []
-        modes = {name: self.task.compile_mode(name) for name in raw}
-        modes = {name: mode for name, mode in modes.items() if mode != "off"}
-        warm, cache_notes = False, []
-        if modes:
-            cache_notes.append(keep_compiled_code(Path(self.cfg.run.out_dir)))  # said with the first network
-            # what the code also depends on beyond the networks' repr: their hyperparameters, the data settings
-            # (the batch's shapes, static for most workloads), the card (Triton's binaries). More than needed
-            # only costs a helper (a hop that is not warm compiles in the background); less costs a cold compile
-            # on a CPU Inductor's code is keyed on the thread count too (train.threads auto varies with the load)
-            card = (
-                torch.cuda.get_device_name(self.device)
-                if self.device.type == "cuda"
-                else f"threads {torch.get_num_threads()}"
-            )
-            setting = (
-                f"{train.precision} {train.memory_budget} {self.task.dynamic_shapes} {self.device.type} {card} "
-                f"data {self.cfg.data.model_dump_json()} model {self.cfg.model.model_dump_json()}"
-            )
-            self.compile_key = compile_key(raw, modes, setting)
-            # compiled before into the kept cache: loading it takes seconds, here, without a helper
-            # rank 0's view on every rank (a node-local cache may differ): they must compile alike
-            warm = bool(dist.broadcast_object(compiled_before(self.compile_key)))
-            if warm and background:
-                cache_notes.append("compiled in this process: the kept cache holds these networks' code")
-                background = False
-        # a cold compile blocks the training process for a minute or more, and nothing can stop it at the
-        # deadline: in a short hop it goes to the background helper, which is ended with the hop
-        cold_short = bool(modes) and not warm and short_hop(seconds_left)
-        if cold_short and not background and train.compile_background is None and self.env.world_size == 1:
-            background = True
-            cache_notes.append(
-                f"compiled in the background: {seconds_left or 0.0:.0f} s left in this hop and nothing of these "
-                "networks in the kept cache (a cold compile here could outlast the deadline)"
-            )
         for name, module in raw.items():
             out: nn.Module = module
-            mode = self.task.compile_mode(name)
-            auto = self.task.compile_setting(name) == "auto"
-            if mode != "off" and auto and not background and not warm and short_hop(seconds_left):
-                said.append(
-                    f"{name}: not compiled (train.compile=auto and {seconds_left or 0.0:.0f} s left in this hop: "
-                    f"compiling pays from about {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes on)"
-                )
-                mode = "off"
-            elif mode != "off" and not background and cold_short:
-                if self.env.world_size > 1:  # every rank would block on its own cold compile
-                    said.append(
-                        f"{name}: not compiled in this hop (train.compile={mode}, {seconds_left or 0.0:.0f} s left "
-                        f"and not in the kept cache: a cold compile in every rank could outlast the deadline; a "
-                        f"hop with {AUTO_COMPILE_MIN_SECONDS / 60:.0f} minutes or more compiles it)"
-                    )
-                    mode = "off"
-                else:  # train.compile_background=false said so
-                    said.append(
-                        f"{name}: compiled in this process although only {seconds_left or 0.0:.0f} s are left in "
-                        "this hop (train.compile_background=false): a cold compile can outlast the deadline"
-                    )
+            mode = plan.modes[name]
+            said += plan.notes[name]
             if recompute_wanted(train.gradient_checkpointing, train.memory_budget, mode):
                 blocks = self.task.activation_blocks(name, module)
                 if blocks is None:
@@ -211,41 +136,14 @@ class Setup:
                 ids = [self.device.index] if self.device.type == "cuda" else None
                 out = DistributedDataParallel(module, device_ids=ids)
             if mode != "off":
-                said += cache_notes
-                budget = (
-                    ""
-                    if train.memory_budget is None
-                    else f", activation memory budget {train.memory_budget:g}"
-                )
-                if background:
-                    self.ahead[name] = mode
-                    said.append(
-                        f"{name}: torch.compile mode {mode}{budget}, compiled in the background (eager until then)"
-                    )
-                else:
-                    out = self.compiled(out, mode)
-                    said.append(f"{name}: torch.compile mode {mode}{budget}")
+                said += plan.cache
+                out, line = compiler.apply(name, out, mode)
+                said.append(line)
             wrapped[name] = out
-        if train.compile_background and not modes:  # asked for and ignored: said, never silently dropped
-            said.append(
-                "train.compile_background=true: nothing is compiled (train.compile is off here), no helper"
-            )
-        if said and self.env.is_main:
+        said.append(plan.ignored)
+        if any(said) and self.env.is_main:
             print("networks: " + "; ".join(dict.fromkeys(s for s in said if s)), flush=True)
         return wrapped
-
-    def compiled(self, module: nn.Module, mode: str) -> nn.Module:
-        """`module` under torch.compile as this run compiles it (the activation-memory budget, dynamic sizes for
-        ragged workloads): the same call in the training process and in the background helper, so the helper's
-        cached code is what the training process looks up."""
-        return compile_network(module, mode, self.cfg.train.memory_budget, self.task.dynamic_shapes or None)
-
-    def compile_now(self, modules: dict[str, nn.Module]) -> None:
-        """Switch the networks left eager for the background compile to torch.compile, in place (the update
-        context holds the same dict): their next call compiles, from the kept code when the helper made it."""
-        for name, mode in self.ahead.items():
-            modules[name] = self.compiled(modules[name], mode)
-        self.ahead = {}
 
     def optimizers(
         self, raw: dict[str, nn.Module]

@@ -18,7 +18,8 @@ from torch import nn
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.memory import blocks_of, compile_mode_of, on_cuda, resolve_compile
+from hpctrain.train.compile.policy import compile_mode_of, on_cuda, resolve_compile
+from hpctrain.train.memory import blocks_of
 
 
 @runtime_checkable
@@ -188,7 +189,7 @@ class Task(ABC, Generic[C]):
         return {}
 
     def compile_rehearsals(self) -> list[dict[str, Any]]:
-        """Task states (as `state_dict` gives them) under which the background compile (train/compile_ahead.py)
+        """Task states (as `state_dict` gives them) under which the background compile (train/compile/ahead.py)
         runs one update each, so that it meets every graph the training will. Default: the state now; a task
         whose updates change with its state (a warm-up phase) adds one state per later phase."""
         return [self.state_dict()]

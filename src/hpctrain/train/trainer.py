@@ -11,7 +11,6 @@ boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,19 +34,11 @@ from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes, GuardVotes
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
-from hpctrain.train.compile_ahead import AHEAD_MIN_SECONDS, CompileAhead
+from hpctrain.train.compile.compiler import Compiler
 from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
 from hpctrain.train.evaluation import EvalResult, Evaluator, judge
 from hpctrain.train.finished import complete_finished_run, note_copies
-from hpctrain.train.memory import (
-    compile_stats,
-    compile_summary,
-    compiled_graphs,
-    is_compiled,
-    remember_compiled,
-    watch_compiles,
-)
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.oom import OomGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
@@ -58,17 +49,16 @@ from hpctrain.train.outcome import (
     Timers,
     data_failure,
     nonfinite_message,
-    rates,
     summary_record,
-    update_scalars,
 )
 from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock
-from hpctrain.train.setup import Setup, short_hop
+from hpctrain.train.setup import Setup
 from hpctrain.train.spikes import Rewind, SpikeGuard
 from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.update_log import LogLine, LossWindow
 from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 from hpctrain.train.what_ran import hop_record
 
@@ -112,18 +102,18 @@ class Trainer:
         self.chain: ChainLog = ChainLog(run_dir) if env.is_main else NoChain()
         self.setup = Setup(cfg, task, env, probe, self.chain.hops[-1] if self.chain.hops else None)
         self.device = self.setup.device
+        self.compiler = Compiler(cfg, task, env, self.device, run_dir)  # torch.compile, all of it
         self.store = CheckpointStore(run_dir / "checkpoints", cfg.checkpoint.keep_last)
         # Stand-ins until start_tracking (and for good on ranks other than 0): "off" needs no `if`.
         self.trackers = Trackers()
         self.console: Console = NullConsole()
         self.timers = Timers()
         self.timeline: DeviceTimeline | NoTimeline = NoTimeline()
-        self._compiling = False  # some network is compiled: updates that compile are booked apart
         self.monitor: Monitor | NoMonitor = NoMonitor()
         self.profiler: WindowProfiler | NoProfiler = NoProfiler()
         self.watchdog: HangWatchdog | NoWatchdog = NoWatchdog()
         self.counters = Counters()  # where the run is (saved as the snapshot's "counters")
-        self.last_log_step = 0
+        self.log_line = LogLine(env, self.device)
         # Rank 0 owns the run folder from build() to close(); close() is safe after a half-done build.
         self.lock = RunLock(run_dir, env.job_id, env.restart_count) if env.is_main else None
         self.checkpointer = Checkpointer(cfg, self.store, env.is_main)
@@ -131,13 +121,7 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.train)
         self.spikes = SpikeGuard(cfg.train, lambda: self.checkpointer.last_saved_step)  # train.on_spike
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
-        self._window: list[torch.Tensor] = []  # losses since the last log line: device tensors, never synced
-        self._window_first = 1  # the update of _window[0]
-        self._graphs = 0  # torch.compile's graph count after the last update (a change: that update compiled)
-        self._compile_updates = 0  # updates of this hop that compiled
-        self._compile_before: dict[str, int] = {}  # torch.compile's counts when the hop began
-        self.ahead: CompileAhead | None = None  # the background compile's helper (train.compile_background)
-        self._hop_first = 0  # the update count when this hop's loop began
+        self.window = LossWindow(self.guard, self.spikes)  # the losses since the last log line
         self._stop_reason: Stop | None = None  # why the hop ended (_result)
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
@@ -153,13 +137,10 @@ class Trainer:
             module.to(self.device)
         # every rank takes rank 0's view of the hop's time (under SLURM only rank 0 asks for the end time)
         left = dist.broadcast_object(self.budget.remaining())
-        self.modules = self.setup.wrap(self.raw_modules, left if isinstance(left, float) else None)
-        if self.setup.ahead:
-            self.ahead = CompileAhead(self.setup.ahead, self.run_dir / "compile-ahead.log")
-        self._compiling = self.ahead is not None or any(is_compiled(m) for m in self.modules.values())
-        if self._compiling:
-            watch_compiles()
-            self._compile_before = compile_stats()
+        self.modules = self.setup.wrap(
+            self.raw_modules, self.compiler, left if isinstance(left, float) else None
+        )
+        self.compiler.begin(self.modules)
         if self.device.type == "cuda":
             self.timeline = DeviceTimeline()
         self.optimizers, self.base_lrs = self.setup.optimizers(self.raw_modules)
@@ -346,8 +327,8 @@ class Trainer:
         """Back to the last checkpoint as a new hop would resume from it, the LR scaled (spikes.py)."""
         where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
         self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
-        self._window.clear()  # the losses of the updates undone
-        self._lr_factor, self.last_log_step = None, self.counters.step
+        self.window.restart(self.counters.step)  # the losses of the updates undone
+        self._lr_factor, self.log_line.last_step = None, self.counters.step
 
     def _train(self) -> Stop | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -363,7 +344,7 @@ class Trainer:
         if owed and (reason := self._at_check(owed_eval=True)) is not None:
             return reason
         batches = iter(stream)
-        ahead = self.ahead
+        ahead = self.compiler.ahead
         while counters.step < counters.total_updates:
             start = clock()
             before = stream.state_dict()
@@ -375,7 +356,7 @@ class Trainer:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
             if ahead is not None and ahead.waiting:
-                self._start_compile_ahead(ahead, micro)
+                self.compiler.start_helper(micro, self.raw_modules, self.budget)
             self._set_lr()
             out, end = self._update(micro, start)
             if cadence.log.due(counters.step, end):
@@ -392,9 +373,8 @@ class Trainer:
         self.cadence.save.saved()  # time-based saves count from the hop's start
         self.cadence.log.start(now)
         self.cadence.check.next = self.counters.step + 1
-        self._window_first = self.counters.step + 1
-        self._hop_first = self.counters.step
-        self._graphs = compiled_graphs() if self._compiling else 0
+        self.window.first = self.counters.step + 1
+        self.compiler.hop_began(self.counters.step)
 
     def _fetch(self, batches: Any) -> tuple[list[MicroBatch] | None, FetchVotes]:
         """The next update's micro-batches, and what all ranks agreed about it (one collective per update, none
@@ -422,17 +402,12 @@ class Trainer:
         samples = micro[0].samples if len(micro) == 1 else sum(m.samples for m in micro)
         counters.samples += samples * self.env.world_size
         loss = out.loss
-        self._window.append(
-            loss.detach() if loss.requires_grad else loss
-        )  # device tensors, read at log steps
+        self.window.add(loss)
         if self.guard.skip:
             self.guard.note_update(self.ctx.skipped_steps, counters.step)
         end = clock()
-        if self._compiling and self._graphs != (graphs := compiled_graphs()):
-            # torch.compile compiled in this update: compile time, kept out of the step estimate (a first
-            # update of 30 s would make the budget stop a hop after it) and out of the shares
-            self._graphs = graphs
-            self._compile_updates += 1
+        if self.compiler.compiling and self.compiler.compiled_in_update():
+            # compile time: kept out of the step estimate and out of the shares
             timers.add("compile", end - start)
             timeline.end(counted=False)
         else:
@@ -445,7 +420,7 @@ class Trainer:
 
     def _stopping(self, reason: Stop | None, out: StepOutput | None) -> Stop | None:
         """A stop between log lines still records the hop's last metrics line (before fit's save)."""
-        if self._window and out is not None:
+        if self.window.losses and out is not None:
             self._log_window(out)
         return reason
 
@@ -473,74 +448,10 @@ class Trainer:
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
-    def _start_compile_ahead(self, ahead: CompileAhead, micro: list[MicroBatch]) -> None:
-        """The hop's first update: hand the helper what it needs to compile as this process will (weights, the
-        task's states to rehearse, this update's batch), then train on eagerly. Not with so little time left that
-        the helper could not finish by the deadline (less half the margin: its grace after a stop)."""
-        left = self.budget.remaining()
-        if left is not None and left - max(self.cfg.budget.margin_seconds / 2, 2.0) < AHEAD_MIN_SECONDS:
-            ahead.skip(f"{left:.0f} s left in this hop")
-            return
-        ahead.start(
-            {
-                "config": self.cfg.model_dump(),  # a tree: the config's type is built at run time
-                "device": str(self.device),
-                "threads": torch.get_num_threads(),  # Inductor's CPU code is keyed on it: the helper's must match
-                "weights": {name: m.state_dict() for name, m in self.raw_modules.items()},
-                "states": self.task.compile_rehearsals(),
-                "micro": micro,
-            }
-        )
-
-    def _compiled_from_now(self, ahead: CompileAhead) -> None:
-        """The helper finished: the networks go under torch.compile, and their next call compiles from its
-        cached code (booked as compile time). If it failed, this process compiles them itself, as without it,
-        unless the hop has less than 10 minutes left: then they stay eager (nothing stops a compile at the
-        deadline)."""
-        ahead.eager_updates = self.counters.step - self._hop_first
-        left = self.budget.remaining()
-        if ahead.outcome == "done" and left is not None:
-            # the switch's first call loads the helper's code, seconds to tens of seconds that no stop can cut
-            need = max(AHEAD_MIN_SECONDS, 0.25 * ahead.seconds)
-            if left - self.cfg.budget.margin_seconds < need:
-                self.console.message(
-                    f"torch.compile: compiled in the background; the networks stay eager for the {left:.0f} s "
-                    f"left in this hop (loading the compiled code may take ~{need:.0f} s), the next hop loads it"
-                )
-                return  # _end_compile_ahead marks the helper's code for the next hop
-        if ahead.outcome != "done":
-            if short_hop(left):  # a cold compile here could outlast the deadline: this hop stays eager
-                self.console.message(
-                    f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); the networks "
-                    f"stay eager for the {left or 0.0:.0f} s left in this hop"
-                )
-                return
-            self.console.message(
-                f"torch.compile: the background compile {ahead.outcome} (see {ahead.log_path}); compiling in "
-                "this process"
-            )
-        self.setup.compile_now(self.modules)
-        ahead.switched = True
-        self._graphs = compiled_graphs()
-
-    def _end_compile_ahead(self) -> None:
-        """End the helper with the hop (last in `close`, after the trackers). After a stop for the time budget the
-        checkpoint is committed and the time left before the deadline, less half the margin, would pass idle: the
-        helper may finish in it. A helper that compiled everything without a switch in this hop (it ended after
-        the last check step, or in the grace) marks its code: the next hop loads it in its own process."""
-        if self.ahead is None:
-            return
-        left = self.budget.remaining() if self._stop_reason == Stop.TIME_BUDGET else None
-        margin = self.cfg.budget.margin_seconds
-        self.ahead.close(grace=0.0 if left is None else left - max(margin / 2, 2.0))
-        if not self.ahead.switched and self.ahead.compiled_all():
-            remember_compiled(self.setup.compile_key)
-
     def _at_check(self, owed_eval: bool = False) -> Stop | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
         counters, cadence = self.counters, self.cadence
-        if self.ahead is not None and self.ahead.poll():  # one process only (never under DDP)
-            self._compiled_from_now(self.ahead)
+        self.compiler.at_check(counters.step, self.modules, self.budget, self.console.message)
         votes = CheckVotes()
         if owed_eval or cadence.eval_.due(counters.step):
             result = self._evaluate()
@@ -612,36 +523,21 @@ class Trainer:
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
     def _log_window(self, out: StepOutput) -> None:
-        """At a log step: the losses since the last one are checked (every rank) and their mean logged."""
-        # read once, only when logging (no per-update tensor arithmetic); checked and averaged on the host
-        losses = torch.stack(self._window).float().tolist()
-        busy = self.timeline.busy_seconds()  # CUDA: the GPU's own time (the sync above already waited)
+        """At a log step: the losses since the last one are checked (every rank) and rank 0 logs the line."""
+        losses = self.window.checked()  # read once, only when logging: no per-update tensor arithmetic
+        busy = self.timeline.busy_seconds()  # CUDA: the GPU's own time (the read above already waited)
         if busy is not None:
             self.timers.rebook(busy)
-        self.guard.check_losses(losses, self._window_first)
-        self.spikes.observe(losses, self._window_first)
-        self._log(out, math.fsum(losses) / len(losses))
-        self._window.clear()
-        self._window_first = self.counters.step + 1
-
-    def _log(self, out: StepOutput, mean_loss: float) -> None:
-        if not self.env.is_main:
-            return
-        shares, elapsed = self.timers.shares()
-        updates = max(self.counters.step - max(self.last_log_step, self.counters.resumed_step or 0), 1)
-        self.last_log_step = self.counters.step
-        lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
-        scalars = update_scalars(out, mean_loss, self.ctx.grad_norms, lr)
-        scalars.update(rates(out, updates, elapsed, self.env.world_size))
-        scalars.update(shares)
-        scalars.update(self.monitor.latest())
-        if self.guard.skip:
-            scalars["nonfinite_skips"] = self.guard.skipped
-        if self.device.type == "cuda":
-            scalars["gpu_mem_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.trackers.log_scalars(self.counters.step, scalars)
-        self.console.update(self.counters.step, scalars)
-        self.timers.reset_window()
+        if self.env.is_main:
+            lr = self.optimizers[next(iter(self.optimizers))].param_groups[0]["lr"]
+            scalars = self.log_line.scalars(out, losses, self.counters, self.timers, lr, self.ctx.grad_norms)
+            scalars.update(self.monitor.latest())
+            if self.guard.skip:
+                scalars["nonfinite_skips"] = self.guard.skipped
+            self.trackers.log_scalars(self.counters.step, scalars)
+            self.console.update(self.counters.step, scalars)
+            self.timers.reset_window()
+        self.window.restart(self.counters.step)
 
     def _histograms(self, micro: list[MicroBatch]) -> None:
         if self.env.is_main:
@@ -664,10 +560,8 @@ class Trainer:
     def _check_finite(self) -> None:
         """Before every save: the losses since the last check and the weights must be finite on every rank,
         else all ranks raise NonFinite instead of saving (one small collective per save)."""
-        if self._window:
-            losses = torch.stack(self._window).float().tolist()
-            self.guard.check_losses(losses, self._window_first)
-            self.spikes.observe(losses, self._window_first)  # a spike to rewind from is never saved
+        if self.window.losses:
+            self.window.checked()  # a spike to rewind from is never saved
         self.guard.check_weights(self.raw_modules, self.counters.step)
         found = GuardVotes(self.guard.first_bad, self.spikes.found).agree()
         self.guard.raise_if(found.nonfinite)
@@ -727,20 +621,10 @@ class Trainer:
             )
             summary["copy_failures"] = copies  # {checkpoint.mirror_to or a pelican:// checkpoint.dir: why}
             summary.update(self.spikes.summary())
-            if self._compiling:
-                seconds = self.timers.total.get("compile", 0.0)
-                summary["compile"], line = compile_summary(
-                    self._compile_before, self._compile_updates, seconds
-                )
-                made = summary["compile"]
-                if made["graphs"] and not made["recompile_limit_hits"]:
-                    remember_compiled(self.setup.compile_key)  # the next hop loads it, in its own process
-                if (ahead := self.ahead) is not None:
-                    if not ahead.switched:  # the hop ran eagerly throughout
-                        ahead.hop_ended(self.counters.step - self._hop_first)
-                    summary["compile"]["background"] = ahead.record()
-                    line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
-                print(line, flush=True)
+            made = self.compiler.summary(self.counters.step, self.timers.total.get("compile", 0.0))
+            if made is not None:
+                summary["compile"] = made[0]
+                print(made[1], flush=True)
             write_summary(self.run_dir, {**summary, **self.chain.totals()})
         return RunResult(status, reason, self.counters.step, digest, code, message, copies)
 
@@ -754,7 +638,7 @@ class Trainer:
             self.console.close()
         finally:
             try:  # the helper's grace is time that would pass idle: after the trackers' own shutdown
-                self._end_compile_ahead()
+                self.compiler.close(self.budget, self._stop_reason == Stop.TIME_BUDGET)
             finally:
                 if self.lock is not None:
                     self.lock.release()  # last: everything above may still write into the run folder

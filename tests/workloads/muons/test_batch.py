@@ -152,7 +152,8 @@ def test_the_networks_get_one_layout_whatever_the_batch_lies_in() -> None:
     its own, with the same values; one graph then serves batches of every layout (Dynamo's graph count)."""
     import torch._dynamo
 
-    from hpctrain.train.memory import compile_network, compiled_graphs
+    from hpctrain.train.compile.policy import compile_network
+    from hpctrain.train.compile.stats import compiled_graphs
 
     batch = _batch(60, seed=5)
     larger = torch.zeros(512 + packed_size(len(batch), batch.num_muons), dtype=torch.uint8)

@@ -19,7 +19,7 @@ from torch import nn
 
 from hpctrain.runtime import dist
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.train.memory import is_compiled
+from hpctrain.train.compile.policy import is_compiled
 from hpctrain.train.task import MicroBatch, StepOutput, UpdateContext
 from hpctrain.workloads.muons.evaluation.evaluate import evaluate_after_training
 from hpctrain.workloads.muons.events.batch import MuonBatch

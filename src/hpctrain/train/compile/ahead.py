@@ -4,7 +4,7 @@ Compiling the muon networks takes a minute on an H100 (docs/performance.md): in 
 minute of no updates, all of a short hop. Instead, at the hop's first update the trainer hands a helper process
 (`python -m hpctrain.commands.compile_ahead`) the config, the networks' weights, the task's states to rehearse
 and that update's batch, through a pipe (the config may hold secrets: nothing of it is written to disk). The
-helper builds the same networks, compiles them with the same call (`Setup.compiled`) and runs one update per
+helper builds the same networks, compiles them with the same call (`Compiler.compiled`) and runs one update per
 state, which fills the compile cache (<run.out_dir>/.compile-cache). Meanwhile the hop trains eagerly. At the
 first check step after the helper has finished, the trainer wraps its networks in torch.compile; their first
 call finds the helper's code in the cache (seconds), booked as compile time as before.
