@@ -8,6 +8,7 @@ from pathlib import Path
 from hpctrain.commands.train import run
 from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.errors import EXIT_OK
+from hpctrain.runtime.budget import Stop
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.cadence import (
     FIRST_LINE_SECONDS,
@@ -57,9 +58,14 @@ def test_checks_come_before_evaluations_and_at_every_due_part() -> None:
 
 
 def test_votes_at_world_size_one_are_the_votes_and_read_by_name() -> None:
-    votes = CheckVotes(stop=2, save_due=True, nonfinite=0.0, step_seconds=0.5)
+    votes = CheckVotes(stop=Stop.SIGNAL, save_due=True, nonfinite=None, step_seconds=0.5)
     agreed = votes.agree()
-    assert agreed.reason == "signal" and agreed.save_due and agreed.step_seconds == 0.5
+    assert (
+        agreed.stop == "signal"
+        and agreed.save_due
+        and agreed.step_seconds == 0.5
+        and agreed.nonfinite is None
+    )
 
 
 def test_a_hop_stopping_between_log_lines_records_its_last_one(tmp_path: Path) -> None:

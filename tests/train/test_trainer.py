@@ -215,9 +215,3 @@ def test_eval_every_without_validation_data_is_ignored_with_a_warning(tmp_path: 
     cfg = cfg_for(tmp_path, "data.n_val=0", "train.eval_every=5", "train.total_updates=12")
     assert run(cfg, ClusterEnv()) == EXIT_OK
     assert "eval_every=5 is ignored" in caplog.text
-
-
-def test_early_stop_outranks_a_resumable_stop():
-    from hpctrain.runtime.budget import CODES
-
-    assert CODES["early_stop"] > CODES["signal"] > CODES["time_budget"]

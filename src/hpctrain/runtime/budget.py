@@ -12,6 +12,7 @@ and it saves as usual.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -25,15 +26,45 @@ from hpctrain.runtime.signals import StopSignals
 from hpctrain.runtime.slurm import job_end_time
 
 # StopSignals is re-exported: it lives in runtime/signals.py, which `hpctrain train` imports first thing.
-__all__ = ["StopSignals", "TimeBudget"]
+__all__ = ["Stop", "StopSignals", "TimeBudget"]
 
 log = logging.getLogger(__name__)
 
-# Reason codes shared by all ranks through a max-reduction: a higher code wins.
-# early_stop ranks highest: a run that has decided to end must not become a resumable stop that trains on.
-# data_error (a bad file met mid-run) ranks above all: the run saves what it trained and ends with exit 2.
-REASONS = {0: None, 1: "time_budget", 2: "signal", 3: "early_stop", 4: "data_error"}
-CODES = {reason: code for code, reason in REASONS.items() if reason}
+
+class Stop(str, enum.Enum):
+    """Why a hop ended. The value is what chain.json (a hop's exit_reason) and summary.json (reason) keep: a Stop
+    is a str, written, compared and formatted as that value ("time_budget"), so the files read as before."""
+
+    TIME_BUDGET = "time_budget"  # the deadline came near: saved, resumable
+    SIGNAL = "signal"  # SIGTERM/SIGUSR1 (scancel, preemption, `hpctrain cancel`): saved, resumable
+    EARLY_STOP = "early_stop"  # patience ran out: finished short of the total
+    DATA_ERROR = "data_error"  # a bad file met mid-run: saved, exit 2
+    FINISHED = "finished"  # every update done
+    HANG = "hang"  # the hang watchdog ended the hop (train/watchdog.py): resumable from the last save
+    OUT_OF_MEMORY = "out_of_memory"
+    NONFINITE = "nonfinite"  # a NaN/Inf loss or weight (train/nonfinite.py)
+
+    __hash__ = str.__hash__  # a member finds and is found as its value in sets and dicts of plain strings
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @staticmethod
+    def rank(stop: Stop | None) -> int:
+        """Its weight in the ranks' vote, where the highest wins (0: go on). Only the VOTED reasons have one."""
+        return 0 if stop is None else VOTED.index(stop) + 1
+
+    @staticmethod
+    def ranked(rank: float) -> Stop | None:
+        """The reason of an agreed `rank` (0: none)."""
+        return VOTED[int(rank) - 1] if rank else None
+
+
+# The reasons all ranks vote on (a max-reduction of Stop.rank), lowest first. early_stop outranks the resumable
+# stops: a run that has decided to end must not become a stop that trains on. data_error (a bad file met mid-run)
+# ranks above all: the run saves what it trained and ends with exit 2.
+VOTED = (Stop.TIME_BUDGET, Stop.SIGNAL, Stop.EARLY_STOP, Stop.DATA_ERROR)
+
 # Time-based saves are spaced so that saving takes at most this share of the wall time (see save_interval).
 SAVE_SHARE = 0.02
 # The trainer asks the budget (and the ranks agree) every `check_stride` updates, not after each one: about this
@@ -54,15 +85,15 @@ def check_stride(step_seconds: float) -> int:
 class StopRequested(Exception):
     """Raised out of a blocking wait (data staging, a prefetch queue) when the run must stop now."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: Stop) -> None:
         super().__init__(f"stop requested during a wait ({reason})")
         self.reason = reason
 
 
-_wait_check: Callable[[], str | None] | None = None
+_wait_check: Callable[[], Stop | None] | None = None
 
 
-def watch_waits(check: Callable[[], str | None] | None) -> None:
+def watch_waits(check: Callable[[], Stop | None] | None) -> None:
     """Install (None: remove) what `check_stop` asks. Process-wide like the signals it reports on: the waits
     sit deep in data code (and in its threads) that has no trainer to ask."""
     global _wait_check
@@ -165,11 +196,11 @@ class TimeBudget:
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
 
-    def local_stop_reason(self, eval_next: bool, ahead: int = 1) -> str | None:
+    def local_stop_reason(self, eval_next: bool, ahead: int = 1) -> Stop | None:
         """This rank's view: a signal arrived, or the next `ahead` steps (the updates until the budget is asked
         again), the evaluation after the next one if `eval_next`, and a save would not fit."""
         if self.signals.received:
-            return "signal"
+            return Stop.SIGNAL
         self.refresh_deadline()
         remaining = self.remaining()
         if remaining is None:
@@ -177,16 +208,16 @@ class TimeBudget:
         # Before any evaluation was timed, guess one as 20 steps.
         eval_time = self.eval.value if self.eval.recent else 20 * self.step.value
         need = ahead * self.step.value + (eval_time if eval_next else 0.0) + self.save.value
-        return "time_budget" if remaining < need + self.cfg.margin_seconds else None
+        return Stop.TIME_BUDGET if remaining < need + self.cfg.margin_seconds else None
 
-    def urgent_stop_reason(self) -> str | None:
+    def urgent_stop_reason(self) -> Stop | None:
         """Stop even in the middle of an evaluation or a data wait: a signal arrived, or only a save (and the
         margin) still fits before the deadline. Asked often, from any thread: uses the known deadline."""
         if self.signals.received:
-            return "signal"
+            return Stop.SIGNAL
         remaining = self.remaining()
         if remaining is not None and remaining < self.save.value + self.cfg.margin_seconds:
-            return "time_budget"
+            return Stop.TIME_BUDGET
         return None
 
     def save_interval(self, every_minutes: float) -> float:

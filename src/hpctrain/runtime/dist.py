@@ -1,19 +1,23 @@
 """Process-group set-up and the few collectives the trainer needs. At world size 1 they do nothing.
 
-Every decision that changes control flow (stop now, early stop) goes through `agree_max` so that all ranks take
-it together: a decision on one rank followed by a collective on the others is a deadlock.
+Every decision that changes control flow (stop now, early stop) is a field of a `Votes` dataclass, agreed in one
+collective so that all ranks take it together: a decision on one rank followed by a collective on the others is a
+deadlock. Each field carries its reduction (`vote(ANY, False)`); nobody indexes a reduced tensor by position.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import os
 import sys
 import threading
 import time
-from typing import Any, NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -174,16 +178,77 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def agree_max(values: list[float]) -> list[float]:
-    """Element-wise maximum over ranks: a flag set on any rank is set on all."""
-    if not active():
-        return list(values)
-    Collectives.enter("agree_max")
-    tensor = torch.tensor(values, dtype=torch.float64, device=_device())
-    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
-    agreed: list[float] = tensor.tolist()  # (on CUDA this waits for the all-reduce)
+@dataclass(frozen=True)
+class Reduction:
+    """How the ranks combine one vote field: `op` over the field's float form (`encode`), read back by `decode`."""
+
+    op: Literal["max", "min", "sum"]
+    encode: Callable[[Any], float] = float
+    decode: Callable[[float], Any] = float
+
+
+ANY = Reduction("max", float, bool)  # a flag set on any rank is set on all
+MAX = Reduction("max")
+MIN = Reduction("min")
+SUM = Reduction("sum")
+_INF = float("inf")
+# The earliest update any rank names (None: no rank names one): e.g. the first non-finite loss.
+EARLIEST = Reduction(
+    "min", lambda u: _INF if u is None else float(u), lambda v: None if v == _INF else int(v)
+)
+
+T = TypeVar("T")
+
+
+def vote(how: Reduction, default: T) -> T:
+    """A field of a Votes dataclass, agreed as `how` says."""
+    return dataclasses.field(default=default, metadata={"reduce": how})
+
+
+V = TypeVar("V", bound="Votes")
+
+
+@dataclass
+class Votes:
+    """What every rank says at one decision point; `agree()` returns what all ranks agree on, every field reduced
+    as its `vote(...)` says, in one collective (a second only when both sums and maxima/minima are voted)."""
+
+    def agree(self: V) -> V:
+        if not active():  # one process: its votes are the outcome
+            return self
+        fields = dataclasses.fields(self)
+        hows: list[Reduction] = [f.metadata["reduce"] for f in fields]
+        values = [how.encode(getattr(self, f.name)) for f, how in zip(fields, hows, strict=True)]
+        agreed = _reduce(values, [how.op for how in hows], type(self).__name__)
+        return type(self)(**{f.name: how.decode(a) for f, how, a in zip(fields, hows, agreed, strict=True)})
+
+
+def _reduce(values: list[float], ops: list[str], name: str) -> list[float]:
+    """Each value reduced over ranks by its op: maxima and minima (negated) in one max-reduction, sums in one
+    sum-reduction."""
+    Collectives.enter(f"{name} vote")
+    sign = [-1.0 if op == "min" else 1.0 for op in ops]
+    extreme = [i for i, op in enumerate(ops) if op != "sum"]
+    summed = [i for i, op in enumerate(ops) if op == "sum"]
+    agreed = list(values)
+    for at, op in ((extreme, torch_dist.ReduceOp.MAX), (summed, torch_dist.ReduceOp.SUM)):
+        if at:
+            tensor = torch.tensor([sign[i] * values[i] for i in at], dtype=torch.float64, device=_device())
+            torch_dist.all_reduce(tensor, op=op)
+            for i, value in zip(at, tensor.tolist(), strict=True):  # (on CUDA this waits for the all-reduce)
+                agreed[i] = sign[i] * value
     Collectives.leave()
     return agreed
+
+
+@dataclass
+class _Any(Votes):
+    flag: bool = vote(ANY, False)
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is set on any rank (one collective; `flag` itself at world size 1)."""
+    return _Any(flag).agree().flag if active() else flag
 
 
 def sum_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -206,12 +271,15 @@ def barrier() -> None:
         Collectives.leave()
 
 
-def gather_objects(obj: object) -> list[object]:
-    """Every rank's `obj` in rank order, on every rank (one collective; [obj] at world size 1)."""
+def gather_objects(obj: T, what: str = "objects") -> list[T]:
+    """Every rank's `obj` (each rank gives one of the same type) in rank order, on every rank (one collective;
+    [obj] at world size 1)."""
     if not active():
         return [obj]
-    every: list[object] = [None] * torch_dist.get_world_size()
+    Collectives.enter(f"all_gather_object ({what})")
+    every: list[Any] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(every, obj)
+    Collectives.leave()
     return every
 
 

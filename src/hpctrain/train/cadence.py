@@ -10,21 +10,20 @@ and at a check step:
     save.due(step)          a periodic save (checkpoint.every); save.time_due(now) on rank 0: every_minutes
 
 Logging is local (no collective): a rank logs by its own clock. Everything that all ranks must do together (stop,
-save, raise on a non-finite update, the next check's stride) is a field of a Votes dataclass, reduced in one
-`dist.agree_max` call: a flag set on any rank is set on all, the largest stop code wins (runtime/budget.py).
+save, raise on a non-finite update, the next check's stride) is a field of a dist.Votes dataclass, each with its
+reduction, agreed in one collective: a flag set on any rank is set on all, the highest-ranked stop wins
+(runtime/budget.py Stop), the earliest bad update is the one every rank names.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import TypeVar
 
 from hpctrain.config.schema import ConfigBase
-from hpctrain.runtime import dist
-from hpctrain.runtime.budget import REASONS, TimeBudget, check_stride
+from hpctrain.runtime.budget import Stop, TimeBudget, check_stride
+from hpctrain.runtime.dist import ANY, EARLIEST, MAX, Reduction, Votes, vote
 
 log = logging.getLogger(__name__)
 
@@ -151,19 +150,8 @@ class CheckCadence:
         return self.next - step
 
 
-V = TypeVar("V", bound="Votes")
-
-
-@dataclass
-class Votes:
-    """What every rank says at a vote; `agree()` reduces all fields at once (elementwise max: one collective)."""
-
-    def agree(self: V) -> V:
-        if not dist.active():  # one process: its votes are the outcome
-            return self
-        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
-        agreed = dist.agree_max([float(v) for v in values])
-        return type(self)(*(type(v)(a) for v, a in zip(values, agreed, strict=True)))
+# A stop reason voted by all ranks: the highest Stop.rank wins (None: go on).
+STOP = Reduction("max", Stop.rank, Stop.ranked)
 
 
 @dataclass
@@ -171,31 +159,27 @@ class FetchVotes(Votes):
     """After fetching an update's batches: skip it only if every rank found it empty (one rank skipping alone would
     deadlock DDP); stop if any rank was stopped while waiting for its data."""
 
-    empty: bool = False
-    stop: int = 0  # a runtime.budget CODES value (0: go on)
-
-    @property
-    def reason(self) -> str | None:
-        reason: str | None = REASONS[self.stop]
-        return reason
+    empty: bool = vote(ANY, False)
+    stop: Stop | None = vote(STOP, None)
 
 
 @dataclass
-class CheckVotes(Votes):
-    """At a check step: stop (and why), a time-based save (rank 0's clock), the first non-finite update any rank
-    found (NonFiniteGuard.code), the first loss spike to rewind from (SpikeGuard.code), the slowest rank's step
-    time (the next stride)."""
+class GuardVotes(Votes):
+    """The first non-finite update any rank found (NonFiniteGuard.first_bad) and the first loss spike to rewind from
+    (SpikeGuard.found): every rank raises for the same update."""
 
-    stop: int = 0
-    save_due: bool = False
-    nonfinite: float = 0.0
-    spike: float = 0.0
-    step_seconds: float = 0.0
+    nonfinite: int | None = vote(EARLIEST, None)
+    spike: int | None = vote(EARLIEST, None)
 
-    @property
-    def reason(self) -> str | None:
-        reason: str | None = REASONS[self.stop]
-        return reason
+
+@dataclass
+class CheckVotes(GuardVotes):
+    """At a check step, besides the guards' findings: stop (and why), a time-based save (rank 0's clock), the
+    slowest rank's step time (the next stride)."""
+
+    stop: Stop | None = vote(STOP, None)
+    save_due: bool = vote(ANY, False)
+    step_seconds: float = vote(MAX, 0.0)
 
 
 GO = FetchVotes()  # the common case, no allocation per update

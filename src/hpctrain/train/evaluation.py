@@ -11,8 +11,10 @@ from torch import nn
 
 from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
 from hpctrain.runtime import dist
-from hpctrain.runtime.budget import CODES, REASONS, StopRequested, TimeBudget
+from hpctrain.runtime.budget import Stop, StopRequested, TimeBudget
+from hpctrain.runtime.dist import ANY, Votes, vote
 from hpctrain.runtime.seeding import rng_state, set_rng_state
+from hpctrain.train.cadence import STOP
 from hpctrain.train.counters import Counters
 from hpctrain.train.task import Task, UpdateContext
 
@@ -24,7 +26,15 @@ EVAL_AGREE_EVERY = 4
 class EvalResult:
     improved: bool = False
     stop_early: bool = False
-    abandoned: str | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
+    abandoned: Stop | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
+
+
+@dataclass
+class EvalVotes(Votes):
+    """Every EVAL_AGREE_EVERY batches: abandon the pass if any rank must stop; go on while any rank has batches."""
+
+    stop: Stop | None = vote(STOP, None)
+    more: bool = vote(ANY, False)
 
 
 class Evaluator:
@@ -47,7 +57,7 @@ class Evaluator:
         self.batches = 0  # evaluated so far in this process: progress, for the hang watchdog
 
     @torch.no_grad()
-    def sums(self, raw_modules: dict[str, nn.Module]) -> tuple[dict[str, float] | None, str | None]:
+    def sums(self, raw_modules: dict[str, nn.Module]) -> tuple[dict[str, float] | None, Stop | None]:
         """Sums over the validation set and all ranks; (None, reason) when a stop cut the pass short."""
         for module in raw_modules.values():
             module.eval()
@@ -56,8 +66,8 @@ class Evaluator:
         finally:
             for module in raw_modules.values():
                 module.train()
-        if stop:
-            return None, REASONS[stop]
+        if stop is not None:
+            return None, stop
         # Every rank must hold the same keys before the collective (a rank without val data adds zeros).
         keys: list[str] = dist.broadcast_object(sorted(sums))  # type: ignore[assignment]
         reduced = dist.sum_tensors({k: sums.get(k, torch.zeros((), dtype=torch.float64)) for k in keys})
@@ -81,23 +91,22 @@ class Evaluator:
                 set_rng_state(state)
         return dist.broadcast_object(figures)  # type: ignore[return-value]
 
-    def _local_sums(self) -> tuple[dict[str, torch.Tensor], int]:
-        """This rank's sums over its validation batches, or a stop code when a stop came first: asked before
+    def _local_sums(self) -> tuple[dict[str, torch.Tensor], Stop | None]:
+        """This rank's sums over its validation batches, and the agreed stop if one came first: asked before
         each batch, so a long evaluation cannot run past the walltime.
 
-        Under DDP the ranks agree every EVAL_AGREE_EVERY batches (one small max-reduction) whether any rank must
-        stop and whether any still has batches. Every rank makes the same calls, also one that ran out of
+        Under DDP the ranks agree every EVAL_AGREE_EVERY batches (EvalVotes, one small collective) whether any
+        rank must stop and whether any still has batches. Every rank makes the same calls, also one that ran out of
         batches or stopped early, so nobody is left waiting in a collective and all abandon together."""
         sums: dict[str, torch.Tensor] = {}
         batches: Iterator[Any] = iter(self.task.build_data("val", self.seed) or ())
         per_round = EVAL_AGREE_EVERY if dist.active() else 1
         done, more = 0, True
         while True:
-            stop = 0
+            stop: Stop | None = None
             for _ in range(per_round):
-                reason = self.budget.urgent_stop_reason()
-                if reason or not more:
-                    stop = CODES[reason] if reason else 0
+                stop = self.budget.urgent_stop_reason()
+                if stop is not None or not more:
                     break
                 try:
                     batch = next(batches)
@@ -105,7 +114,7 @@ class Evaluator:
                     more = False
                     break
                 except StopRequested as requested:  # a staged validation set waiting for a file
-                    stop = CODES[requested.reason]
+                    stop = requested.reason
                     break
                 out = self.task.eval_step(self.task.to_device(batch, self.ctx.device), self.ctx)
                 for key, value in out.items():
@@ -115,11 +124,9 @@ class Evaluator:
                 done += 1
                 self.batches += 1
                 more = not (self.max_batches and done >= self.max_batches)
-            agreed = dist.agree_max([float(stop), float(more)])
-            if agreed[0]:
-                return sums, int(agreed[0])
-            if not agreed[1]:
-                return sums, 0
+            agreed = EvalVotes(stop, more).agree()
+            if agreed.stop is not None or not agreed.more:
+                return sums, agreed.stop
 
 
 def judge(

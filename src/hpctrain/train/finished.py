@@ -15,6 +15,7 @@ from typing import Any
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.remote.mirror import FolderMirror, run_mirror
+from hpctrain.runtime.budget import Stop
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.counters import Counters
@@ -38,7 +39,7 @@ def complete_finished_run(
     last hop could not make; returns what was done (empty when nothing was missing) and {mirror: why it
     failed again} (the uploads, submitted again here, are waited for by the caller)."""
     step = state.step
-    reason = "finished" if step >= state.total_updates else "early_stop"
+    reason = Stop.FINISHED if step >= state.total_updates else Stop.EARLY_STOP
     committed = _mtime(store.path_for(step))
     done = []
     if chain.close_killed(step, committed, reason, NOTE) is not None:
@@ -90,7 +91,7 @@ def _stale(path: Path, step: int, committed: float | None, hops: int) -> bool:
     return committed is not None and written is not None and written < committed
 
 
-def _summary(chain: ChainLog, t: Counters, reason: str, digest: str) -> dict[str, Any]:
+def _summary(chain: ChainLog, t: Counters, reason: Stop, digest: str) -> dict[str, Any]:
     """summary.json as the killed hop would have written it; what that hop measured and lost is None."""
     last = chain.hops[-1] if chain.hops else {}
     end, start = last.get("end"), last.get("start")

@@ -23,10 +23,6 @@ from hpctrain.config.schema import TrainConfig
 
 log = logging.getLogger(__name__)
 
-# Updates are agreed with a max-reduction: 2^52 - update makes the earliest update win (0 = all finite).
-_TOP = float(2**52)
-
-
 _LOSS = "the training loss became non-finite (nan/inf) at update {update}"
 
 
@@ -95,13 +91,9 @@ class NonFiniteGuard:
 
     # ---- agreeing ------------------------------------------------------------------------------------------
 
-    def code(self) -> float:
-        """This rank's element of an agree_max vector (0: nothing found)."""
-        return 0.0 if self.first_bad is None else _TOP - self.first_bad
-
-    def raise_if(self, agreed: float) -> None:
-        """Raise NonFinite on every rank when the agreed element says some rank found one."""
-        if agreed:
-            update = int(_TOP - agreed)
+    def raise_if(self, update: int | None) -> None:
+        """Raise NonFinite on every rank when some rank found one: `update` is the earliest any found (agreed by
+        cadence.GuardVotes; None: all finite)."""
+        if update is not None:
             # Another rank's finding: this rank knows the update, not how (the loss is the usual way).
             raise NonFinite(update, self.what if self.first_bad == update else _LOSS)

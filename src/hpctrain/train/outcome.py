@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.runtime.budget import Stop
 from hpctrain.train.counters import Counters
 from hpctrain.train.nonfinite import NonFinite
 
@@ -18,7 +19,7 @@ from hpctrain.train.nonfinite import NonFinite
 @dataclass
 class RunResult:
     status: str  # finished | stopped | already_finished | failed
-    reason: str
+    reason: Stop
     step: int
     params_sha256: str
     exit_code: int
@@ -137,7 +138,7 @@ def data_failure(error: UserError | None, step: int) -> UserError:
 
 
 def summary_record(
-    status: str, reason: str, last: int, state: Counters, digest: str, timers: Timers, hop: dict[str, Any]
+    status: str, reason: Stop, last: int, state: Counters, digest: str, timers: Timers, hop: dict[str, Any]
 ) -> dict[str, Any]:
     """summary.json's common keys (the caller adds the job's and the hop's): `last` is the update a next start
     continues from."""

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as torch_dist
 from torch import nn
 
 from hpctrain.config.dump import config_hash, dump_config
@@ -68,14 +67,7 @@ def snapshot(parts: Parts, cfg: ConfigBase, config_changes: list[dict[str, Any]]
 
 def _gather_rng() -> list[dict[str, Any]]:
     """Every rank's RNG state (each rank draws its own dropout/sampling stream)."""
-    mine = rng_state()
-    if not dist.active():
-        return [mine]
-    dist.Collectives.enter("all_gather_object (RNG states)")
-    gathered: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(gathered, mine)
-    dist.Collectives.leave()
-    return gathered
+    return dist.gather_objects(rng_state(), "RNG states")
 
 
 def load_weights(modules: dict[str, nn.Module], saved: dict[str, Any], found_in: Path) -> None:

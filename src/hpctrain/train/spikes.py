@@ -40,8 +40,6 @@ from hpctrain.train.resume import Where, restore_latest
 
 log = logging.getLogger(__name__)
 
-_TOP = float(2**52)  # agreed with a max-reduction: 2^52 - update makes the earliest update win (0: none)
-
 
 class Rewind(Exception):
     """Every rank agreed to go back from the spike at `update` (raised out of the loop; fit rewinds)."""
@@ -133,13 +131,10 @@ class SpikeGuard:
         self.rule.keep(value)
         self.in_row = 0
 
-    def code(self) -> float:
-        """This rank's element of an agree_max vector: the first spike to rewind from (0: none)."""
-        return 0.0 if self.found is None else _TOP - self.found
-
-    def raise_if(self, agreed: float) -> None:
-        if agreed:
-            raise Rewind(int(_TOP - agreed))
+    def raise_if(self, update: int | None) -> None:
+        """Rewind on every rank from the first spike any rank found (agreed by cadence.GuardVotes; None: none)."""
+        if update is not None:
+            raise Rewind(update)
 
     def rewind(self, spike: Rewind, parts: Parts, store: CheckpointStore, where: Where) -> int:
         """Back to the last checkpoint (every rank), the LR scaled: returns its update. What the rule had seen
@@ -186,7 +181,7 @@ class SpikeGuard:
         value = float(pending)  # the host sync skip_batch costs
         rule = self.steps.setdefault(name, SpikeRule(self.cfg))
         said = rule.judge(value)
-        if not dist.agree_max([1.0 if said else 0.0])[0]:
+        if not dist.any_rank(bool(said)):
             rule.keep(value)
             self.in_row = 0
             return False

@@ -1,7 +1,7 @@
 """The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model.
 
 The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in cadence.py
-whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, schedule.CheckVotes).
+whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, cadence.CheckVotes).
 Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the parts a checkpoint holds (parts.py),
 saving (checkpointer.py), resuming (resume.py) and profiling (profile.py) live beside it.
 
@@ -22,7 +22,7 @@ from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, EXIT_RESUMABLE, OutOfMemory, UserError
 from hpctrain.fsutil import make_folders
 from hpctrain.runtime import dist
-from hpctrain.runtime.budget import CODES, StopRequested, TimeBudget, watch_waits
+from hpctrain.runtime.budget import Stop, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
 from hpctrain.runtime.threads import CoreProbe
@@ -31,7 +31,7 @@ from hpctrain.track.build import build_trackers
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
 from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
-from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes
+from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes, GuardVotes
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.compile.compiler import Compiler
@@ -122,7 +122,7 @@ class Trainer:
         self.spikes = SpikeGuard(cfg.train, lambda: self.checkpointer.last_saved_step)  # train.on_spike
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self.window = LossWindow(self.guard, self.spikes)  # the losses since the last log line
-        self._stop_reason = ""  # why the hop ended (_result)
+        self._stop_reason: Stop | None = None  # why the hop ended (_result)
         self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ class Trainer:
         if self.already_finished:
             # Finished (or stopped early) with this many updates asked for: nothing to train, no new hop; only
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
-            result = self._result("already_finished", "finished", EXIT_OK)
+            result = self._result("already_finished", Stop.FINISHED, EXIT_OK)
             if self.env.is_main:
                 _, mirrored = complete_finished_run(
                     self.chain,
@@ -305,7 +305,7 @@ class Trainer:
         except NonFinite as bad:
             return self._failed(bad)
         except OutOfMemory as oom:  # nothing saved after it (the update was half done): `latest` stays
-            self._result("failed", "out_of_memory", oom.exit_code, str(oom), exit_code=oom.exit_code)
+            self._result("failed", Stop.OUT_OF_MEMORY, oom.exit_code, str(oom), exit_code=oom.exit_code)
             raise
         finally:
             watch_waits(None)
@@ -313,13 +313,13 @@ class Trainer:
     def _hop(self) -> RunResult:
         """Train, then end the hop as the reason says (finish, or save and stop)."""
         reason = self._train()
-        if reason is None or reason == "early_stop":
-            return self._finish(reason or "finished")
-        untrained = reason == "data_error" and self.counters.step == 0  # a new run refused its data: no save
+        if reason is None or reason == Stop.EARLY_STOP:
+            return self._finish(reason or Stop.FINISHED)
+        untrained = reason == Stop.DATA_ERROR and self.counters.step == 0  # a new run refused its data
         if self.checkpointer.last_saved_step != self.counters.step and not untrained:
             self._save()
-        if reason == "data_error":
-            self._result("stopped", "data_error", EXIT_BAD_INPUT)
+        if reason == Stop.DATA_ERROR:
+            self._result("stopped", Stop.DATA_ERROR, EXIT_BAD_INPUT)
             raise data_failure(self._data_error, self.counters.step)
         return self._result("stopped", reason, EXIT_RESUMABLE)
 
@@ -330,7 +330,7 @@ class Trainer:
         self.window.restart(self.counters.step)  # the losses of the updates undone
         self._lr_factor, self.log_line.last_step = None, self.counters.step
 
-    def _train(self) -> str | None:
+    def _train(self) -> Stop | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
 
         Per update only what every update needs (its batches, LR, counters, timers); each other part asks its
@@ -351,7 +351,7 @@ class Trainer:
             micro, votes = self._fetch(batches)
             if votes.stop:  # every rank drops this update; batches some ranks already took are given back
                 stream.load_state_dict(before)
-                return self._stopping(votes.reason, out)
+                return self._stopping(votes.stop, out)
             if votes.empty:
                 continue  # an empty batch (on any rank): nothing to learn from, nothing counted
             assert micro is not None  # not skipped means no rank was empty
@@ -385,11 +385,11 @@ class Trainer:
             micro = self._next_update(batches)
             votes = GO if micro is not None else EMPTY
             if micro is None and (urgent := self.budget.urgent_stop_reason()) is not None:
-                votes = FetchVotes(empty=True, stop=CODES[urgent])
+                votes = FetchVotes(empty=True, stop=urgent)
         except StopRequested as stop:
-            micro, votes = None, FetchVotes(stop=CODES[stop.reason])
+            micro, votes = None, FetchVotes(stop=stop.reason)
         except UserError as bad:
-            self._data_error, micro, votes = bad, None, FetchVotes(stop=CODES["data_error"])
+            self._data_error, micro, votes = bad, None, FetchVotes(stop=Stop.DATA_ERROR)
         return micro, votes.agree()
 
     def _update(self, micro: list[MicroBatch], start: float) -> tuple[StepOutput, float]:
@@ -418,7 +418,7 @@ class Trainer:
         self.profiler.step(counters.step)
         return out, end
 
-    def _stopping(self, reason: str | None, out: StepOutput | None) -> str | None:
+    def _stopping(self, reason: Stop | None, out: StepOutput | None) -> Stop | None:
         """A stop between log lines still records the hop's last metrics line (before fit's save)."""
         if self.window.losses and out is not None:
             self._log_window(out)
@@ -448,7 +448,7 @@ class Trainer:
         for name, optimizer in self.optimizers.items():
             apply_lr(optimizer, self.base_lrs[name], factor)
 
-    def _at_check(self, owed_eval: bool = False) -> str | None:
+    def _at_check(self, owed_eval: bool = False) -> Stop | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
         counters, cadence = self.counters, self.cadence
         self.compiler.at_check(counters.step, self.modules, self.budget, self.console.message)
@@ -461,7 +461,7 @@ class Trainer:
                 self._save(best=True)
             elif cadence.save.due(counters.step):
                 self._save()
-            votes.stop = CODES["early_stop"] if result.stop_early else 0
+            votes.stop = Stop.EARLY_STOP if result.stop_early else None
         elif cadence.save.due(counters.step):
             self._save()
         if counters.step >= counters.total_updates:
@@ -470,17 +470,17 @@ class Trainer:
         # evaluation after the next update (the final one, in _finish, too).
         ahead = cadence.check.plan(counters.step, self.guard.skip, cadence.upcoming_checks(counters.step))
         budget_reason = self.budget.local_stop_reason(cadence.eval_.due_next(counters.step), ahead=ahead)
-        votes.stop = max(votes.stop, CODES[budget_reason] if budget_reason else 0)
+        votes.stop = votes.stop or budget_reason  # an early stop outranks the budget's (Stop.rank)
         votes.save_due = self.env.is_main and cadence.save.time_due()  # rank 0's clock decides for all
-        votes.nonfinite, votes.spike = self.guard.code(), self.spikes.code()
+        votes.nonfinite, votes.spike = self.guard.first_bad, self.spikes.found
         votes.step_seconds = self.budget.step.value
         agreed = votes.agree()
         cadence.check.step_seconds = agreed.step_seconds
         self.guard.raise_if(agreed.nonfinite)
         self.spikes.raise_if(agreed.spike)
-        if agreed.reason is None and agreed.save_due:
+        if agreed.stop is None and agreed.save_due:
             self._save()
-        return agreed.reason
+        return agreed.stop
 
     # ---- evaluation ---------------------------------------------------------------------------------------
 
@@ -563,13 +563,13 @@ class Trainer:
         if self.window.losses:
             self.window.checked()  # a spike to rewind from is never saved
         self.guard.check_weights(self.raw_modules, self.counters.step)
-        nonfinite, spike = dist.agree_max([self.guard.code(), self.spikes.code()])
-        self.guard.raise_if(nonfinite)
-        self.spikes.raise_if(spike)
+        found = GuardVotes(self.guard.first_bad, self.spikes.found).agree()
+        self.guard.raise_if(found.nonfinite)
+        self.spikes.raise_if(found.spike)
 
-    def _finish(self, reason: str) -> RunResult:
+    def _finish(self, reason: Stop) -> RunResult:
         improved = False
-        if reason == "finished" and self.has_val:
+        if reason == Stop.FINISHED and self.has_val:
             result = self._evaluate()  # the final evaluation (the only one when eval_every is 0)
             if result.abandoned:  # cut short by a stop: the next start runs it (the run is not finished)
                 if self.checkpointer.last_saved_step != self.counters.step:
@@ -586,7 +586,7 @@ class Trainer:
         saved = self.checkpointer.last_saved_step
         return self._result(
             "failed",
-            "nonfinite",
+            Stop.NONFINITE,
             EXIT_FAILURE,
             nonfinite_message(bad, self.counters.step, saved, self.guard.skip),
             nonfinite_update=bad.update,
@@ -595,9 +595,9 @@ class Trainer:
 
     def _hung(self, line: str) -> None:
         """From the hang watchdog's thread, the loop stuck: the hop ends as a stop at the last save."""
-        self._result("stopped", "hang", EXIT_RESUMABLE, line, hang=line)
+        self._result("stopped", Stop.HANG, EXIT_RESUMABLE, line, hang=line)
 
-    def _result(self, status: str, reason: str, code: int, message: str = "", **extra: Any) -> RunResult:
+    def _result(self, status: str, reason: Stop, code: int, message: str = "", **extra: Any) -> RunResult:
         self.console.close()  # the bar ends before the run's last line
         self._stop_reason = reason
         digest = params_sha256(self.raw_modules)
@@ -611,7 +611,7 @@ class Trainer:
                 )
             last = self.counters.step
             # it got only as far as its last save: where a next start continues
-            if status == "failed" or reason == "hang":
+            if status == "failed" or reason == Stop.HANG:
                 saved = self.checkpointer.last_saved_step
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
@@ -638,7 +638,7 @@ class Trainer:
             self.console.close()
         finally:
             try:  # the helper's grace is time that would pass idle: after the trackers' own shutdown
-                self.compiler.close(self.budget, self._stop_reason == "time_budget")
+                self.compiler.close(self.budget, self._stop_reason == Stop.TIME_BUDGET)
             finally:
                 if self.lock is not None:
                     self.lock.release()  # last: everything above may still write into the run folder

@@ -54,7 +54,7 @@ def _this_process(device: torch.device) -> dict[str, Any]:
 def hop_record(env: ClusterEnv, device: torch.device, config_file: str | None) -> dict[str, Any]:
     """The whole record on rank 0 ({} elsewhere). Every rank calls it: the hosts and GPUs are gathered."""
     mine = _this_process(device)
-    every = [p for p in dist.gather_objects(mine) if isinstance(p, dict)]
+    every = [p for p in dist.gather_objects(mine, "hosts and GPUs") if isinstance(p, dict)]
     if not env.is_main:
         return {}
     record = base_record(env, config_file)
