@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ class EvalResult:
     improved: bool = False
     stop_early: bool = False
     abandoned: Stop | None = None  # the stop reason that cut the evaluation short (agreed by all ranks)
+    metrics: dict[str, float] = field(default_factory=dict)  # the figures of a pass that ran (every rank)
+    seconds: float = 0.0  # the pass's wall time
 
 
 @dataclass
@@ -55,6 +58,38 @@ class Evaluator:
         self.max_batches = max_batches  # train.eval_batches (0: all)
         self.seed = seed
         self.batches = 0  # evaluated so far in this process: progress, for the hang watchdog
+
+    def run(
+        self,
+        raw_modules: dict[str, nn.Module],
+        counters: Counters,
+        cfg: ConfigBase,
+        say: Callable[[str], None],
+    ) -> EvalResult:
+        """One evaluation at update `counters.step`, judged (best.pt, early stopping: `counters` updated). A pass a
+        stop cut short leaves the random streams as it found them and is owed: the budget carries it in the
+        checkpoint and the next hop runs it first."""
+        start = time.perf_counter()
+        rng = rng_state()
+        sums, stop = self.sums(raw_modules)
+        # every validation sample removed or skipped: no figure at all (below)
+        empty = sums is not None and (not sums or sums.get("count") == 0.0)
+        figures = {} if sums is None or empty else self.figures(raw_modules, counters.step)
+        seconds = time.perf_counter() - start
+        if sums is None:
+            set_rng_state(rng)
+            self.budget.eval_owed = counters.step
+            say(f"evaluation at update {counters.step} cut short ({stop}): it runs after the resume")
+            return EvalResult(abandoned=stop, seconds=seconds)
+        self.budget.eval_owed = None
+        self.budget.eval.observe(seconds)
+        if empty:
+            say(f"eval at update {counters.step}: the validation data gave no sample to judge")
+            return EvalResult(seconds=seconds)
+        metrics = {**self.task.finish_eval(sums), **figures}
+        result = judge(metrics, counters, cfg.checkpoint, cfg.train.early_stopping)
+        result.metrics, result.seconds = metrics, seconds
+        return result
 
     @torch.no_grad()
     def sums(self, raw_modules: dict[str, nn.Module]) -> tuple[dict[str, float] | None, Stop | None]:

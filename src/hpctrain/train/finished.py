@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import ConfigBase
+from hpctrain.errors import EXIT_FAILURE
 from hpctrain.remote.mirror import FolderMirror, run_mirror
-from hpctrain.runtime.budget import Stop
+from hpctrain.runtime.budget import Stop, TimeBudget
 from hpctrain.track.chain import ChainLog, read_json, write_summary
 from hpctrain.train.checkpoint import CheckpointStore
+from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.counters import Counters
+from hpctrain.train.outcome import RunResult
 from hpctrain.train.remote_ckpt import RemoteCheckpoints
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,29 @@ def complete_finished_run(
     if done:
         log.warning("run %s was killed after its final save (update %d): %s", run_dir, step, "; ".join(done))
     return done, failed
+
+
+def start_finished_run(
+    result: RunResult,
+    chain: ChainLog,
+    store: CheckpointStore,
+    run_dir: Path,
+    state: Counters,
+    cfg: ConfigBase,
+    checkpointer: Checkpointer,
+    budget: TimeBudget,
+) -> RunResult:
+    """Rank 0 of a start that found its run finished (`result`: that start's, nothing trained): the record a kill
+    after the final save left undone is completed, and the copies checked (and sent again): a copy still
+    missing fails this start as it did the run's last hop."""
+    _, mirrored = complete_finished_run(
+        chain, store, run_dir, state, cfg, result.params_sha256, checkpointer.remote
+    )
+    result.copy_failures = {**mirrored, **checkpointer.settle(budget)}
+    note_copies(run_dir, result.copy_failures)
+    if result.copy_failures:
+        result.exit_code = EXIT_FAILURE
+    return result
 
 
 def note_copies(run_dir: Path, failures: dict[str, str]) -> None:

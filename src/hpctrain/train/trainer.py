@@ -1,12 +1,15 @@
 """The trainer: counts updates, keeps to the time budget, saves and resumes exactly. It knows no model.
 
 The loop is `_train` (one update: fetch, vote on skip/stop, step, then each part asks its cadence in cadence.py
-whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, cadence.CheckVotes).
-Set-up (setup.py), evaluation (evaluation.py), outcomes (outcome.py), the parts a checkpoint holds (parts.py),
-saving (checkpointer.py), resuming (resume.py) and profiling (profile.py) live beside it.
+whether it is due); what all ranks decide together at a check step is `_at_check` (one vote, cadence.CheckVotes,
+whose fields carry their reduction; a hop ends for a runtime.budget.Stop). Set-up (setup.py), compiling
+(compile/compiler.py), evaluation (evaluation.py), the log line (update_log.py), outcomes (outcome.py), the parts a
+checkpoint holds (parts.py), saving (checkpointer.py), finding a checkpoint (checkpoint.py `locate`), resuming
+(resume.py) and profiling (profile.py) live beside it.
 
-Size (~550 lines, over the house's ~400): the loop and the decisions all ranks take together at its step
-boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one file shows when anything happens."""
+Size (~600 lines, over the house's ~400 and issue 47's goal of 520): the loop and the decisions all ranks take
+together at its step boundaries (stop, save, evaluate, skip) are kept in one place on purpose, so one file shows
+when anything happens."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from hpctrain.fsutil import make_folders
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import Stop, StopRequested, TimeBudget, watch_waits
 from hpctrain.runtime.env import ClusterEnv
-from hpctrain.runtime.seeding import RANK_STREAM, derive, rng_state, seed_everything, set_rng_state
+from hpctrain.runtime.seeding import RANK_STREAM, derive, seed_everything
 from hpctrain.runtime.threads import CoreProbe
 from hpctrain.track.base import Trackers
 from hpctrain.track.build import build_trackers
@@ -37,8 +40,8 @@ from hpctrain.train.checkpointer import Checkpointer
 from hpctrain.train.compile.compiler import Compiler
 from hpctrain.train.context import Context
 from hpctrain.train.counters import Counters
-from hpctrain.train.evaluation import EvalResult, Evaluator, judge
-from hpctrain.train.finished import complete_finished_run, note_copies
+from hpctrain.train.evaluation import EvalResult, Evaluator
+from hpctrain.train.finished import start_finished_run
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.oom import OomGuard
 from hpctrain.train.optim import LRSchedule, apply_lr
@@ -266,21 +269,8 @@ class Trainer:
             # what a kill after the final save left undone (the hop's close, summary.json) is done.
             result = self._result("already_finished", Stop.FINISHED, EXIT_OK)
             if self.env.is_main:
-                _, mirrored = complete_finished_run(
-                    self.chain,
-                    self.store,
-                    self.run_dir,
-                    self.counters,
-                    self.cfg,
-                    result.params_sha256,
-                    self.checkpointer.remote,
-                )
-                # the copies checked (and sent again) there: a copy still missing fails this start as it did
-                # the run's last hop
-                result.copy_failures = {**mirrored, **self.checkpointer.settle(self.budget)}
-                note_copies(self.run_dir, result.copy_failures)
-                if result.copy_failures:
-                    result.exit_code = EXIT_FAILURE
+                args = (self.chain, self.store, self.run_dir, self.counters, self.cfg, self.checkpointer)
+                start_finished_run(result, *args, self.budget)
             return result
         # Resumed from a finished checkpoint with more updates asked for: not finished until its own final save
         # (a save on the way that kept the flag would make that checkpoint "finished" short of the new length).
@@ -487,38 +477,13 @@ class Trainer:
     def _evaluate(self) -> EvalResult:
         self.console.flush()  # the progress lines so far out before the loop goes quiet
         self.trackers.show()
-        start = time.perf_counter()
-        rng = rng_state()  # an abandoned evaluation must leave the random streams as it found them
-        sums, stop = self.evaluator.sums(self.raw_modules)
-        # every validation sample removed or skipped: no figure at all (below)
-        empty = sums is not None and (not sums or sums.get("count") == 0.0)
-        figures = (
-            {} if sums is None or empty else self.evaluator.figures(self.raw_modules, self.counters.step)
-        )
-        seconds = time.perf_counter() - start
-        self.timers.add("eval", seconds)
-        if sums is None:
-            set_rng_state(rng)
-            self.budget.eval_owed = (
-                self.counters.step
-            )  # carried in the checkpoint: the next hop runs it first
-            self.console.message(
-                f"evaluation at update {self.counters.step} cut short ({stop}): it runs after the resume"
-            )
-            return EvalResult(abandoned=stop)
-        self.budget.eval_owed = None
-        self.budget.eval.observe(seconds)
-        if empty:
-            self.console.message(
-                f"eval at update {self.counters.step}: the validation data gave no sample to judge"
-            )
-            return EvalResult()
-        metrics = {**self.task.finish_eval(sums), **figures}
-        if self.env.is_main:
-            self.trackers.log_scalars(self.counters.step, metrics)
-            shown = " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        result = self.evaluator.run(self.raw_modules, self.counters, self.cfg, self.console.message)
+        self.timers.add("eval", result.seconds)
+        if result.metrics and self.env.is_main:
+            self.trackers.log_scalars(self.counters.step, result.metrics)
+            shown = " | ".join(f"{k} {v:.4g}" for k, v in result.metrics.items())
             self.console.message(f"eval at update {self.counters.step} | {shown}")
-        return judge(metrics, self.counters, self.cfg.checkpoint, self.cfg.train.early_stopping)
+        return result
 
     # ---- logging, saving, finishing ----------------------------------------------------------------------
 
