@@ -24,7 +24,7 @@ def report(
     entered: int,
     left: int,
     progress=(9, 0, 0),
-    last: str = "agree_max",
+    last: str = "CheckVotes vote",
     where: str = "x.py:1 in f",
 ) -> dict:
     return {
@@ -41,7 +41,7 @@ def test_the_rank_that_has_not_entered_the_collective_is_behind() -> None:
     reports = [report(0, 12, 11), report(1, 11, 11, where="task.py:88 in train_step"), report(2, 12, 11)]
     assert verdict(reports, 3, 60, FOLDER) == (
         "hang: no progress for 60 s (distributed.hang_seconds); rank 1 is behind: rank 0, 2 wait for it in "
-        "collective #12 (agree_max); rank 1 is at task.py:88 in train_step; every rank's stacks in /run/hang; "
+        "collective #12 (CheckVotes vote); rank 1 is at task.py:88 in train_step; every rank's stacks in /run/hang; "
         "the hop ends for a restart from the last checkpoint"
     )
 
