@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hpctrain.config.schema import ConfigBase
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.track.base import Trackers
+from hpctrain.track.console import Console
 from hpctrain.track.metrics_file import MetricsFile
+from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
 
 
 def build_trackers(
@@ -45,3 +48,27 @@ def build_trackers(
 
         trackers.add(WandbTracker(cfg, run_dir, resume_step, state.get("wandb"), ran))
     return trackers
+
+
+def build_tracking(
+    cfg: ConfigBase,
+    run_dir: Path,
+    env: ClusterEnv,
+    where: tuple[int, int, int | None],
+    state: dict[str, Any],
+    hop: dict[str, Any],
+    ran: dict[str, Any],
+    time_left: Callable[[], float | None],
+    log_file: TextIO | None,
+    gpu: bool,
+) -> tuple[Trackers, Console, Monitor | NoMonitor]:
+    """Rank 0's trackers, console (its plain lines also into `log_file`, the run's training.log) and hardware
+    monitor (NVML only where a GPU was asked for: a CPU run has nothing to say about GPU monitoring). `where`:
+    the update count, the updates to train and the update resumed from (None: a fresh start)."""
+    step, total, resumed = where
+    trackers = build_trackers(cfg, run_dir, env, resumed, state, hop, ran)
+    console = Console(total, step, cfg.logging.progress, time_left=time_left, log_file=log_file)
+    monitor = build_monitor(cfg.logging.gpu_every_seconds, gpu=gpu)
+    if monitor.note:
+        console.message(monitor.note)
+    return trackers, console, monitor

@@ -76,6 +76,24 @@ class LRSchedule:
                 "(gamma per update = gamma per epoch ** (1 / updates per epoch))"
             )
 
+    applied: float | None = None  # the factor last set on the optimizers (None: set it at the next `apply`)
+
+    def apply(
+        self,
+        update: int,
+        scale: float,
+        optimizers: dict[str, torch.optim.Optimizer],
+        base_lrs: dict[str, float],
+    ) -> None:
+        """The LR of this update (its factor, times `scale`: a spike rewind's) on every optimizer, set only
+        when it changes."""
+        factor = self.factor(update) * scale
+        if factor == self.applied:
+            return
+        self.applied = factor
+        for name, optimizer in optimizers.items():
+            apply_lr(optimizer, base_lrs[name], factor)
+
     def factor(self, update: int) -> float:
         if not self.stages:
             return 1.0

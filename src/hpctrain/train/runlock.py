@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,7 +47,8 @@ from hpctrain.fsutil import (
     process_identity,
     temp_writer,
 )
-from hpctrain.track.chain import is_count, is_stamp
+from hpctrain.runtime import dist
+from hpctrain.track.chain import ChainLog, is_count, is_stamp
 
 log = logging.getLogger(__name__)
 
@@ -422,3 +424,25 @@ def set_aside_previous_run(run_dir: Path) -> Path | None:
         os.replace(path, aside / path.name)
     fsync_dir(run_dir)
     return aside
+
+
+def lock_run_folder(
+    lock: RunLock | None, run_dir: Path, saves: Callable[[], list[tuple[int, float]]]
+) -> ChainLog | None:
+    """Every rank: rank 0 (`lock` given) locks the run folder before anything writes into it, then reads its
+    chain.json again (no other process writes it now; a damaged one is kept aside against the `saves` of the
+    store); every rank learns the outcome, a refusal as the same one line. Rank 0's chain, None elsewhere."""
+    problem, chain = None, None
+    if lock is not None:
+        try:
+            lock.acquire()
+            chain = ChainLog(run_dir)
+            chain.keep_aside_if_damaged(saves())
+        except UserError as exc:
+            problem = str(exc)
+        except OSError as exc:
+            problem = f"cannot lock the run folder {run_dir} ({exc}); check run.out_dir"
+    agreed = dist.broadcast_object(problem)
+    if agreed is not None:
+        raise UserError(str(agreed))
+    return chain

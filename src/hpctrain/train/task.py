@@ -287,3 +287,21 @@ class SupervisedTask(Task[C]):
         sums = {"loss_sum": loss.detach().float() * n, "count": torch.tensor(n)}
         sums.update({f"{k}_sum": v.detach().float() * n for k, v in metrics.items()})
         return sums
+
+
+def take_update(
+    task: Task[Any], batches: Iterator[Any], accumulation: int, device: torch.device
+) -> list[MicroBatch] | None:
+    """The next update's micro-batches on `device` (`accumulation` batches, each split by the task), weighted by
+    their samples; None when they hold no sample (an empty update: skipped on every rank)."""
+    split, to_device = task.split, task.to_device
+    micro = split(next(batches))
+    for _ in range(accumulation - 1):
+        micro = micro + split(next(batches))
+    if len(micro) == 1:  # the common case, one piece: no passes over a list
+        m = micro[0]
+        return [MicroBatch(to_device(m.data, device), 1.0, m.samples)] if m.samples else None
+    total = sum(m.samples for m in micro)
+    if total == 0:
+        return None
+    return [MicroBatch(to_device(m.data, device), m.samples / total, m.samples) for m in micro if m.samples]

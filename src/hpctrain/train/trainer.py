@@ -30,10 +30,10 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import RANK_STREAM, derive, seed_everything
 from hpctrain.runtime.threads import CoreProbe
 from hpctrain.track.base import Trackers
-from hpctrain.track.build import build_trackers
+from hpctrain.track.build import build_tracking
 from hpctrain.track.chain import ChainLog, NoChain, write_summary
 from hpctrain.track.console import Console, NullConsole
-from hpctrain.track.monitor import Monitor, NoMonitor, build_monitor
+from hpctrain.track.monitor import Monitor, NoMonitor
 from hpctrain.train.cadence import EMPTY, GO, Cadences, CheckVotes, FetchVotes, GuardVotes
 from hpctrain.train.checkpoint import CheckpointStore
 from hpctrain.train.checkpointer import Checkpointer
@@ -44,7 +44,7 @@ from hpctrain.train.evaluation import EvalResult, Evaluator
 from hpctrain.train.finished import start_finished_run
 from hpctrain.train.nonfinite import NonFinite, NonFiniteGuard
 from hpctrain.train.oom import OomGuard
-from hpctrain.train.optim import LRSchedule, apply_lr
+from hpctrain.train.optim import LRSchedule
 from hpctrain.train.outcome import (
     DeviceTimeline,
     NoTimeline,
@@ -57,10 +57,10 @@ from hpctrain.train.outcome import (
 from hpctrain.train.parts import Group, Parts, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
-from hpctrain.train.runlock import RunLock
+from hpctrain.train.runlock import RunLock, lock_run_folder
 from hpctrain.train.setup import Setup
 from hpctrain.train.spikes import Rewind, SpikeGuard
-from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task
+from hpctrain.train.task import BatchStream, MicroBatch, StepOutput, Task, take_update
 from hpctrain.train.update_log import LogLine, LossWindow
 from hpctrain.train.watchdog import HangWatchdog, NoWatchdog, build_watchdog
 from hpctrain.train.what_ran import hop_record
@@ -126,12 +126,12 @@ class Trainer:
         self._data_error: UserError | None = None  # a bad file met mid-run, said after the save
         self.window = LossWindow(self.guard, self.spikes)  # the losses since the last log line
         self._stop_reason: Stop | None = None  # why the hop ended (_result)
-        self._lr_factor: float | None = None  # the LR factor last applied (it changes only with a schedule)
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
     def build(self) -> None:
-        self._lock_run_folder()
+        chain = lock_run_folder(self.lock, self.run_dir, self.store.saves)
+        self.chain = chain if chain is not None else self.chain
         if self.env.is_main:
             make_folders(self.run_dir / "checkpoints")
         seed_everything(self.cfg.run.seed)
@@ -184,22 +184,6 @@ class Trainer:
         self.budget.save.initial = self.setup.save_guess(self.raw_modules)
         self.ran = hop_record(self.env, self.device, self.config_file)  # one gather, once per hop
 
-    def _lock_run_folder(self) -> None:
-        """Rank 0 locks the run folder before anything writes into it; every rank learns the outcome."""
-        problem = None
-        if self.lock is not None:
-            try:
-                self.lock.acquire()
-                self.chain = ChainLog(self.run_dir)  # read again now that no other process writes it
-                self.chain.keep_aside_if_damaged(self.store.saves())
-            except UserError as exc:
-                problem = str(exc)
-            except OSError as exc:
-                problem = f"cannot lock the run folder {self.run_dir} ({exc}); check run.out_dir"
-        agreed = dist.broadcast_object(problem)
-        if agreed is not None:
-            raise UserError(str(agreed))
-
     def resume(self) -> str:
         """Load what checkpoint.resume/restart say into the parts (resume.py); returns what happened, for the
         log."""
@@ -229,31 +213,20 @@ class Trainer:
         return parts
 
     def start_tracking(self, log_file: TextIO | None = None) -> None:
-        """Rank 0: trackers, the console (its plain lines also into `log_file`, the run's training.log) and the
-        hardware monitor."""
+        """Rank 0: trackers, the console (its plain lines also into `log_file`) and the hardware monitor."""
         if not self.env.is_main:
             return
-        hop = {"hop": len(self.chain.hops), "world_size": self.env.world_size}
-        self.trackers = build_trackers(
-            self.cfg,
-            self.run_dir,
-            self.env,
-            resume_step=self.counters.resumed_step,
-            state=self.counters.tracker_state,
-            hop={**hop, **self.checkpointer.hop_identity()},
-            ran=self.ran,
-        )
-        self.console = Console(
-            self.counters.total_updates,
-            self.counters.step,
-            self.cfg.logging.progress,
-            time_left=self.budget.remaining,
-            log_file=log_file,
-        )
-        # NVML only where a GPU was asked for: a CPU run has nothing to say about GPU monitoring
-        self.monitor = build_monitor(self.cfg.logging.gpu_every_seconds, gpu=self.device.type == "cuda")
-        if self.monitor.note:
-            self.console.message(self.monitor.note)
+        counters = self.counters
+        hop = {
+            "hop": len(self.chain.hops),
+            "world_size": self.env.world_size,
+            **self.checkpointer.hop_identity(),
+        }
+        where = (counters.step, counters.total_updates, counters.resumed_step)
+        self.trackers, self.console, self.monitor = build_tracking(
+            self.cfg, self.run_dir, self.env, where, counters.tracker_state, hop, self.ran, self.budget.remaining,
+            log_file, self.device.type == "cuda",
+        )  # fmt: skip
         self._closers.append(self.monitor.close)
 
     # ---- the loop ------------------------------------------------------------------------------------------
@@ -318,7 +291,7 @@ class Trainer:
         where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
         self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
         self.window.restart(self.counters.step)  # the losses of the updates undone
-        self._lr_factor, self.log_line.last_step = None, self.counters.step
+        self.schedule.applied, self.log_line.last_step = None, self.counters.step
 
     def _train(self) -> Stop | None:
         """Updates until the last one (None) or an agreed stop (its reason): docs/training.md, "One update".
@@ -347,7 +320,7 @@ class Trainer:
             assert micro is not None  # not skipped means no rank was empty
             if ahead is not None and ahead.waiting:
                 self.compiler.start_helper(micro, self.raw_modules, self.budget)
-            self._set_lr()
+            self.schedule.apply(counters.step, self.spikes.lr_scale, self.optimizers, self.base_lrs)
             out, end = self._update(micro, start)
             if cadence.log.due(counters.step, end):
                 self._log_window(out)
@@ -372,7 +345,7 @@ class Trainer:
         bad file met mid-run under data.on_bad_file=fail: what was trained is kept). An empty update asks the
         budget too: skipped updates never reach a check step, and a run of them must still hear a stop."""
         try:
-            micro = self._next_update(batches)
+            micro = take_update(self.task, batches, self.cfg.train.grad_accum_steps, self.device)
             votes = GO if micro is not None else EMPTY
             if micro is None and (urgent := self.budget.urgent_stop_reason()) is not None:
                 votes = FetchVotes(empty=True, stop=urgent)
@@ -413,30 +386,6 @@ class Trainer:
         if self.window.losses and out is not None:
             self._log_window(out)
         return reason
-
-    def _next_update(self, batches: Any) -> list[MicroBatch] | None:
-        split, device, to_device = self.task.split, self.device, self.task.to_device
-        micro = split(next(batches))
-        for _ in range(self.cfg.train.grad_accum_steps - 1):
-            micro = micro + split(next(batches))
-        if len(micro) == 1:  # the common case, one piece: no passes over a list
-            m = micro[0]
-            return [MicroBatch(to_device(m.data, device), 1.0, m.samples)] if m.samples else None
-        total = sum(m.samples for m in micro)
-        if total == 0:
-            return None
-        return [
-            MicroBatch(to_device(m.data, device), m.samples / total, m.samples) for m in micro if m.samples
-        ]
-
-    def _set_lr(self) -> None:
-        """The schedule's LR for this update (a pure function of the update count), set when it changes."""
-        factor = self.schedule.factor(self.counters.step) * self.spikes.lr_scale  # (1: no rewind)
-        if factor == self._lr_factor:
-            return
-        self._lr_factor = factor
-        for name, optimizer in self.optimizers.items():
-            apply_lr(optimizer, self.base_lrs[name], factor)
 
     def _at_check(self, owed_eval: bool = False) -> Stop | None:
         """At a check step: evaluate and save when due, then every rank votes once on what comes next."""
@@ -570,22 +519,18 @@ class Trainer:
         if self.env.is_main and status != "already_finished":
             # the copies of the last save first: summary.json and the exit code say whether they arrived
             copies = self.checkpointer.settle(self.budget)
-            if copies and status == "finished":
-                code = (
-                    EXIT_FAILURE  # trained to the end, but its copy elsewhere is not: the job must not pass
-                )
+            if copies and status == "finished":  # trained to the end, but its copy elsewhere is not: exit 1
+                code = EXIT_FAILURE
             last = self.counters.step
-            # it got only as far as its last save: where a next start continues
+            # a failure or a hang got only as far as its last save: where a next start goes on
             if status == "failed" or reason == Stop.HANG:
                 saved = self.checkpointer.last_saved_step
                 last = saved if saved is not None else (self.counters.resumed_step or 0)
             hop = self.chain.close_hop(last, self.timers.training_seconds, reason)
             summary = summary_record(status, reason, last, self.counters, digest, self.timers, hop)
-            summary.update(
-                job_id=self.env.scheduler_job, nonfinite_skips=self.guard.skipped, ran=self.ran, **extra
-            )
-            summary["copy_failures"] = copies  # {checkpoint.mirror_to or a pelican:// checkpoint.dir: why}
-            summary.update(self.spikes.summary())
+            skips, spikes = self.guard.skipped, self.spikes.summary()
+            summary.update(job_id=self.env.scheduler_job, nonfinite_skips=skips, ran=self.ran, **extra)
+            summary.update(copy_failures=copies, **spikes)  # {checkpoint.mirror_to or a pelican:// dir: why}
             made = self.compiler.summary(self.counters.step, self.timers.total.get("compile", 0.0))
             if made is not None:
                 summary["compile"] = made[0]
