@@ -170,7 +170,7 @@ def per_event_ms(model: str, threads: int) -> dict[int, float]:
     import torch
 
     import hpctrain
-    from hpctrain.workloads.muons import truth
+    from hpctrain.workloads.muons.truth import v1 as truth
 
     torch.set_num_threads(threads)
     sampler = hpctrain.load(model, device="cpu").sampler

@@ -29,8 +29,8 @@ REFERENCE = {
 
 
 def make_batch(events: int, cap: int, seed: int):  # type: ignore[no-untyped-def]
-    from hpctrain.workloads.muons import truth
     from hpctrain.workloads.muons.events.batch import MuonBatch
+    from hpctrain.workloads.muons.truth import v1 as truth
 
     rng = np.random.default_rng(seed)
     prims, muons, counts = [], [], []
@@ -52,7 +52,7 @@ def build(device: torch.device, critic_steps: int, lambda_gp: float, gp_every: i
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.train.context import Context
     from hpctrain.train.optim import build_optimizer
-    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+    from hpctrain.workloads.muons.tasks.wgan import MuonWGANTask
     from hpctrain.workloads.registry import config_model, fill_default_types
 
     overrides = [

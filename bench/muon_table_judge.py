@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
-from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.evaluation import evaluate, quality
 from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.truth import versions as truth_versions
 
 SEED = 777
 DRAW_KEYS = 50  # numpy_rng keys of the stand-ins' draws: past the evaluation's own

@@ -108,8 +108,8 @@ def test_the_muon_gan_rehearses_every_phase_of_its_warm_up() -> None:
     """The helper runs one update per state: the GAN's warm-up phases run other graphs (likelihood alone, with
     the critic, adversarial), so a helper that rehearsed only the first would leave the others to compile in the
     training process later."""
-    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
-    from hpctrain.workloads.muons.tasks.task_base import StepRng
+    from hpctrain.workloads.muons.tasks.base import StepRng
+    from hpctrain.workloads.muons.tasks.wgan import MuonWGANTask
 
     task = MuonWGANTask.__new__(MuonWGANTask)
     task.cfg = SimpleNamespace(

@@ -16,7 +16,7 @@ from hpctrain.workloads.muons.events.batch import (
     packed_size,
     split_by_muon_cap,
 )
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.base import MuonTaskBase
 
 
 def _batch(n: int = 40, seed: int = 3) -> MuonBatch:

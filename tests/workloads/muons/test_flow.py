@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.workloads.muons import physics, truth
+from hpctrain.workloads.muons import physics
 from hpctrain.workloads.muons.evaluation.quality import wasserstein_1d
 from hpctrain.workloads.muons.models.flow import (
     TAIL,
@@ -22,6 +22,7 @@ from hpctrain.workloads.muons.models.flow import (
 )
 from hpctrain.workloads.muons.models.losses import likelihood_losses
 from hpctrain.workloads.muons.models.networks import Generator, event_index, gaussian_kl
+from hpctrain.workloads.muons.truth import v1 as truth
 
 
 def spline_params(n: int, bins: int, seed: int, spread: float = 1.5) -> torch.Tensor:

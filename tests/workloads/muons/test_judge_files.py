@@ -12,10 +12,10 @@ import pytest
 
 from hpctrain.cli import main
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import truth
 from hpctrain.workloads.muons.data_verbs import synthetic_events
 from hpctrain.workloads.muons.evaluation import judge_files, quality
 from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.truth import v1 as truth
 from tests.conftest import hpctrain
 
 EVENTS = 1500  # per file, 2 files: enough pairs for the shuffled copy to stand out (AUC ~0.7 vs band ~0.52)

@@ -21,7 +21,7 @@ from hpctrain.workloads.muons.evaluation import verdict
 from hpctrain.workloads.muons.evaluation.quality import goal_word
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.batch import MuonBatch
-from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+from hpctrain.workloads.muons.tasks.wgan import MuonWGANTask
 from tests.conftest import hpctrain, read_jsonl
 from tests.track.test_report import DRAWN, FEATURES, check_report
 

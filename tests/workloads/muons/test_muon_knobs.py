@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.workloads.muons.tasks.task import gp_pair_cap
+from hpctrain.workloads.muons.tasks.wgan import gp_pair_cap
 from tests.conftest import hpctrain, read_jsonl
 from tests.workloads.muons.conftest import write_set
 from tests.workloads.muons.test_model_run import wgan_overrides

@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hpctrain.workloads.muons import physics, truth
+from hpctrain.workloads.muons import physics
+from hpctrain.workloads.muons.truth import v1 as truth
 
 
 def test_normalisation_inverse() -> None:

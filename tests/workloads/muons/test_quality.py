@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import truth, truth_versions
 from hpctrain.workloads.muons.evaluation import evaluate, quality
 from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.truth import v1 as truth
+from hpctrain.workloads.muons.truth import versions as truth_versions
 
 CAP = 2000  # configs/muons.yaml
 ENERGY_AND_N = ("multiplicity", "energy", "energy_sum")

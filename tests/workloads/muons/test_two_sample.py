@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.workloads.muons import truth, truth_v2, truth_versions
 from hpctrain.workloads.muons.data_verbs import synthetic_events
 from hpctrain.workloads.muons.evaluation import event_features, two_sample
 from hpctrain.workloads.muons.events import layouts
+from hpctrain.workloads.muons.truth import v1 as truth
+from hpctrain.workloads.muons.truth import v2 as truth_v2
+from hpctrain.workloads.muons.truth import versions as truth_versions
 
 
 def test_auc_matches_known_cases() -> None:

@@ -18,8 +18,8 @@ from hpctrain.train.evaluation import Evaluator
 from hpctrain.workloads.muons.data_verbs import synthetic_events
 from hpctrain.workloads.muons.evaluation import two_sample, val_judge
 from hpctrain.workloads.muons.models import sampling
-from hpctrain.workloads.muons.tasks.task import MuonWGANTask
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.base import MuonTaskBase
+from hpctrain.workloads.muons.tasks.wgan import MuonWGANTask
 from tests.conftest import read_jsonl
 from tests.workloads.muons.conftest import make_cfg
 

@@ -13,9 +13,9 @@ import numpy as np
 from hpctrain.errors import UserError
 from hpctrain.fsutil import refuse_replacing
 from hpctrain.runtime.seeding import numpy_rng
-from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
+from hpctrain.workloads.muons.truth import versions as truth_versions
 from hpctrain.workloads.registry import DataVerbs
 
 SUFFIX = {"parquet": ".parquet", "parquet-legacy": ".parquet", "parquet-hdf5": ".parquet", "hdf5": ".h5"}

@@ -30,7 +30,7 @@ JUDGE_NULL_REPLICATES = 1
 # check: evaluation/verdict.py) and the seed, which the end-of-training check shares so that its command repeats it
 EVALUATE_EVENTS = 10_000
 EVALUATE_SEED = 12345
-# best.pt of a generator follows the classifier AUC of the evaluation's judge (tasks/task_base.py), lower better
+# best.pt of a generator follows the classifier AUC of the evaluation's judge (tasks/base.py), lower better
 GENERATOR_BEST_METRIC = "val_auc"
 
 UNIT_EVENTS = (

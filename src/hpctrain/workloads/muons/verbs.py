@@ -200,9 +200,9 @@ def evaluate(args: argparse.Namespace, found: Located) -> int:
         raise UserError(f"--seed must be non-negative, not {args.seed}")
     _check_classifier(args)
 
-    from hpctrain.workloads.muons import truth_versions
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
     from hpctrain.workloads.muons.models import sampling
+    from hpctrain.workloads.muons.truth import versions as truth_versions
 
     if args.truth:
         truth_versions.get(args.truth)  # an unknown version is one line before the model loads
@@ -353,7 +353,7 @@ def _data_verbs() -> DataVerbs:
 
 
 def wgan_task(cfg: MuonWGANRun, env: ClusterEnv) -> Task[Any]:
-    from hpctrain.workloads.muons.tasks.task import MuonWGANTask
+    from hpctrain.workloads.muons.tasks.wgan import MuonWGANTask
 
     return MuonWGANTask(cfg, env)
 

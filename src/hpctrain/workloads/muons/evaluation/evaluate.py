@@ -23,7 +23,6 @@ from hpctrain.fsutil import atomic_write_text
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.seeding import TRUTH_EVENTS, numpy_rng
 from hpctrain.track.stages import NO_STAGES, Stages
-from hpctrain.workloads.muons import truth_versions
 from hpctrain.workloads.muons.evaluation import quality, two_sample, verdict
 from hpctrain.workloads.muons.evaluation.figures import FEATURES, binned, clean, compare, distributions, sizes
 from hpctrain.workloads.muons.evaluation.quality import ks_statistic, wasserstein_1d
@@ -32,6 +31,7 @@ from hpctrain.workloads.muons.events.stream import ValBatches
 from hpctrain.workloads.muons.models import sampling
 from hpctrain.workloads.muons.models.sampling import LoadedModel
 from hpctrain.workloads.muons.spec import EVALUATE_EVENTS, EVALUATE_SEED, muon_cap
+from hpctrain.workloads.muons.truth import versions as truth_versions
 
 log = logging.getLogger("hpctrain.muons")
 

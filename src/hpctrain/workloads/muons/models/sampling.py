@@ -30,12 +30,13 @@ from hpctrain.runtime.seeding import TRUTH_PRIMARIES, numpy_rng
 from hpctrain.train.checkpoint import Located, locate
 from hpctrain.train.exported import check_params
 from hpctrain.train.parts import load_weights, params_sha256
-from hpctrain.workloads.muons import physics, truth
+from hpctrain.workloads.muons import physics
 from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.events.files import local_files
 from hpctrain.workloads.muons.models import primaries as named
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import SAMPLE_BATCH, muon_cap
+from hpctrain.workloads.muons.truth import v1 as truth
 from hpctrain.workloads.registry import config_model, task_factory
 
 log = logging.getLogger("hpctrain.muons")

@@ -16,7 +16,7 @@ from hpctrain.workloads.muons.events.batch import MuonBatch
 from hpctrain.workloads.muons.models.losses import likelihood_losses
 from hpctrain.workloads.muons.models.networks import Generator, MultiplicityHead, event_index
 from hpctrain.workloads.muons.spec import MuonFlowRun, MuonMultiplicityRun, muon_cap
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase, StepRng
+from hpctrain.workloads.muons.tasks.base import MuonTaskBase, StepRng
 
 EVAL_SEED = 7_654_321  # the evaluation's latent noise: its own fixed stream, the same at every evaluation
 

@@ -10,7 +10,8 @@ import logging
 from types import ModuleType
 
 from hpctrain.errors import UserError
-from hpctrain.workloads.muons import truth, truth_v2
+from hpctrain.workloads.muons.truth import v1 as truth
+from hpctrain.workloads.muons.truth import v2 as truth_v2
 
 log = logging.getLogger("hpctrain.muons")
 

@@ -40,7 +40,7 @@ from hpctrain.workloads.muons.models.networks import (
     event_index,
 )
 from hpctrain.workloads.muons.spec import MuonWGANRun, muon_cap
-from hpctrain.workloads.muons.tasks.task_base import MuonTaskBase, StepRng
+from hpctrain.workloads.muons.tasks.base import MuonTaskBase, StepRng
 
 log = logging.getLogger(__name__)
 EVAL_SEED = 1_234_567  # evaluation fakes come from their own stream: comparable across evaluations

@@ -1,4 +1,4 @@
-"""Truth v2: the synthetic truth with event-wide structure (truth v1, `truth.py`, is kept unchanged).
+"""Truth v2: the synthetic truth with event-wide structure (truth v1, `v1.py`, is kept unchanged).
 
 Given the primary and N, v1's muons are independent and identically distributed and their energy spectrum at
 depth is the same everywhere: a generator that ignores everything but N passes its per-feature judge. v2 keeps
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpctrain.workloads.muons.truth import (
+from hpctrain.workloads.muons.truth.v1 import (
     ELOSS_A,
     ELOSS_B,
     ICE_DENSITY,
