@@ -99,9 +99,8 @@ def _inductor_cache_problem() -> str | None:
     from hpctrain.fsutil import PRIVATE_MODE, make_folders
 
     try:
-        make_folders(
-            Path(value), PRIVATE_MODE
-        )  # as train makes it (train/compile/cache.py): the user's alone
+        # as train makes it (train/compile/cache.py): the user's alone
+        make_folders(Path(value), PRIVATE_MODE)
         if not os.path.isdir(value):
             raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
     except OSError as exc:

@@ -116,9 +116,8 @@ class Supervisor:
         self.received: list[int] = []  # signals to forward, in order (the handler only appends)
         self.forwarded = 0  # how many of them reached a child
         self.stopping: int | None = None  # the first signal received: supervision ends
-        self._attempt_start = (
-            0.0  # when the current attempt began (a cancel mark newer than it ends supervision)
-        )
+        # when the current attempt began (a cancel mark newer than it ends supervision)
+        self._attempt_start = 0.0
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._handler) for sig in FORWARDED}

@@ -36,9 +36,8 @@ class Checkpointer:
         self.remote = RemoteCheckpoints(cfg)  # pelican:// checkpoint.dir / mirror_to uploads
         self._mirror: threading.Thread | None = None
         self._mirror_copier: FolderMirror | None = None  # one per run: it remembers what a remote has
-        self._mirror_error: str | None = (
-            None  # why the last mirror copy failed (None: it arrived, or none ran)
-        )
+        # why the last mirror copy failed (None: it arrived, or none ran)
+        self._mirror_error: str | None = None
 
     def hop_identity(self) -> dict[str, Any]:
         """What chain.json and the hop's first metrics record say about this hop's configuration."""

@@ -32,9 +32,8 @@ class LengthChange:
     old: LRSchedule  # the schedule over the old length (the checkpoint's stages)
     new: LRSchedule  # the schedule this hop trains with
     base_lrs: dict[str, float]  # each optimizer's LR before the schedule's factor
-    first_moved: (
-        int | None
-    )  # the first update already trained that the new schedule gives another LR (None: none)
+    # the first update already trained that the new schedule gives another LR (None: none)
+    first_moved: int | None
 
     @property
     def trains_nothing(self) -> bool:

@@ -66,9 +66,8 @@ class ResumeKind(enum.Enum):
     FRESH = "fresh"  # nothing to continue: update 0
     LATEST = "latest"  # this run folder's latest checkpoint
     REWIND = "rewind"  # checkpoint.resume=best | step_N: back to one of this folder's own checkpoints, once
-    RESTART = (
-        "restart"  # checkpoint.resume=<path>, checkpoint.restart=true: everything from another checkpoint
-    )
+    # checkpoint.resume=<path>, checkpoint.restart=true: everything from another checkpoint
+    RESTART = "restart"
     FINETUNE = "finetune"  # checkpoint.resume=<path>, restart=false: its weights only
 
 
@@ -98,9 +97,8 @@ class Resumed:
     """What a resume did, for the log and for the saves to come."""
 
     said: str  # the line for the log
-    last_saved_step: int | None = (
-        None  # the update of the checkpoint loaded (None: nothing of this run loaded)
-    )
+    # the update of the checkpoint loaded (None: nothing of this run loaded)
+    last_saved_step: int | None = None
     config_changes: list[dict[str, Any]] = field(default_factory=list)  # every hop's, kept in each snapshot
     changes: dict[str, dict[str, list[Any]]] = field(default_factory=lambda: {"accepted": {}, "allowed": {}})
     length_note: str = ""  # what a new length does to the LR, said after the resume line

@@ -323,9 +323,8 @@ class RunLock:
             with atomic_path(self.path) as tmp:
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 if self._flock:  # the lock goes with the file: it is held from the moment run.lock names it
-                    fcntl.flock(
-                        fd, fcntl.LOCK_EX | fcntl.LOCK_NB
-                    )  # nobody else knows this file: never blocks
+                    # nobody else knows this file: never blocks
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.write(fd, (json.dumps(asdict(record)) + "\n").encode())
         except BaseException:
             if fd is not None:

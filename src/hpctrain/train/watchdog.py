@@ -150,9 +150,8 @@ class HangWatchdog:
             time.sleep(0.2)
         reports = self._reports()
         self.line = verdict(reports, self.env.world_size, self.seconds, self.folder)
-        say = self.env.rank == min(
-            (r["rank"] for r in reports), default=self.env.rank
-        )  # rank 0, or the lowest
+        # rank 0, or the lowest
+        say = self.env.rank == min((r["rank"] for r in reports), default=self.env.rank)
         # Saying and recording may block where the main thread is stuck (a full pipe, a hung file system): in a
         # thread of their own, given the grace, and the process ends either way.
         record = threading.Thread(target=self._record, args=(say,), name="hpctrain-hang-record", daemon=True)

@@ -100,9 +100,8 @@ class Verbs:
     evaluate: ModelVerb | None = None
     evaluate_files: FilesVerb | None = None  # `hpctrain evaluate --sample FILES --data FILES`
     report: Callable[[], WorkloadReport] | None = None  # what `hpctrain report` draws beyond the generic part
-    sampler: Callable[[Any], Any] | None = (
-        None  # hpctrain.load(...).sampler, given the workloads.trained.Trained
-    )
+    # hpctrain.load(...).sampler, given the workloads.trained.Trained
+    sampler: Callable[[Any], Any] | None = None
 
     def model_verb(self, verb: str) -> ModelVerb | None:
         """The `hpctrain <verb>` (sample or evaluate) the workload offers, or None."""

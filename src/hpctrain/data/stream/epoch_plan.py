@@ -95,12 +95,10 @@ class WorkItem:
     epoch: int
     chunk: int
     pieces: list[Piece]
-    paths: dict[int, str] | None = (
-        None  # staged inputs: file -> local path (a file that could not be: missing)
-    )
-    loan: Loan | None = (
-        None  # a buffer for the result, lent by the main process (data/stream/lent_buffers.py)
-    )
+    # staged inputs: file -> local path (a file that could not be: missing)
+    paths: dict[int, str] | None = None
+    # a buffer for the result, lent by the main process (data/stream/lent_buffers.py)
+    loan: Loan | None = None
 
 
 class PieceSize(NamedTuple):

@@ -49,9 +49,8 @@ class FieldTask(SupervisedTask[FieldsRun]):
         if d.path is None:
             return [d.omega_m, d.sigma_8]  # tuples already (pydantic)
         if d.kind == "des":
-            self.dataset(
-                "train"
-            )  # opened now: missing or misshapen files are one line before anything is built
+            # opened now: missing or misshapen files are one line before anything is built
+            self.dataset("train")
             return [d.omega_m, d.sigma_8]  # the box of the simulations the survey's maps are compared with
         train = self.dataset("train")
         shards = train.inner if isinstance(train, First) else train

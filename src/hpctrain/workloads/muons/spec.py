@@ -33,9 +33,8 @@ EVALUATE_SEED = 12345
 # best.pt of a generator follows the classifier AUC of the evaluation's judge (tasks/base.py), lower better
 GENERATOR_BEST_METRIC = "val_auc"
 
-UNIT_EVENTS = (
-    65536  # events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says
-)
+# events of an HDF5 file read at once (its "row group"), unless data.hdf5_unit_events says
+UNIT_EVENTS = 65536
 
 
 class MuonData(DataConfigBase):

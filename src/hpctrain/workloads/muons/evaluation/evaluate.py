@@ -105,9 +105,8 @@ def evaluate_model(
     true, floor, reference, clamped = reference_samples(n_events, seed, cap, data, truth)
     torch.manual_seed(seed)
     only: tuple[str, ...] = ("multiplicity",) if model.model_type == "muon_multiplicity" else FEATURES
-    draws_n = (
-        len(floor) if data is None else 2 + quality.FLOOR_DRAWS
-    )  # held out: both halves, then the splits
+    # held out: both halves, then the splits
+    draws_n = len(floor) if data is None else 2 + quality.FLOOR_DRAWS
     what = "multiplicities" if only != FEATURES else "bundles"
     stages.stage(
         f"generating {draws_n} x {len(true)} {what} (ours, as many draws as the floor)",

@@ -58,9 +58,8 @@ class Decoded:
     """The needed units of a chunk decoded and concatenated."""
 
     events: layouts.Events
-    base: (
-        np.ndarray
-    )  # (units of the chunk,) first row of each unit in `events` (-1: not decoded or unreadable)
+    # (units of the chunk,) first row of each unit in `events` (-1: not decoded or unreadable)
+    base: np.ndarray
     sources: list[tuple[int, int]]  # (file, unit) of each decoded unit, in order
     keys: list[tuple[int, int, int, tuple[int, int, int]]]  # (file, unit, rows, file identity) of each
 

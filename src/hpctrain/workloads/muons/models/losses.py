@@ -79,9 +79,8 @@ def pair_muons(
         real_index = (torch.cumsum(real_counts, 0) - real_counts)[event] + rank
         fake_index = (torch.cumsum(fake_counts, 0) - fake_counts)[event] + rank
     if max_pairs and total > max_pairs:
-        keep = (
-            torch.randperm(total, device=device, generator=generator)[:max_pairs].sort().values
-        )  # sorted: events stay grouped
+        # sorted: events stay grouped
+        keep = torch.randperm(total, device=device, generator=generator)[:max_pairs].sort().values
         real_index, fake_index, event = real_index[keep], fake_index[keep], event[keep]
         per_event = torch.zeros(b, dtype=torch.int64, device=device).index_add(
             0, event, torch.ones_like(event)
@@ -107,9 +106,8 @@ def gradient_penalty(
     `penalty` computes it from the interpolated muons: `penalty_of` (double backward, eager) by default, or
     a compiled `functional_penalty`; the random draws stay here, outside any compiled code."""
     b = primaries.shape[0]
-    alpha = torch.rand(b, 1, device=primaries.device, generator=generator).to(
-        real_muons.dtype
-    )  # one per event
+    # one per event
+    alpha = torch.rand(b, 1, device=primaries.device, generator=generator).to(real_muons.dtype)
     a = alpha[pairs.event]  # (P, 1)
     mixed = a * real_muons[pairs.real_index].detach() + (1 - a) * fake_muons[pairs.fake_index].detach()
     # the multiplicity the critic sees is interpolated too; pooling runs over the kept pairs

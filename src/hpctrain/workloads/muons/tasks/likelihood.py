@@ -103,9 +103,8 @@ class MuonFlowTask(MuonTaskBase[MuonFlowRun]):
     def eval_step(self, batch: MuonBatch, ctx: UpdateContext) -> dict[str, torch.Tensor]:
         if self._eval_rng is None or self._eval_rng.device != ctx.device:
             self._eval_rng = torch.Generator(device=ctx.device)
-        self._eval_rng.manual_seed(
-            EVAL_SEED + len(batch)
-        )  # the same noise for the same batch, every evaluation
+        # the same noise for the same batch, every evaluation
+        self._eval_rng.manual_seed(EVAL_SEED + len(batch))
         mult, muon = self._losses(ctx.raw_modules["generator"], batch, self._eval_rng)
         n, m = float(len(batch)), float(batch.num_muons)
         return {
