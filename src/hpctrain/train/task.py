@@ -202,8 +202,9 @@ class Task(ABC, Generic[C]):
         pass
 
 
-# What the workload registry hands the engine: (the validated config, this process's ClusterEnv) -> its Task.
-TaskFactory = Callable[[ConfigBase, ClusterEnv], "Task[ConfigBase]"]
+# What the workload registry hands the engine: (the validated config of its model type, this process's
+# ClusterEnv) -> its Task. `Any`: each workload's factory takes its own config class.
+TaskFactory = Callable[[Any, ClusterEnv], "Task[Any]"]
 
 
 def halve_tree(data: Any) -> tuple[Any, Any] | None:

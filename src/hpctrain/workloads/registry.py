@@ -36,11 +36,9 @@ if TYPE_CHECKING:
     from hpctrain.config.schema import ConfigBase
     from hpctrain.runtime.env import ClusterEnv
     from hpctrain.train.checkpoint import Located
-    from hpctrain.train.task import Task
+    from hpctrain.train.task import Task, TaskFactory
 
 DEFAULT_WORKLOAD = "regression"
-
-TaskFactory = Callable[[Any, "ClusterEnv"], "Task[Any]"]  # (cfg of its model type, env) -> its Task
 
 
 @dataclass(frozen=True)
