@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.config.dump import config_hash
 from hpctrain.config.schema import ConfigBase
@@ -26,8 +26,12 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
+    """Saves the parts registered with it (once, when they exist; a part replaced later, as rank 0's trackers
+    at the start of tracking, is registered again under its name): every save and resume sees the same dict."""
+
     def __init__(self, cfg: ConfigBase, store: CheckpointStore, is_main: bool) -> None:
         self.cfg, self.store, self.is_main = cfg, store, is_main
+        self.parts: Parts = {}  # name in the snapshot -> the live object (state_dict / load_state_dict)
         self.last_saved_step: int | None = None  # set by a resume too
         # Every hop's config changes so far (kept in each snapshot) and this hop's, set by the resume
         # (resume.Resumed): {"accepted": {key: [old, new]}, "allowed": ...}.
@@ -47,9 +51,14 @@ class Checkpointer:
             "allowed_changes": self.changes["allowed"],
         }
 
-    def save(self, parts: Parts, step: int, trackers: Trackers, best: bool = False) -> None:
+    def register(self, **parts: Any) -> None:
+        """Parts by the names the snapshot keeps them under; None (an optional part this run lacks) is none."""
+        self.parts.update({name: part for name, part in parts.items() if part is not None})
+
+    def save(self, step: int, best: bool = False) -> None:
         """Every rank: build the snapshot (a collective inside); rank 0 commits it; all wait for the commit."""
-        state = snapshot(parts, self.cfg, self.config_changes)
+        state = snapshot(self.parts, self.cfg, self.config_changes)
+        trackers = cast("Trackers", self.parts["trackers"])
         if self.is_main:
             # The previous mirror copy reads files this save replaces and prunes: let it finish first.
             self.close()

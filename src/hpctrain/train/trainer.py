@@ -54,7 +54,7 @@ from hpctrain.train.outcome import (
     nonfinite_message,
     summary_record,
 )
-from hpctrain.train.parts import Group, Parts, params_sha256
+from hpctrain.train.parts import Group, params_sha256
 from hpctrain.train.profile import NoProfiler, WindowProfiler, build_profiler
 from hpctrain.train.resume import Where, resume
 from hpctrain.train.runlock import RunLock, lock_run_folder
@@ -183,34 +183,23 @@ class Trainer:
         seed_everything(derive(self.cfg.run.seed, RANK_STREAM, self.env.rank))
         self.budget.save.initial = self.setup.save_guess(self.raw_modules)
         self.ran = hop_record(self.env, self.device, self.config_file)  # one gather, once per hop
+        # the stateful parts a checkpoint holds (parts.py), by the names its snapshot keeps them under
+        self.checkpointer.register(
+            modules=Group(self.raw_modules), optimizers=Group(self.optimizers), counters=self.counters,
+            data=self.train_stream, task=self.task, budget=self.budget, trackers=self.trackers, oom=self.oom,
+            spikes=self.spikes, scaler=self.ctx.scaler,
+        )  # fmt: skip
 
     def resume(self) -> str:
         """Load what checkpoint.resume/restart say into the parts (resume.py); returns what happened, for the
         log."""
         where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
-        done = resume(self.parts(), self.store, where)
+        done = resume(self.checkpointer.parts, self.store, where)
         self.checkpointer.last_saved_step = done.last_saved_step
         self.checkpointer.config_changes, self.checkpointer.changes = done.config_changes, done.changes
         if self.env.is_main:
             self.chain = ChainLog(self.run_dir)  # a fresh start may have moved the old run's chain.json aside
         return f"{done.said}\n{done.length_note}" if done.length_note else done.said
-
-    def parts(self) -> Parts:
-        """The stateful parts a checkpoint holds (parts.py), by the names its snapshot keeps them under."""
-        parts: Parts = {
-            "modules": Group(self.raw_modules),
-            "optimizers": Group(self.optimizers),
-            "counters": self.counters,
-            "data": self.train_stream,
-            "task": self.task,
-            "budget": self.budget,
-            "trackers": self.trackers,
-            "oom": self.oom,
-            "spikes": self.spikes,
-        }
-        if self.ctx.scaler is not None:
-            parts["scaler"] = self.ctx.scaler
-        return parts
 
     def start_tracking(self, log_file: TextIO | None = None) -> None:
         """Rank 0: trackers, the console (its plain lines also into `log_file`) and the hardware monitor."""
@@ -228,6 +217,7 @@ class Trainer:
             log_file, self.device.type == "cuda",
         )  # fmt: skip
         self._closers.append(self.monitor.close)
+        self.checkpointer.register(trackers=self.trackers)
 
     # ---- the loop ------------------------------------------------------------------------------------------
 
@@ -289,7 +279,9 @@ class Trainer:
     def _rewind(self, spike: Rewind) -> None:
         """Back to the last checkpoint as a new hop would resume from it, the LR scaled (spikes.py)."""
         where = Where(self.cfg, self.env, self.run_dir, self.schedule, self.base_lrs)
-        self.checkpointer.last_saved_step = self.spikes.rewind(spike, self.parts(), self.store, where)
+        self.checkpointer.last_saved_step = self.spikes.rewind(
+            spike, self.checkpointer.parts, self.store, where
+        )
         self.window.restart(self.counters.step)  # the losses of the updates undone
         self.schedule.applied, self.log_line.last_step = None, self.counters.step
 
@@ -463,7 +455,7 @@ class Trainer:
     def _save(self, best: bool = False) -> None:
         self._check_finite()
         start = time.perf_counter()
-        self.checkpointer.save(self.parts(), self.counters.step, self.trackers, best=best)
+        self.checkpointer.save(self.counters.step, best=best)
         seconds = time.perf_counter() - start
         self.timers.add("checkpoint", seconds)
         self.budget.save.observe(seconds)
