@@ -101,7 +101,7 @@ def main() -> None:
 
     truth_s, truth_kb, _ = timed(
         ["data", "generate", "--kind", "muons", "--out", str(work / "truth"), "--files", "1",
-         "--events-per-file", str(args.events), "--seed", "9"], args.threads,
+         "--events-per-file", str(args.events), "--seed", "9", "--overwrite"], args.threads,
     )  # fmt: skip
     truth_muons = int(re.search(r"(\d+) muons", _).group(1))  # type: ignore[union-attr]
     rows = []
@@ -111,9 +111,15 @@ def main() -> None:
         f"{truth_kb / 1024:>9.0f}"
     )
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    for batch in batches:
-        rows.append(sample_row(model, work, batch, args))
-    previous_rows = [sample_row(previous, work, b, args, "previous") for b in batches[:1]] if previous else []
+    # the first batch size: the two models' processes interleaved (model, previous, previous, model, ...), so a
+    # change of the machine's load during the run falls on both alike
+    first = sample_rows(
+        {"sample": model, **({"previous": previous} if previous else {})}, work, batches[0], args
+    )
+    rows.append(first["sample"])
+    for batch in batches[1:]:
+        rows.append(sample_rows({"sample": model}, work, batch, args)["sample"])
+    previous_rows = [first["previous"]] if previous else []
     best = max(rows, key=lambda r: r["bundles_per_s"])
     truth = {"seconds": round(truth_s, 2), "bundles_per_s": args.events / truth_s, "peak_mb": truth_kb / 1024}
     truth["muons_per_s"] = truth_muons / truth_s
@@ -121,11 +127,12 @@ def main() -> None:
     print(f"best sampler / truth process (bundles/s, whole process incl. start-up) = {ratio:.2f}")
     figures: dict[str, object] = {"events": args.events, "model": model, "truth": truth, "sample": rows}
     figures["ratio"] = ratio
-    figures["ms_per_event"] = {"model": per_event_ms(model, args.threads)}
+    figures["ms_per_event"] = per_event_ms(
+        {"model": model, **({"previous": previous} if previous else {})}, args.threads
+    )
     if previous is not None:
         figures["previous"] = previous_rows
         figures["previous_ratio"] = rows[0]["bundles_per_s"] / previous_rows[0]["bundles_per_s"]
-        figures["ms_per_event"]["previous"] = per_event_ms(previous, args.threads)  # type: ignore[index]
         print(
             f"model / previous default at batch {batches[0]} (bundles/s, median of {args.repeats}) = "
             f"{figures['previous_ratio']:.2f}"
@@ -135,18 +142,25 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def sample_row(model: str, work: Path, batch: int, args: argparse.Namespace, who: str = "sample") -> dict:
-    """The median of `args.repeats` `hpctrain sample` processes at this batch size."""
-    out = work / f"gen_{who}_{batch}.parquet"
-    runs = []
-    for _ in range(args.repeats):
-        seconds, kb, text = timed(
-            ["sample", model, "--n-events", str(args.events), "--batch-size", str(batch), "--out", str(out),
-             "--device", "cpu", "--seed", "1", "--overwrite"], args.threads,
-        )  # fmt: skip
-        match = re.search(r"wrote (\d+) events, (\d+) muons .*, ([\d.]+) s\)", text)
-        assert match is not None, text
-        runs.append((seconds, kb, int(match.group(2)), float(match.group(3))))
+def sample_rows(models: dict[str, str], work: Path, batch: int, args: argparse.Namespace) -> dict[str, dict]:
+    """For each model (who -> run folder), the median of `args.repeats` `hpctrain sample` processes at this
+    batch size; the models' processes interleaved, in an order that turns each repeat (ABBA...)."""
+    runs: dict[str, list[tuple[float, int, int, float]]] = {who: [] for who in models}
+    for repeat in range(args.repeats):
+        order = list(models) if repeat % 2 == 0 else list(reversed(models))
+        for who in order:
+            out = work / f"gen_{who}_{batch}.parquet"
+            seconds, kb, text = timed(
+                ["sample", models[who], "--n-events", str(args.events), "--batch-size", str(batch), "--out",
+                 str(out), "--device", "cpu", "--seed", "1", "--overwrite"], args.threads,
+            )  # fmt: skip
+            match = re.search(r"wrote (\d+) events, (\d+) muons .*, ([\d.]+) s\)", text)
+            assert match is not None, text
+            runs[who].append((seconds, kb, int(match.group(2)), float(match.group(3))))
+    return {who: _row(who, batch, got, args) for who, got in runs.items()}
+
+
+def _row(who: str, batch: int, runs: list[tuple[float, int, int, float]], args: argparse.Namespace) -> dict:
     seconds, kb, muons, inner = sorted(runs)[len(runs) // 2]
     row = {
         "batch_size": batch,
@@ -164,8 +178,10 @@ def sample_row(model: str, work: Path, batch: int, args: argparse.Namespace, who
     return row
 
 
-def per_event_ms(model: str, threads: int) -> dict[int, float]:
-    """Milliseconds per event of Sampler.generate in this process, at batch 1, 100 and 10,000 (median of 3)."""
+def per_event_ms(models: dict[str, str], threads: int) -> dict[str, dict[int, float]]:
+    """For each model, milliseconds per event of Sampler.generate in this process at batch 1, 100 and 10,000
+    (median of 3; the models loaded and warmed first, then timed in turn, so neither pays the process's
+    warm-up)."""
     import numpy as np
     import torch
 
@@ -173,20 +189,21 @@ def per_event_ms(model: str, threads: int) -> dict[int, float]:
     from hpctrain.workloads.muons.truth import v1 as truth
 
     torch.set_num_threads(threads)
-    sampler = hpctrain.load(model, device="cpu").sampler
+    samplers = {who: hpctrain.load(path, device="cpu").sampler for who, path in models.items()}
     rng = np.random.default_rng(3)
-    out = {}
+    times: dict[str, dict[int, list[float]]] = {who: {} for who in models}
     for batch, calls in ((1, 200), (100, 20), (10_000, 2)):
         primaries = truth.sample_primaries(batch, rng)
-        sampler.generate(primaries, seed=0, batch_size=batch)  # warm
-        times = []
+        for sampler in samplers.values():
+            sampler.generate(primaries, seed=0, batch_size=batch)  # warm
         for _ in range(3):
-            start = time.perf_counter()
-            for i in range(calls):
-                sampler.generate(primaries, seed=i, batch_size=batch)
-            times.append((time.perf_counter() - start) / (calls * batch) * 1000.0)
-        out[batch] = float(sorted(times)[1])
-    return out
+            for who, sampler in samplers.items():
+                start = time.perf_counter()
+                for i in range(calls):
+                    sampler.generate(primaries, seed=i, batch_size=batch)
+                elapsed = (time.perf_counter() - start) / (calls * batch) * 1000.0
+                times[who].setdefault(batch, []).append(elapsed)
+    return {who: {b: float(sorted(t)[1]) for b, t in got.items()} for who, got in times.items()}
 
 
 if __name__ == "__main__":

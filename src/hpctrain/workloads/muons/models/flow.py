@@ -221,15 +221,15 @@ class MuonFlow(nn.Module):
     def _params(
         self, context: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The energy spline (B, n) per event and its loc, log scale (M,) per muon; the lateral spline (B, n)
-        per event; and the lateral net's context part (M, half) per muon. The spline parameters leave in fp32
-        whatever the autocast precision: the spline's softmax, cumsum, divisions and logs in bf16 made a NaN loss
-        after ~1100 updates of the default muon_flow (knot gaps rounded to 0); the cast is exact."""
+        """The energy spline (B, n), loc and log scale (B,) per event; the lateral spline (B, n) per event; and
+        the lateral net's context part (M, half) per muon. The spline parameters leave in fp32 whatever the
+        autocast precision: the spline's softmax, cumsum, divisions and logs in bf16 made a NaN loss after ~1100
+        updates of the default muon_flow (knot gaps rounded to 0); the cast is exact."""
         n = self.n_spline
         per_event = self.event_net(context).float()  # (B, 2n + 2)
-        affine = per_event[:, n : n + 2].index_select(0, index)  # (M, 2)
         lateral_ctx = self.lateral_context(context).index_select(0, index)  # (M, half)
-        return per_event[:, :n], affine[:, 0], affine[:, 1], per_event[:, n + 2 :], lateral_ctx
+        loc, log_scale = per_event[:, n], per_event[:, n + 1].clamp(-5.0, 5.0)
+        return per_event[:, :n], loc, log_scale, per_event[:, n + 2 :], lateral_ctx
 
     def _gap_params(
         self, context: torch.Tensor, a_lead: torch.Tensor, index: torch.Tensor
@@ -247,9 +247,10 @@ class MuonFlow(nn.Module):
         self, lateral_ctx: torch.Tensor, a: torch.Tensor, lead: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         muon_in = a.unsqueeze(1) if lead is None else torch.stack([a, lead.to(a.dtype)], 1)
-        out = self.lateral_net(
-            lateral_ctx + self.lateral_energy(muon_in.to(lateral_ctx.dtype))
-        ).float()  # (M, 2), fp32 as above
+        # lateral_ctx + lateral_energy(muon_in) in one addmm: one (M, half) pass fewer
+        weight = self.lateral_energy.weight
+        first = torch.addmm(lateral_ctx, muon_in.to(weight.dtype), weight.t())
+        out = self.lateral_net(first).float()  # (M, 2), fp32 as above
         return out[:, 0], out[:, 1].clamp(-5.0, 5.0)
 
     def _below_lead(self, u: torch.Tensor, a_lead: torch.Tensor) -> torch.Tensor:
@@ -261,15 +262,23 @@ class MuonFlow(nn.Module):
         event (with `leading`, the first of each event leads); noise (M, 3) standard normals. Differentiable
         in the parameters (a generator's forward)."""
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
-        a = _transform(noise[:, 0], e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0), index)
         lead = None
         if self.leading:
+            # the leading (first) muon's energy per EVENT (B rows, not M: the others' come from the gap), 0 for
+            # events without muons; then every other muon under it
+            events = context.shape[0]
+            counts = index.new_zeros(events).index_add(0, index, torch.ones_like(index))
+            first = (torch.cumsum(counts, 0) - counts).clamp(max=max(index.shape[0] - 1, 0))
+            z_lead = noise[:, 0].index_select(0, first) if index.shape[0] else noise.new_zeros(events)
+            a_lead = _transform(z_lead, e_spline, e_loc, e_log_scale)
+            a_lead = torch.where(counts > 0, a_lead, 0.0)
             lead = first_of_events(index)
-            # the leading energies per event (0 for events without muons), then every other muon under it
-            a_lead = a.new_zeros(context.shape[0]).index_add(0, index, torch.where(lead, a, 0.0))
             g_spline, g_loc, g_log_scale = self._gap_params(context, a_lead, index)
             u = _transform(noise[:, 0], g_spline, g_loc, g_log_scale, index)
-            a = torch.where(lead, a, self._below_lead(u, a_lead[index]))
+            a_top = a_lead[index]
+            a = torch.where(lead, a_top, self._below_lead(u, a_top))
+        else:
+            a = _transform(noise[:, 0], e_spline, e_loc[index], e_log_scale[index], index)
         l_loc, l_log_scale = self._lateral_affine(lateral_ctx, a, lead)
         b = _transform(noise[:, 1], l_spline, l_loc, l_log_scale, index)
         log10_e = self.center[0] + self.scale[0] * a
@@ -283,7 +292,7 @@ class MuonFlow(nn.Module):
         v = (self.polar(muons) - self.center) / self.scale  # (M, 2)
         a = v[:, 0]
         e_spline, e_loc, e_log_scale, l_spline, lateral_ctx = self._params(context, index)
-        log_p = _log_prob(a, e_spline, e_loc, e_log_scale.clamp(-5.0, 5.0), index)
+        log_p = _log_prob(a, e_spline, e_loc[index], e_log_scale[index], index)
         lead = None
         if self.leading:
             events = context.shape[0]

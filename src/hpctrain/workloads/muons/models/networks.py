@@ -291,6 +291,7 @@ class Generator(nn.Module):
         real: torch.Tensor | None = None,
         sample: bool = True,
         z_posterior: torch.Tensor | None = None,
+        normalised: bool = False,
     ) -> GeneratorOutput:
         """Muons (M, 3) IN SCALED UNITS (`scaler.inverse` gives normalised muons) for events with these counts
         (index (M,) their event), and the NB parameters (log mu (B,), log r (B,)) for the multiplicity
@@ -301,7 +302,8 @@ class Generator(nn.Module):
         latent encoder, the real muons' density is taken under z = mean + sd * eps of their posterior, eps =
         `z_posterior` (default: `z_global` when nothing is sampled, else drawn), and its KL from the prior is
         returned. `z_global` is standard normal: with a conditional prior, generated events take
-        z = prior mean + prior sd * z_global."""
+        z = prior mean + prior sd * z_global. `normalised` (sampling): the muons in normalised units instead
+        (the flow head's own output, without a round trip through the scaled space's asinh and sinh)."""
         if not sample and (self.flow is None or real is None):
             raise ValueError("sample=False needs the flow head and real muons")
         if z_global is None or z_local is None:
@@ -314,11 +316,8 @@ class Generator(nn.Module):
         context = self.context(primaries, counts, z_drawn) if sample or self.encoder is None else z_drawn
         log_mu, log_r = self.multiplicity(primaries)
         if self.flow is not None:
-            muons = (
-                self.scaler(self.flow.sample(context, index, z_local))
-                if sample
-                else primaries.new_zeros((0, 3))
-            )
+            muons = self.flow.sample(context, index, z_local) if sample else primaries.new_zeros((0, 3))
+            muons = muons if normalised else self.scaler(muons)
             if real is None:
                 return GeneratorOutput(muons, log_mu, log_r)
             if self.encoder is None:
@@ -338,7 +337,7 @@ class Generator(nn.Module):
         muons = self.local_net(first)  # (M, 3) scaled
         if self.isotropic and muons.shape[0]:
             muons = self._turn(muons, z_local[:, -1])
-        return GeneratorOutput(muons, log_mu, log_r)
+        return GeneratorOutput(self.scaler.inverse(muons) if normalised else muons, log_mu, log_r)
 
     def _turn(self, scaled: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Rotate each muon's (x, y) about the shower axis by 2 pi Phi(z) (z ~ N(0, 1): a uniform azimuth),
@@ -356,8 +355,7 @@ class Generator(nn.Module):
         the size)."""
         counts = self.multiplicity.sample(primaries, cap=cap)
         total = int(counts.sum())
-        muons = self(primaries, counts, event_index(counts, total)).muons
-        return counts, self.scaler.inverse(muons)
+        return counts, self(primaries, counts, event_index(counts, total), normalised=True).muons
 
 
 class Critic(nn.Module):
