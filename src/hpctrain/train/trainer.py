@@ -141,9 +141,8 @@ class Trainer:
         self.ctx = self.setup.context(
             self.modules, self.raw_modules, self.optimizers, self.guard, self.spikes
         )
-        self.oom = OomGuard(
-            self.cfg, self.task, self.env, self.ctx, lambda: self.checkpointer.last_saved_step
-        )
+        saved = lambda: self.checkpointer.last_saved_step  # noqa: E731
+        self.oom = OomGuard(self.cfg.train, self.cfg.data, self.task, self.env, self.ctx, saved)
         self.train_stream = self.task.train_stream(self.cfg.run.seed)
         self._closers.append(self.train_stream.close)
         self.counters.total_updates = self.setup.total_updates(self.train_stream)
@@ -161,7 +160,7 @@ class Trainer:
         self.has_val = self.setup.has_val()
         self.cadence = Cadences.build(self.cfg, self.counters.total_updates, self.has_val, self.budget)
         self.evaluator = Evaluator(
-            self.task, self.ctx, self.budget, self.cfg.train.eval_batches, self.cfg.run.seed
+            self.task, self.ctx, self.budget, self.cfg.train, self.cfg.checkpoint, self.cfg.run.seed
         )
         progress = lambda: (self.counters.step, self.ctx.backwards, self.evaluator.batches)  # noqa: E731
         self.watchdog = build_watchdog(self.cfg.distributed, self.env, self.run_dir, progress, self._hung)
@@ -405,7 +404,7 @@ class Trainer:
     def _evaluate(self) -> EvalResult:
         self.console.flush()  # the progress lines so far out before the loop goes quiet
         self.trackers.show()
-        result = self.evaluator.run(self.raw_modules, self.counters, self.cfg, self.console.message)
+        result = self.evaluator.run(self.raw_modules, self.counters, self.console.message)
         self.timers.add("eval", result.seconds)
         if result.metrics and self.env.is_main:
             self.trackers.log_scalars(self.counters.step, result.metrics)
