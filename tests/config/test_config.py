@@ -10,6 +10,7 @@ from hpctrain.config import presets
 from hpctrain.config.dump import dump_config
 from hpctrain.config.loading import ConfigRequest, load_config
 from hpctrain.config.schema import OptimConfig, ScheduleConfig
+from hpctrain.config.sections.checkpoint import ResumeForm
 from hpctrain.errors import UserError
 from hpctrain.train.optim import LRSchedule, effective_lr
 from hpctrain.workloads.registry import config_model, fill_default_types
@@ -113,6 +114,7 @@ def test_yaml_interpolates_paths_from_env(tmp_path: Path):
         (["train.spike.max_rewinds=0"], "train.spike.max_rewinds=0"),
         (["train.spike.wndow=9"], "train.spike.wndow=9: unknown key"),
         (["distributed.hang_seconds=-1"], "distributed.hang_seconds=-1"),
+        (["checkpoint.resume= "], "checkpoint.resume=' ': Value error, empty: give auto"),
         (
             ["distributed.hang_seconds=600"],
             "distributed.hang_seconds=600 must be below distributed.timeout_seconds",
@@ -125,6 +127,29 @@ def test_bad_input_exits_2_with_one_line(args: list[str], expected: str, capsys:
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert expected in err
+
+
+def test_checkpoint_resume_is_parsed_once_when_validated_and_dumped_as_written() -> None:
+    """Preflight and resume read `checkpoint.resume_form`, parsed by the validation (config/sections/checkpoint.py);
+    the value itself stays the string written (config show, the run folder's config.yaml)."""
+    for text, form in [
+        ("auto", ResumeForm("auto", "auto")),
+        ("never", ResumeForm("never", "never")),
+        ("best", ResumeForm("rewind", "best")),
+        ("step_007", ResumeForm("rewind", "step_007", 7)),
+        (
+            "runs/old/checkpoints/step_00000002.pt",
+            ResumeForm("given", "runs/old/checkpoints/step_00000002.pt"),
+        ),
+    ]:
+        cfg = load(f"checkpoint.resume={text}")
+        assert cfg.checkpoint.resume_form == form
+        assert dump_config(cfg)["checkpoint"]["resume"] == text
+    cfg = load()
+    cfg.checkpoint.resume = "latest"  # an assignment is validated, and parsed, too
+    assert cfg.checkpoint.resume_form == ResumeForm("latest", "latest")
+    with pytest.raises(ValueError, match="resume\n  Value error, empty"):
+        cfg.checkpoint.resume = ""
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

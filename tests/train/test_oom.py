@@ -125,4 +125,4 @@ def test_halving_a_batch() -> None:
 def test_split_needs_one_process(tmp_path: Path) -> None:
     cfg = cfg_for(tmp_path, "train.on_oom=split")
     with pytest.raises(UserError, match=r"^train.on_oom=split needs one process, not 2: "):
-        OomGuard(cfg, None, ClusterEnv(rank=0, world_size=2), None, lambda: None)  # type: ignore[arg-type]
+        OomGuard(cfg.train, cfg.data, None, ClusterEnv(rank=0, world_size=2), None, lambda: None)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -55,8 +56,10 @@ class Checkpointer:
         """Parts by the names the snapshot keeps them under; None (an optional part this run lacks) is none."""
         self.parts.update({name: part for name, part in parts.items() if part is not None})
 
-    def save(self, step: int, best: bool = False) -> None:
-        """Every rank: build the snapshot (a collective inside); rank 0 commits it; all wait for the commit."""
+    def save(self, step: int, best: bool = False) -> float:
+        """Every rank: build the snapshot (a collective inside); rank 0 commits it; all wait for the commit.
+        Returns the seconds it took (the budget's save estimate)."""
+        start = time.perf_counter()
         state = snapshot(self.parts, self.cfg, self.config_changes)
         trackers = cast("Trackers", self.parts["trackers"])
         if self.is_main:
@@ -83,6 +86,7 @@ class Checkpointer:
                 self._mirror_in_background(path.parent, run_mirror(mirror_to, self.cfg.run.name or ""))
         self.last_saved_step = step
         dist.barrier()
+        return time.perf_counter() - start
 
     def _mirror_in_background(self, folder: Path, dest: str) -> None:
         """Copy in a thread: the training goes on meanwhile (the next save waits for it, see save)."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig
+from hpctrain.config.schema import CheckpointConfig, ConfigBase, EarlyStoppingConfig, TrainConfig
 from hpctrain.runtime import dist
 from hpctrain.runtime.budget import Stop, StopRequested, TimeBudget
 from hpctrain.runtime.dist import ANY, Votes, vote
@@ -49,13 +49,18 @@ class Evaluator:
         task: Task[ConfigBase],
         ctx: UpdateContext,
         budget: TimeBudget,
-        max_batches: int,
+        train: TrainConfig,
+        checkpoint: CheckpointConfig,
         seed: int,
     ) -> None:
+        """Of its sections it reads `train.eval_batches` (0: all) and `train.early_stopping`, and checkpoint's
+        best_metric and best_mode (judge)."""
         self.task = task
         self.ctx = ctx
         self.budget = budget
-        self.max_batches = max_batches  # train.eval_batches (0: all)
+        self.max_batches = train.eval_batches
+        self.early_stopping = train.early_stopping
+        self.checkpoint = checkpoint
         self.seed = seed
         self.batches = 0  # evaluated so far in this process: progress, for the hang watchdog
 
@@ -63,7 +68,6 @@ class Evaluator:
         self,
         raw_modules: dict[str, nn.Module],
         counters: Counters,
-        cfg: ConfigBase,
         say: Callable[[str], None],
     ) -> EvalResult:
         """One evaluation at update `counters.step`, judged (best.pt, early stopping: `counters` updated). A pass a
@@ -87,7 +91,7 @@ class Evaluator:
             say(f"eval at update {counters.step}: the validation data gave no sample to judge")
             return EvalResult(seconds=seconds)
         metrics = {**self.task.finish_eval(sums), **figures}
-        result = judge(metrics, counters, cfg.checkpoint, cfg.train.early_stopping)
+        result = judge(metrics, counters, self.checkpoint, self.early_stopping)
         result.metrics, result.seconds = metrics, seconds
         return result
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hpctrain.config.schema import ConfigBase
+from hpctrain.config.schema import ConfigBase, DataConfigBase, TrainConfig
 from hpctrain.errors import OutOfMemory, UserError
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train.context import Context
@@ -51,20 +51,23 @@ class OomGuard:
 
     def __init__(
         self,
-        cfg: ConfigBase,
+        train: TrainConfig,
+        data: DataConfigBase,
         task: Task[ConfigBase],
         env: ClusterEnv,
         ctx: Context,
         last_saved: Callable[[], int | None],
     ) -> None:
-        """`last_saved`: the update of the last checkpoint (for the line: it is kept as it was)."""
-        self.split_on = cfg.train.on_oom == "split"
+        """Of its sections it reads train.on_oom and, for the line, train.grad_accum_steps and data.batch_size;
+        `last_saved`: the update of the last checkpoint (for the line: it is kept as it was)."""
+        self.split_on = train.on_oom == "split"
         if self.split_on and env.distributed:
             raise UserError(
                 f"train.on_oom=split needs one process, not {env.world_size}: a rank that splits its update "
                 "alone leaves the others' gradient all-reduce; use train.on_oom=stop and lower data.batch_size"
             )
-        self.cfg, self.task, self.env, self.ctx, self.last_saved = cfg, task, env, ctx, last_saved
+        self.train, self.data = train, data
+        self.task, self.env, self.ctx, self.last_saved = task, env, ctx, last_saved
         self.split = 1  # pieces each micro-batch is cut into
 
     def train_step(self, micro: list[MicroBatch], step: int) -> StepOutput:
@@ -143,7 +146,7 @@ class OomGuard:
         memory = f"asked {asked or 'more'}" + (f" with {free} free" if free else "")
         memory += f" of {total}" if total else ""
         samples = max(m.samples for m in micro) // self.split
-        train, data = self.cfg.train, self.cfg.data
+        train, data = self.train, self.data
         where = f"{self.ctx.device}" + (f" (rank {self.env.rank})" if self.env.distributed else "")
         split = f", already split in {self.split}" if self.split > 1 else ""
         saved = self.last_saved()

@@ -137,6 +137,13 @@ def data_failure(error: UserError | None, step: int) -> UserError:
     )
 
 
+def continues_from(status: str, reason: Stop, counters: Counters, saved: int | None) -> int:
+    """The update a next start continues from: a failure or a hang got only as far as its last save."""
+    if status == "failed" or reason == Stop.HANG:
+        return saved if saved is not None else (counters.resumed_step or 0)
+    return counters.step
+
+
 def summary_record(
     status: str, reason: Stop, last: int, state: Counters, digest: str, timers: Timers, hop: dict[str, Any]
 ) -> dict[str, Any]:

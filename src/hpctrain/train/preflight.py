@@ -25,7 +25,7 @@ from hpctrain.fsutil import nearest_existing_folder, not_yours
 from hpctrain.remote.auth import resolve_token
 from hpctrain.remote.uris import PELICAN_SCHEMES, has_magic, is_remote, magic_prefix, split_federation
 from hpctrain.runtime.torch_build import cuda_problem
-from hpctrain.train.resume_forms import GIVEN_MISSING, resume_form
+from hpctrain.train.resume_forms import GIVEN_MISSING
 
 
 def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) -> list[str]:
@@ -68,7 +68,7 @@ def check_config(cfg: ConfigBase, writable: bool = True, device: bool = True) ->
     resume = cfg.checkpoint.resume
     # A file, or a run folder (its latest checkpoint); the other forms are checked against the run folder.
     if (
-        resume_form(resume).kind == "given"
+        cfg.checkpoint.resume_form.kind == "given"
         and not is_remote(resume)
         and not Path(resume).expanduser().exists()
     ):

@@ -178,7 +178,7 @@ class RemoteCheckpoints:
 def pull_working_copy(cfg: Any, store: CheckpointStore) -> None:
     """An empty local working copy of a remote checkpoint.dir gets the remote latest (and its sidecar)."""
     dest = cfg.checkpoint.dir
-    if not dest or cfg.checkpoint.resume == "never" or store.has_checkpoints():
+    if not dest or cfg.checkpoint.resume_form.kind == "never" or store.has_checkpoints():
         return  # never: a new run, whose first upload replaces the remote `latest`
     try:
         got = fetch_checkpoint(dest, store.folder, cfg.data.pelican, log.info)

@@ -48,7 +48,7 @@ from hpctrain.train.counters import Counters
 from hpctrain.train.length import length_change
 from hpctrain.train.parts import Group, Parts
 from hpctrain.train.remote_ckpt import claim_destinations, local_resume_path, pull_working_copy
-from hpctrain.train.resume_forms import GIVEN_MISSING, note_rewind, resume_form, rewound
+from hpctrain.train.resume_forms import GIVEN_MISSING, note_rewind, rewound
 from hpctrain.train.runlock import earlier_history, set_aside_previous_run
 
 if TYPE_CHECKING:
@@ -156,8 +156,8 @@ def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan,
     """The plan and the snapshot it loads, on rank 0 (`total`: the updates this run is configured for)."""
     cfg, run_dir = where.cfg, where.run_dir
     claim_destinations(cfg, run_dir)  # first: another run's copies are refused before anything moves
-    mode = cfg.checkpoint.resume
-    if mode == "never":
+    mode, form = cfg.checkpoint.resume, cfg.checkpoint.resume_form
+    if form.kind == "never":
         if not earlier_history(run_dir):
             return ResumePlan(ResumeKind.FRESH), None
         if not _requeued_same_job(where.env, run_dir):
@@ -167,7 +167,6 @@ def _plan(store: CheckpointStore, where: Where, total: int) -> tuple[ResumePlan,
             "requeued): continuing it",
             where.env.job_id,
         )
-    form = resume_form(mode)
     if form.kind == "rewind" and not rewound(form, run_dir):  # best / step_N: back to one of its own, once
         found = _located(mode, store.folder, mode)
         return ResumePlan(ResumeKind.REWIND, found.file, mode), found.state
@@ -283,7 +282,7 @@ class _Restore:
         elif plan.kind is ResumeKind.REWIND:
             self._full(snap, path, given, _FRESH_HINT)
             if self.where.env.is_main:
-                note_rewind(self.where.run_dir, resume_form(plan.given), path, counters.step)
+                note_rewind(self.where.run_dir, self.where.cfg.checkpoint.resume_form, path, counters.step)
             done.said = f"went back to {path} ({given}) at update {counters.step}"
         elif plan.kind is ResumeKind.RESTART:
             self._full(snap, path, given, _OTHER_HINT)
@@ -436,7 +435,7 @@ class _Restore:
         """Whose configuration differs, and how to start a run of one's own instead."""
         cfg, run_dir = self.where.cfg, self.where.run_dir
         mode = cfg.checkpoint.resume
-        if resume_form(mode).kind == "given":
+        if cfg.checkpoint.resume_form.kind == "given":
             return f"checkpoint {mode}", "start from its weights alone with checkpoint.restart=false"
         name, n = cfg.run.name, 2
         while (run_dir.parent / f"{name}-{n}").exists():

@@ -1,4 +1,5 @@
-"""The forms of `checkpoint.resume`, read in one place.
+"""The forms of `checkpoint.resume` (parsed once, when the config is validated: `cfg.checkpoint.resume_form`,
+config/sections/checkpoint.py) and what each asks for.
 
 auto    continue this run folder's latest checkpoint, or start afresh when it holds none
 never   start afresh (a previous run in the folder is moved aside)
@@ -14,35 +15,17 @@ rewind was applied is kept in <run>/resume_applied.json, so a requeued hop does 
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from hpctrain.config.sections.checkpoint import ResumeForm, resume_form
 from hpctrain.fsutil import atomic_write_json
 from hpctrain.track.chain import read_json
+
+__all__ = ["APPLIED", "GIVEN_MISSING", "ResumeForm", "note_rewind", "resume_form", "rewound"]
 
 APPLIED = "resume_applied.json"
 # checkpoint.resume=<path> where there is nothing (said by preflight on a login node, and by resume)
 GIVEN_MISSING = "no such file or folder (give a checkpoint file or a run folder, or auto | never | latest | best | step_N)"
-_REWIND = re.compile(r"^(?:best|step_0*(\d+))$")
-
-
-@dataclass(frozen=True)
-class ResumeForm:
-    kind: Literal["auto", "never", "latest", "rewind", "given"]
-    text: str
-    step: int | None = None  # step_N: N; best: None
-
-
-def resume_form(text: str) -> ResumeForm:
-    """What `checkpoint.resume=<text>` asks for."""
-    if text in ("auto", "never", "latest"):
-        return ResumeForm(text, text)  # type: ignore[arg-type]
-    match = _REWIND.match(text)
-    if match:
-        return ResumeForm("rewind", text, int(match.group(1)) if match.group(1) else None)
-    return ResumeForm("given", text)
 
 
 def rewound(form: ResumeForm, run_dir: Path) -> bool:

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpctrain.config.schema import ConfigBase
 from hpctrain.errors import UserError
 from hpctrain.runtime import dist
+from hpctrain.runtime.budget import TimeBudget
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.threads import CoreProbe, choose_threads
 from hpctrain.runtime.torch_build import cpu_only_message
@@ -108,14 +109,32 @@ class Setup:
         """Samples per update over all ranks: per-GPU batch x world size x accumulation."""
         return self.cfg.data.batch_size * self.env.world_size * self.cfg.train.grad_accum_steps
 
+    def networks(self) -> dict[str, nn.Module]:
+        """The task's networks, on the device."""
+        raw = self.task.build_modules()
+        for module in raw.values():
+            module.to(self.device)
+        return raw
+
+    def has_val(self) -> bool:
+        """Whether the data has a validation set (without one, train.eval_every is said to be ignored)."""
+        has_val = self.task.build_data("val", self.cfg.run.seed) is not None
+        if self.cfg.train.eval_every and not has_val and self.env.is_main:
+            log.warning(
+                "train.eval_every=%d is ignored: this data has no validation set", self.cfg.train.eval_every
+            )
+        return has_val
+
     def wrap(
-        self, raw: dict[str, nn.Module], compiler: Compiler, seconds_left: float | None = None
+        self, raw: dict[str, nn.Module], compiler: Compiler, budget: TimeBudget | None = None
     ) -> dict[str, nn.Module]:
         """Activation checkpointing, DDP and torch.compile around each network, said in one line at start.
-        `compiler` decides which networks compile and where (train/compile/compiler.py); `seconds_left`: the
-        hop's time (the same on every rank)."""
+        `compiler` decides which networks compile and where (train/compile/compiler.py), given the hop's time
+        left in `budget` (None: unknown)."""
         train = self.cfg.train
-        plan = compiler.plan(raw, seconds_left)
+        # every rank takes rank 0's view of the hop's time (under SLURM only rank 0 asks for the end time)
+        left = dist.broadcast_object(budget.remaining()) if budget is not None else None
+        plan = compiler.plan(raw, left if isinstance(left, float) else None)
         wrapped: dict[str, nn.Module] = {}
         said: list[str] = []
         for name, module in raw.items():

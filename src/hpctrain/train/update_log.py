@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
 from hpctrain.runtime.env import ClusterEnv
+from hpctrain.train.cadence import GuardVotes
 from hpctrain.train.counters import Counters
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.outcome import Timers
@@ -35,6 +37,17 @@ class LossWindow:
         self.guard.check_losses(losses, self.first)
         self.spikes.observe(losses, self.first)
         return losses
+
+    def check_for_save(self, modules: dict[str, nn.Module], step: int) -> None:
+        """Before every save: the losses since the last check and the weights must be finite on every rank,
+        else all ranks raise NonFinite (or Rewind, for a spike) instead of saving (one small collective per
+        save)."""
+        if self.losses:
+            self.checked()  # a spike to rewind from is never saved
+        self.guard.check_weights(modules, step)
+        found = GuardVotes(self.guard.first_bad, self.spikes.found).agree()
+        self.guard.raise_if(found.nonfinite)
+        self.spikes.raise_if(found.spike)
 
     def restart(self, step: int) -> None:
         """The window begins after update `step` (a log line was written, or updates were undone)."""

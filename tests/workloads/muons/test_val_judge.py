@@ -55,7 +55,8 @@ def test_the_judge_gives_the_same_figures_and_leaves_every_random_stream_as_it_w
 ) -> None:
     model = sampling.load_model(trained_wgan, "cpu")
     task = MuonWGANTask(model.cfg, ClusterEnv())
-    evaluator = Evaluator(task, None, None, 0, 0)  # type: ignore[arg-type]  # figures() needs the task alone
+    # figures() needs the task alone
+    evaluator = Evaluator(task, None, None, model.cfg.train, model.cfg.checkpoint, 0)  # type: ignore[arg-type]
     for module in model.modules.values():
         module.train()
     seed_all(7)
@@ -75,7 +76,8 @@ def test_the_judge_gives_the_same_figures_and_leaves_every_random_stream_as_it_w
     assert 0.0 <= first["val_auc"] <= 1.0 and first["val_auc_null_upper"] > 0.5
     # another rank judges nothing itself: under DDP it receives rank 0's figures (here, without a group: none)
     other_rank = MuonWGANTask(model.cfg, ClusterEnv(rank=1, world_size=2))
-    assert Evaluator(other_rank, None, None, 0, 0).figures(model.modules, model.step) == {}  # type: ignore[arg-type]
+    judge = Evaluator(other_rank, None, None, model.cfg.train, model.cfg.checkpoint, 0)  # type: ignore[arg-type]
+    assert judge.figures(model.modules, model.step) == {}
 
 
 def test_the_judge_is_logged_at_each_evaluation_and_does_not_change_the_training(

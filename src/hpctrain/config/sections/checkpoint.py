@@ -1,12 +1,44 @@
-"""The `checkpoint` section: when to save, what to keep, where to resume from and what may change."""
+"""The `checkpoint` section: when to save, what to keep, where to resume from and what may change.
+
+`checkpoint.resume` is parsed here, once, when the section is validated (`CheckpointConfig.resume_form`): the
+readers (preflight, resume) take the parsed form; the value itself stays the string the user wrote (dumps,
+config.yaml). What each form does is train/resume_forms.py's and train/resume.py's."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from hpctrain.config.sections.base import Section
+
+_REWIND = re.compile(r"^(?:best|step_0*(\d+))$")
+
+
+@dataclass(frozen=True)
+class ResumeForm:
+    """What `checkpoint.resume=<text>` asks for: auto, never, latest; rewind (best: step None, step_N: N); or a
+    given checkpoint file or run folder (whether it exists is the file system's to say: train/preflight.py)."""
+
+    kind: Literal["auto", "never", "latest", "rewind", "given"]
+    text: str
+    step: int | None = None  # step_N: N; best: None
+
+
+def resume_form(text: str) -> ResumeForm:
+    """What `checkpoint.resume=<text>` asks for; ValueError for text that names nothing."""
+    if not text.strip():
+        raise ValueError(
+            "empty: give auto, never, latest, best, step_N, a checkpoint file or a run folder to start from"
+        )
+    if text in ("auto", "never", "latest"):
+        return ResumeForm(text, text)  # type: ignore[arg-type]
+    match = _REWIND.match(text)
+    if match:
+        return ResumeForm("rewind", text, int(match.group(1)) if match.group(1) else None)
+    return ResumeForm("given", text)
 
 
 class CheckpointConfig(Section):
@@ -66,6 +98,24 @@ class CheckpointConfig(Section):
         "[train.total_updates] for a new length that rewrites the LR schedule (extending a finished cosine run); "
         "recorded in the checkpoint and chain.json. A single key or a comma-separated string works too.",
     )
+
+    _resume_form: ResumeForm = PrivateAttr(default=ResumeForm("auto", "auto"))
+
+    @property
+    def resume_form(self) -> ResumeForm:
+        """`resume` as parsed when the section was validated (or assigned)."""
+        return self._resume_form
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_names_something(cls, value: str) -> str:
+        resume_form(value)  # a bad form is an error naming checkpoint.resume, here
+        return value
+
+    @model_validator(mode="after")
+    def _parse_resume(self) -> CheckpointConfig:
+        self._resume_form = resume_form(self.resume)
+        return self
 
     @field_validator("dir")
     @classmethod

@@ -249,11 +249,11 @@ class Compiler:
 
     # ---- the hop's end --------------------------------------------------------------------------------------
 
-    def summary(self, step: int, seconds: float) -> tuple[dict[str, Any], str] | None:
-        """summary.json's `compile` entry and the hop's compile line (None when nothing compiles); a hop that
+    def summary(self, step: int, seconds: float) -> dict[str, Any]:
+        """summary.json's `compile` entry ({} when nothing compiles), the hop's compile line printed; a hop that
         compiled without hitting a limit marks the kept cache: the next hop loads it, in its own process."""
         if not self.compiling:
-            return None
+            return {}
         made, line = compile_summary(self._before, self._updates, seconds)
         if made["graphs"] and not made["recompile_limit_hits"]:
             remember_compiled(self.key)
@@ -262,7 +262,8 @@ class Compiler:
                 ahead.hop_ended(step - self._hop_first)
             made["background"] = ahead.record()
             line = line.replace("torch.compile: ", "torch.compile: " + ahead.said(), 1)
-        return made, line
+        print(line, flush=True)
+        return {"compile": made}
 
     def close(self, budget: TimeBudget, stopped_for_time: bool) -> None:
         """End the helper with the hop (last in the trainer's close, after the trackers). After a stop for the
