@@ -144,6 +144,8 @@ LAZY = {
     "hpctrain.workloads.fields.generate": "heavy import: h5py only for HDF5 shards",
     "hpctrain.workloads.fields.verbs": REGISTRATION,
     "hpctrain.workloads.muons.evaluation.two_sample": "heavy dependency: scikit-learn only when the judge runs",
+    "hpctrain.workloads.muons.evaluation.quality": "heavy dependency: scipy (0.5 s) only when primaries are matched, "
+    "not in every process that loads a muon model (hpctrain sample)",
     "hpctrain.workloads.muons.evaluation.quality_report": "heavy dependency: matplotlib only when a figure is drawn",
     "hpctrain.workloads.muons.report": "heavy dependency: matplotlib only when a figure is drawn",
     "hpctrain.workloads.muons.events.layouts": "heavy import: h5py only for HDF5 files",

@@ -43,7 +43,6 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy.spatial import cKDTree  # scikit-learn's dependency: installed with hpctrain
 
 from hpctrain.data.stream.ragged import gather_ragged
 from hpctrain.workloads.muons.evaluation.quality_features import (
@@ -144,6 +143,8 @@ def nearest_primaries(reference: np.ndarray, primaries: np.ndarray) -> np.ndarra
     ref, query = primary_space(reference), primary_space(primaries)
     centre, scale = ref.mean(0), ref.std(0)
     scale[~(scale > 0)] = 1.0
+    from scipy.spatial import cKDTree  # scikit-learn's dependency; 0.5 s to import, so only when matched
+
     _, rows = cKDTree((ref - centre) / scale).query((query - centre) / scale, k=1)
     return np.asarray(rows, np.int64)
 

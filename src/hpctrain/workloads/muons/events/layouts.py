@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hpctrain.data.stream.ragged import (
+    arrow_of,
     fixed_list,
     fixed_rows,
     gather_ragged,
@@ -406,8 +407,8 @@ def events_table(events: Events, layout: str) -> pa.Table:
     if layout == "parquet":
         return pa.table(
             {
-                "primary_major_id": pa.array(events.ids[:, 0].astype(np.uint64)),
-                "primary_minor_id": pa.array(events.ids[:, 1].astype(np.uint64)),
+                "primary_major_id": arrow_of(events.ids[:, 0].astype(np.uint64)),
+                "primary_minor_id": arrow_of(events.ids[:, 1].astype(np.uint64)),
                 "primary": fixed_list(events.primaries),
                 "muons": list_of_lists(events.muons, events.counts),
             }
