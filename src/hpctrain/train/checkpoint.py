@@ -285,7 +285,10 @@ def follow_pointer(path: Path) -> Path:
 
 def _accepted_hashes(path: Path) -> list[str]:
     """The SHA-256 values the sidecar accepts for `path`: its own, and while a save replaces the file, those of
-    the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged)."""
+    the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged), and for a .json
+    file (a sidecar named by mistake is its own "sidecar": its hash would be said not to match itself)."""
+    if path.suffix == ".json":
+        return []
     try:
         sidecar = json.loads(path.with_suffix(".json").read_text())
         hashes = [sidecar["sha256"], *sidecar.get("replaces", [])]
@@ -439,7 +442,10 @@ def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Loc
         raise NotLocated("which", f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
     name = "best.pt" if which == "best" else f"step_{int(match.group(1)):08d}.pt" if match.group(1) else ""
     target = Path(path).expanduser()
-    if exports and target.is_dir() and is_export(target):
+    if target.is_dir() and is_export(target):
+        if not exports:
+            why = "an export folder (its networks' weights alone), not a checkpoint to resume from"
+            raise NotLocated("unusable", f"{path}: {why}", why=why)
         if which != "latest":
             raise NotLocated(
                 "which", f"{path}: an export holds one update; which={which} needs the run folder"
