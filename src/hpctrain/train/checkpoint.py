@@ -365,9 +365,9 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         raise Unreadable(objects_refused(exc)) from None
     except Exception as exc:  # any other format error means: not usable
-        raise Unreadable(
-            f"unreadable ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
-        ) from None
+        # its first sentence: a cut file's text goes on with miniz's advice, cut mid-sentence at 200 characters
+        first = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc).strip() else type(exc).__name__
+        raise Unreadable(f"unreadable ({first})") from None
     if not isinstance(state, dict) or "modules" not in state:
         raise Unreadable("not an hpctrain checkpoint")
     if not checked:
@@ -488,11 +488,14 @@ def _read_file(file: Path) -> Located:
     """A checkpoint file (a `latest` pointer: the file it names): a run folder's own only verified (its sidecar
     is beside it), any other with a warning."""
     try:
-        file = follow_pointer(file)
+        pointer, file = file, follow_pointer(file)
     except Unreadable as exc:
         raise NotLocated(
             "unusable", f"{file}: not a readable hpctrain checkpoint ({exc})", why=str(exc)
         ) from None
+    if file != pointer and not file.exists():  # it was "cannot be used: missing"
+        why = f"the pointer {pointer} names {file.name}, which is not there"
+        raise NotLocated("unusable", f"{pointer}: {why}", why=why)
     run_dir = file.parent.parent if file.parent.name == "checkpoints" else None
     return Located(load_verified(file, named=run_dir is None or not is_run_checkpoint(file)), file, run_dir)
 
