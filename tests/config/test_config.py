@@ -91,6 +91,21 @@ def test_yaml_interpolates_paths_from_env(tmp_path: Path):
         load(config=str(yaml_file))
 
 
+def test_yaml_off_is_the_text_a_choice_names(tmp_path: Path):
+    # YAML 1.1 read `off` as False: the documented train.on_spike=off was refused in a config file
+    yaml_file = tmp_path / "exp.yaml"
+    yaml_file.write_text(
+        "train:\n  on_spike: off\n  compile: off\n  compile_background: yes\n  allow_tf32: no\n"
+    )
+    train = load(config=str(yaml_file)).train
+    assert (train.on_spike, train.compile, train.compile_background, train.allow_tf32) == (
+        "off",
+        "off",
+        True,
+        False,
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -117,7 +132,8 @@ def test_yaml_interpolates_paths_from_env(tmp_path: Path):
         (["checkpoint.resume= "], "checkpoint.resume=' ': Value error, empty: give auto"),
         (
             ["distributed.hang_seconds=600"],
-            "distributed.hang_seconds=600 must be below distributed.timeout_seconds",
+            # the line starts with the keys it names (it was "error: distributed: Value error, distributed.")
+            "error: distributed.hang_seconds=600 must be below distributed.timeout_seconds",
         ),
     ],
 )

@@ -7,6 +7,9 @@ import os
 import subprocess
 import time
 
+import pytest
+
+from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
 from hpctrain.runtime.threads import CoreProbe, Threads, choose_threads, cpu_threads, usable_cores
 
@@ -14,6 +17,15 @@ from hpctrain.runtime.threads import CoreProbe, Threads, choose_threads, cpu_thr
 def test_a_set_count_wins() -> None:
     env = ClusterEnv.from_environ({"SLURM_CPUS_PER_TASK": "8"})
     assert cpu_threads(3, env, cores=64) == (3, "train.threads")
+
+
+def test_a_set_count_past_the_machines_cpus_is_one_line() -> None:
+    # train.threads=100000 ended in "can't start new thread" and a segfault
+    machine = os.cpu_count() or 1
+    with pytest.raises(
+        UserError, match=rf"^train.threads={machine * 4}: more than the {machine} CPUs of this"
+    ):
+        cpu_threads(machine * 4, ClusterEnv.from_environ({}))
 
 
 def test_slurm_share_bounds_the_affinity_mask() -> None:
@@ -60,7 +72,7 @@ def test_auto_takes_the_cores_other_work_leaves_free() -> None:
     # a probe that cannot tell, or none (a GPU, DDP): the allocation, nothing recorded
     assert choose_threads(0, env, Busy(None), cores=2) == Threads(2, "auto: 2 cores in the affinity mask", {})
     assert choose_threads(0, env, None, cores=2).count == 2
-    assert choose_threads(3, env, Busy(2.0), cores=2).count == 3  # a set count wins, unmeasured
+    assert choose_threads(2, env, Busy(2.0), cores=2).count == 2  # a set count wins, unmeasured
 
 
 def test_a_run_keeps_its_count_on_the_same_cores() -> None:

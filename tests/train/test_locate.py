@@ -116,3 +116,33 @@ def test_a_run_folders_files_are_loaded_only_verified(
         found = locate(alone)
     assert (found.state["counters"]["step"], found.run_dir) == (1, None)
     assert "alone.json: its SHA-256 cannot be checked" in caplog.text
+
+
+def test_a_sidecar_or_an_export_named_for_a_checkpoint_says_what_it_is(run: Path, tmp_path: Path) -> None:
+    # a sidecar is no checkpoint (it was taken as its own sidecar: "its SHA-256 does not match" itself)
+    with pytest.raises(NotLocated) as refused:
+        locate(run / "checkpoints" / "step_00000001.json")
+    assert refused.value.why == "not a checkpoint: not the zip archive torch.save writes"
+    # an export is no checkpoint to resume from (it was "no checkpoint in this folder")
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "export.json").write_text("{}")
+    with pytest.raises(NotLocated) as refused:
+        locate(tmp_path / "export", exports=False)
+    assert refused.value.reason == "unusable" and "an export folder" in str(refused.value)
+
+
+def test_a_latest_pointer_to_a_missing_file_names_it(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000099.pt\n")
+    with pytest.raises(NotLocated) as refused:
+        locate(tmp_path / "checkpoints" / "latest")
+    assert refused.value.why.endswith("names step_00000099.pt, which is not there"), refused.value.why
+
+
+def test_a_cut_checkpoint_is_said_in_one_sentence(run: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((run / "checkpoints" / "step_00000001.pt").read_bytes()[:1000])
+    with pytest.raises(NotLocated) as refused:
+        locate(cut)
+    assert refused.value.why.startswith("unreadable (PytorchStreamReader failed reading zip archive")
+    assert "internal miniz error" not in refused.value.why, refused.value.why

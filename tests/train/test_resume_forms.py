@@ -102,3 +102,13 @@ def test_checkpoints_without_their_sidecar_are_never_loaded(tmp_path: Path) -> N
     assert len(skipped) == 1 and "has no step_00000006.json with its SHA-256" in skipped[0], again.err
     assert f"resumed from {Path('logs/debug/checkpoints/step_00000004.pt')}" in again.out, again.out
     assert sha(again.out) == sha(reference.out) == sha(first.out)
+
+
+def test_a_rewind_in_a_run_without_checkpoints_says_so(tmp_path: Path) -> None:
+    # it was "(it holds: nothing); give one of those, latest or auto"
+    one_line_error(
+        hpctrain("train", *RUN, "checkpoint.resume=best", cwd=tmp_path),
+        "checkpoint.resume=best: no best.pt in "
+        + str(Path("logs/debug/checkpoints"))
+        + ", which holds no checkpoint (auto starts afresh)",
+    )

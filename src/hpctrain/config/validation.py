@@ -74,8 +74,11 @@ def _one(error: Any, origins: Mapping[str, str], cls: type[BaseModel] | None) ->
         # data.paths=a,b: the brackets make a list on the command line (one item needs none)
         message = f"a list of several takes brackets, quoted for the shell: '{key}=[{cut(value)}]'"
     message = cut(message, 300)
-    if not key:  # a check across sections (the whole config): its message names the keys
-        return message.removeprefix("Value error, ")
+    said = message.removeprefix("Value error, ")
+    if not key or (error["type"] == "value_error" and said.startswith(f"{key}.")):
+        # a check across sections (the whole config) or a section's keys: its message names the keys (it was
+        # "distributed: Value error, distributed.hang_seconds=... must be below ...")
+        return said
     shown = "" if isinstance(value, dict) or value is None else f"={quote(value)}"
     if looks_secret(key) or isinstance(value, SecretStr):
         shown = "=***" if shown else ""  # a (misspelt) secret is never echoed

@@ -29,7 +29,8 @@ MAX_CHARS = 4 * MAX_BYTES
 
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no type hints)
-    """YAML 1.1 without base-60 numbers (`time: 1:00:00` stays the text SLURM means, not the integer 3600), and
+    """YAML 1.1 without base-60 numbers (`time: 1:00:00` stays the text SLURM means, not the integer 3600) and
+    with YAML 1.2's booleans (true/false only: `on_spike: off` is text), and
     composing that counts values with aliases expanded and refuses past the bounds."""
 
     def __init__(self, stream: str) -> None:
@@ -78,10 +79,15 @@ _Loader.yaml_implicit_resolvers = {
     first: [
         (tag, regexp)
         for tag, regexp in resolvers
-        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
     ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# Booleans as YAML 1.2 writes them: `on_spike: off` stays the text "off" (YAML 1.1 read off/on/yes/no/y/n as
+# booleans: the documented value was refused as False); a boolean field still reads yes/no/on/off (pydantic).
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
     re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),

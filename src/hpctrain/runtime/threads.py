@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from hpctrain.errors import UserError
 from hpctrain.runtime.env import ClusterEnv
 
 # Cores of other work tolerated as noise (daemons, a shell): 2 cores with 0.3 busy still take 2 threads.
@@ -96,6 +97,12 @@ def cpu_threads(configured: int, env: ClusterEnv, cores: int | None = None) -> t
     SLURM_CPUS_PER_TASK and the affinity mask (`cores`), split over the processes torchrun started on this node
     (srun's tasks each have their own share already)."""
     if configured > 0:
+        machine = max(os.cpu_count() or 1, cores or 0)
+        if configured > machine:  # 100000 ended in "can't start new thread" and a segfault
+            raise UserError(
+                f"train.threads={configured}: more than the {machine} CPUs of this machine (0 takes the "
+                "allocation's cores)"
+            )
         return configured, "train.threads"
     cores = usable_cores() if cores is None else cores
     source = f"{cores} cores in the affinity mask"

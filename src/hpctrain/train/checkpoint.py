@@ -285,7 +285,10 @@ def follow_pointer(path: Path) -> Path:
 
 def _accepted_hashes(path: Path) -> list[str]:
     """The SHA-256 values the sidecar accepts for `path`: its own, and while a save replaces the file, those of
-    the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged)."""
+    the bytes it replaces. Empty when there is no sidecar or it cannot be read (cut or damaged), and for a .json
+    file (a sidecar named by mistake is its own "sidecar": its hash would be said not to match itself)."""
+    if path.suffix == ".json":
+        return []
     try:
         sidecar = json.loads(path.with_suffix(".json").read_text())
         hashes = [sidecar["sha256"], *sidecar.get("replaces", [])]
@@ -362,9 +365,9 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         raise Unreadable(objects_refused(exc)) from None
     except Exception as exc:  # any other format error means: not usable
-        raise Unreadable(
-            f"unreadable ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
-        ) from None
+        # its first sentence: a cut file's text goes on with miniz's advice, cut mid-sentence at 200 characters
+        first = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc).strip() else type(exc).__name__
+        raise Unreadable(f"unreadable ({first})") from None
     if not isinstance(state, dict) or "modules" not in state:
         raise Unreadable("not an hpctrain checkpoint")
     if not checked:
@@ -439,7 +442,10 @@ def locate(path: str | Path, which: str = "latest", exports: bool = True) -> Loc
         raise NotLocated("which", f"which={which!r}: choose latest, best or step_N (e.g. step_200)")
     name = "best.pt" if which == "best" else f"step_{int(match.group(1)):08d}.pt" if match.group(1) else ""
     target = Path(path).expanduser()
-    if exports and target.is_dir() and is_export(target):
+    if target.is_dir() and is_export(target):
+        if not exports:
+            why = "an export folder (its networks' weights alone), not a checkpoint to resume from"
+            raise NotLocated("unusable", f"{path}: {why}", why=why)
         if which != "latest":
             raise NotLocated(
                 "which", f"{path}: an export holds one update; which={which} needs the run folder"
@@ -482,11 +488,14 @@ def _read_file(file: Path) -> Located:
     """A checkpoint file (a `latest` pointer: the file it names): a run folder's own only verified (its sidecar
     is beside it), any other with a warning."""
     try:
-        file = follow_pointer(file)
+        pointer, file = file, follow_pointer(file)
     except Unreadable as exc:
         raise NotLocated(
             "unusable", f"{file}: not a readable hpctrain checkpoint ({exc})", why=str(exc)
         ) from None
+    if file != pointer and not file.exists():  # it was "cannot be used: missing"
+        why = f"the pointer {pointer} names {file.name}, which is not there"
+        raise NotLocated("unusable", f"{pointer}: {why}", why=why)
     run_dir = file.parent.parent if file.parent.name == "checkpoints" else None
     return Located(load_verified(file, named=run_dir is None or not is_run_checkpoint(file)), file, run_dir)
 

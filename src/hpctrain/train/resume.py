@@ -479,8 +479,11 @@ def _located(given: str, path: str | Path, which: str = "latest") -> Located:
     except NotLocated as exc:
         setting = f"checkpoint.resume={given}"
         if which != "latest" and exc.reason == "missing":
-            held = exc.held or "nothing"
-            line = f"{setting}: no {exc.name} in {exc.folder} (it holds: {held}); give one of those, latest or auto"
+            line = (
+                f"{setting}: no {exc.name} in {exc.folder} (it holds: {exc.held}); give one of those, latest or auto"
+                if exc.held
+                else f"{setting}: no {exc.name} in {exc.folder}, which holds no checkpoint (auto starts afresh)"
+            )
         elif which != "latest":
             line = f"{setting}: cannot be used: {exc.why}"
         elif exc.reason == "missing":

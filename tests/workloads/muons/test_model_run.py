@@ -111,6 +111,10 @@ def test_sample_from_a_checkpoint_writes_the_current_layout(reference: Path, dat
     assert shown.code == 0 and "layout parquet" in shown.out
     bad = hpctrain("sample", str(reference), "--events", "0", "--out", str(again), cwd=tmp_path)
     assert bad.code == 2 and "--events must be at least 1" in bad.err
+    bad = hpctrain(
+        "sample", str(reference), "--events", "5", "--seed", str(2**64), "--out", str(again), cwd=tmp_path
+    )
+    assert bad.code == 2 and bad.err.strip() == f"error: --seed must be in 0 .. 2**63-1, not {2**64}", bad.err
     nowhere = tmp_path / "nope" / "x.parquet"
     bad = hpctrain("sample", str(reference), "--events", "5", "--out", str(nowhere), cwd=tmp_path)
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1 and "no such folder" in bad.err, bad.err

@@ -3,11 +3,13 @@ peak memory of a request 20x larger stays where the small one's is (the 10M-even
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import clean_env
 from tests.workloads.muons.test_model_run import data, reference  # noqa: F401 (fixtures)
@@ -43,3 +45,23 @@ def test_sampling_memory_stays_bounded_as_the_request_grows(reference: Path, tmp
     held = sum(len(v) for v in muons.combine_chunks().flatten().to_pylist()) * 3 * 4 // 1024  # kB of float32
     # holding the request would add the muons (several copies: torch, NumPy, Arrow) and 40k primaries
     assert large - small < max(20 * 1024, held // 2), (small, large, held)
+
+
+def test_the_samplers_counts_and_numbers_are_one_line_each() -> None:
+    """`hpctrain.load(RUN).sampler`: a float or string count or seed was a TypeError from deep inside, a seed past
+    int64 torch's overflow, and wrong fixed counts were said as 'got shape (n,)', the shape asked for."""
+    from hpctrain.errors import UserError
+    from hpctrain.workloads.muons.models.sampling import _check, _fixed_counts
+
+    for args, said in (
+        ((2.5, 0, 8), "n_events: an integer, not 2.5"),
+        ((2, "1", 8), "seed: an integer, not '1'"),
+        ((2, 0, True), "batch_size: an integer, not True"),
+        ((2, 2**63, 8), "seed in 0 .. 2**63-1"),
+    ):
+        with pytest.raises(UserError, match=re.escape(said)):
+            _check(*args)
+    for counts, said in (([1.5, 2], "got float64 values"), ([3, -1], "row 1 is -1"), ([1], "got shape (1,)")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            _fixed_counts(counts, 2)
+    assert _fixed_counts([3, 0], 2).tolist() == [3, 0]

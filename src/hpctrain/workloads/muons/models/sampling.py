@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hpctrain.config.loading import validate
+from hpctrain.config.sections.base import SEED_MAX
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_path
 from hpctrain.runtime.devices import usable_device
@@ -190,18 +191,26 @@ def _fixed_counts(counts: Any, n: int) -> np.ndarray:
         fixed = np.asarray(counts)
     except (TypeError, ValueError):
         fixed = np.zeros(0)
-    if fixed.shape != (n,) or not np.issubdtype(fixed.dtype, np.integer) or (fixed < 0).any():
-        raise UserError(
-            f"counts: expected ({n},) non-negative integers, one per primary; got shape {fixed.shape}"
-        )
+    expected = f"counts: expected ({n},) non-negative integers, one per primary"
+    if fixed.shape != (n,):
+        raise UserError(f"{expected}; got shape {fixed.shape}")
+    if not np.issubdtype(fixed.dtype, np.integer):  # it said "got shape (n,)", the shape asked for
+        raise UserError(f"{expected}; got {fixed.dtype} values")
+    if (fixed < 0).any():
+        row = int(np.flatnonzero(fixed < 0)[0])
+        raise UserError(f"{expected}; row {row} is {fixed[row]}")
     return fixed.astype(np.int64)
 
 
 def _check(n_events: int, seed: int, batch_size: int) -> None:
-    if n_events < 0 or seed < 0 or batch_size < 1:
+    given = {"n_events": n_events, "seed": seed, "batch_size": batch_size}
+    for name, value in given.items():  # a float or a string was a TypeError from deep inside
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise UserError(f"{name}: an integer, not {value!r}")
+    if n_events < 0 or not 0 <= seed <= SEED_MAX or batch_size < 1:
         raise UserError(
-            f"n_events {n_events}, seed {seed}, batch_size {batch_size}: need n_events >= 0, seed >= 0 and "
-            "batch_size >= 1"
+            f"n_events {n_events}, seed {seed}, batch_size {batch_size}: need n_events >= 0, seed in "
+            "0 .. 2**63-1 and batch_size >= 1"
         )
 
 
