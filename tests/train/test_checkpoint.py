@@ -92,6 +92,27 @@ def test_a_checkpoint_holding_objects_is_refused_saying_so(tmp_path: Path, capsy
         assert not (tmp_path / f"out{n}").exists()
 
 
+def test_an_export_whose_network_holds_objects_is_refused_saying_so(tmp_path: Path) -> None:
+    """An export's network file that holds code, with its hash recorded as if the export wrote it (someone wrote
+    objects there on purpose): loading the export names the object and refuses, as a checkpoint's read does."""
+    import io
+
+    from hpctrain.train.exported import read_export, write_export
+
+    for n, payload in enumerate((_Code(), np.zeros(3))):
+        buffer = io.BytesIO()
+        torch.save({"weight": torch.zeros(2), "x": payload}, buffer)
+        out = tmp_path / f"export{n}"
+        files = {"model.pt": buffer.getvalue(), "config.yaml": b"model: {type: mlp}\n"}
+        write_export(out, files, {"networks": {"model": {"file": "model.pt"}}, "step": 1}, lambda meta: "")
+        with pytest.raises(UserError) as refused:
+            read_export(out)
+        line = str(refused.value)
+        assert line.startswith(f"{out / 'model.pt'}: it holds ") and "refuses to load" in line, line
+        assert "weights_only" not in line and "trust" not in line and "\n" not in line, line
+    assert "(numpy." in line  # the object torch named
+
+
 def test_prefixes_from_ddp_and_compile_are_accepted():
     state = {"module.net.0.weight": 1, "_orig_mod.module.net.0.bias": 2, "net.1.weight": 3}
     assert strip_prefixes(state) == {"net.0.weight": 1, "net.0.bias": 2, "net.1.weight": 3}

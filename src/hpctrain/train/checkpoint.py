@@ -21,7 +21,6 @@ import io
 import json
 import logging
 import os
-import pickle
 import re
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from hpctrain.errors import RunError, UserError
 from hpctrain.fsutil import atomic_write_bytes, atomic_write_text, make_folders
 from hpctrain.train.exported import is_export, read_export
 from hpctrain.train.runlock import clean_temporaries
+from hpctrain.train.tensor_file import Refused, load_tensors
 
 log = logging.getLogger(__name__)
 
@@ -326,31 +326,6 @@ def _read_bytes(path: Path, named: bool) -> tuple[bytes, bool]:
     raise AssertionError("unreachable")
 
 
-# What torch names when its restricted unpickler meets an object: `Unsupported global: GLOBAL numpy...`, `Trying to
-# load unsupported GLOBAL posix.system whose module posix is blocked`.
-_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
-
-
-def objects_refused(exc: BaseException) -> str:
-    """Why a file that torch.load(weights_only=True) refused cannot be used: it holds objects other than tensors
-    and plain values (code, a library's classes), named when torch names them. torch's own text goes on to say
-    how to load it anyway (`weights_only=False`, "if you trust the source"): for a file in a shared folder that
-    is how someone else's code would run as ours, so it is never passed on."""
-    text = str(exc)
-    found = _REFUSED_GLOBAL.search(text)
-    if found:
-        what = f"objects other than tensors ({found.group(1)})"
-    elif "WeightsUnpickler error:" in text:  # a pickle opcode torch does not take: `Unsupported operand 103`
-        detail = [
-            line.strip() for line in text.split("WeightsUnpickler error:", 1)[1].splitlines() if line.strip()
-        ]
-        what = f"something other than tensors and plain values ({detail[0][:100] if detail else 'unknown'})"
-    else:
-        lines = [line for line in text.splitlines() if line.strip() and "weights_only" not in line]
-        return f"unreadable ({lines[0][:200] if lines else type(exc).__name__})"
-    return f"it holds {what}, which hpctrain refuses to load (an hpctrain checkpoint holds tensors and plain values only)"
-
-
 def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     """A checkpoint's state, verified against its sidecar hash. Raises Unreadable(why) when it cannot be used,
     UserError when it was written by a newer hpctrain (falling back to an older one would silently rewind).
@@ -361,9 +336,9 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     if not data.startswith(b"PK\x03\x04"):
         raise Unreadable("not a checkpoint: not the zip archive torch.save writes")
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise Unreadable(objects_refused(exc)) from None
+        state = load_tensors(data)
+    except Refused as exc:
+        raise Unreadable(str(exc)) from None
     except Exception as exc:  # any other format error means: not usable
         # its first sentence: a cut file's text goes on with miniz's advice, cut mid-sentence at 200 characters
         first = str(exc).splitlines()[0].split(". ")[0][:200] if str(exc).strip() else type(exc).__name__

@@ -37,6 +37,7 @@ from hpctrain.config.dump import dump_config
 from hpctrain.config.yaml_file import load_yaml
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_bytes, atomic_write_json
+from hpctrain.train.tensor_file import Refused, load_tensors
 
 EXPORT_JSON = "export.json"
 CONFIG_FILE = "config.yaml"
@@ -227,7 +228,9 @@ def read_export(folder: Path) -> dict[str, Any]:
         file = net.get("file") if isinstance(net, dict) else None
         data = _checked(folder, file, recorded)
         try:
-            modules[str(name)] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            modules[str(name)] = load_tensors(data)
+        except Refused as exc:  # the hash matched: someone wrote objects into the export on purpose
+            raise UserError(f"{folder / str(file)}: {exc}") from None
         except Exception as exc:  # any unpickling/format error: the file is not what the hash promised
             raise UserError(f"{folder / str(file)}: not a state dict ({type(exc).__name__})") from None
     text = _checked(folder, CONFIG_FILE, recorded).decode("utf-8", errors="replace")
