@@ -16,7 +16,7 @@ from hpctrain.workloads.muons.events import layouts
 from hpctrain.workloads.muons.truth import v1 as truth
 from hpctrain.workloads.muons.truth import versions as truth_versions
 
-CAP = 2000  # configs/muons.yaml
+CAP = 2000  # the quick config's cap (configs/muons.yaml keeps every event)
 ENERGY_AND_N = ("multiplicity", "energy", "energy_sum")
 EVENTS = 4000
 DRAWS = range(50, 50 + quality.FLOOR_DRAWS)  # stream keys of the stand-ins' draws (the table's are below)
