@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hpctrain.fsutil import atomic_path, make_folders
 from hpctrain.track.report.data import RunData
+from hpctrain.track.report.drawing import Drawing, draw_all
 from hpctrain.track.report.generic import plot_distributions, plot_scalars, plot_throughput, plot_time_shares
 from hpctrain.track.report.page import render_page
 from hpctrain.track.report.panels import (
@@ -19,8 +20,6 @@ from hpctrain.track.report.panels import (
     ScalarGroup,
     Table,
     WorkloadReport,
-    save_png,
-    text_problems,
 )
 from hpctrain.track.stages import NO_STAGES, Stages
 
@@ -56,11 +55,9 @@ def write_report(
     images += [_in(image, "Training") for image in training]
     tables = [table for make in workload.tables for table in make(data)]
     stages.stage(f"drawing {len(images)} figures into {out}", len(images), "figures")
-    for image in images:
-        with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:  # redrawn on demand
-            save_png(image.figure, tmp, _metadata(image))
-        image.problems = text_problems(image.figure, drawn=True)  # its layout as saved (no second drawing)
-        stages.advance()
+    drawings = [Drawing(image.figure, out / f"{image.name}.png", _metadata(image)) for image in images]
+    for image, problems in zip(images, draw_all(drawings, stages.advance)):
+        image.problems = problems
     stages.stage("writing the page")
     page = out / "index.html"
     with atomic_path(page, fsync=False) as tmp:

@@ -20,6 +20,7 @@ import numpy as np
 from hpctrain.fsutil import atomic_path
 from hpctrain.track.metrics_file import record_hop
 from hpctrain.track.report.data import RunData
+from hpctrain.track.report.drawing import Drawing, draw_all
 from hpctrain.track.report.generic import is_curve
 from hpctrain.track.report.labels import readable
 from hpctrain.track.report.page import TEMPLATES
@@ -31,7 +32,6 @@ from hpctrain.track.report.panels import (
     fmt,
     legend_outside,
     log_if_wide,
-    save_png,
 )
 from hpctrain.track.runs import section
 
@@ -285,9 +285,12 @@ def write_comparison(run_dirs: list[Path], out: Path) -> Path:
     groups = metric_groups(runs)
     images = [plot_metric(runs, names, hours, title, keys) for title, keys in groups]
     out.mkdir(parents=True, exist_ok=True)
-    for image in images:
-        with atomic_path(out / f"{image.name}.png", fsync=False) as tmp:
-            save_png(image.figure, tmp, {"Title": image.name, "Description": image.caption})
+    draw_all(
+        [
+            Drawing(i.figure, out / f"{i.name}.png", {"Title": i.name, "Description": i.caption})
+            for i in images
+        ]
+    )
     import jinja2
 
     env = jinja2.Environment(
