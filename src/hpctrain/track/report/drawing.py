@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -63,6 +64,9 @@ def draw_all(drawings: Sequence[Drawing], done: Callable[[], None] = lambda: Non
     count = workers(len(drawings))
     if count > 1:
         _TO_DRAW = drawings
+        # a forked process must not write out again what it inherited of these buffers: emptied first
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
             with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
                 futures = {pool.submit(_draw_one, i): i for i in range(len(drawings))}
