@@ -94,3 +94,45 @@ def test_a_bad_worker_count_is_one_line(tmp_path: Path, given: str) -> None:
         len(lines) == 1
         and f"HPCTRAIN_REPORT_WORKERS: a whole number of processes >= 1, not {given!r}" in lines[0]
     )
+
+
+SLOW_REPORT = """
+import sys, time
+from pathlib import Path
+from hpctrain.track.report import drawing
+from hpctrain.track.report.panels import figure
+
+def slow(one):
+    time.sleep(60)
+    return []
+
+drawing._draw = slow
+made = []
+for i in range(6):
+    fig, axes = figure(200, 150)
+    made.append(drawing.Drawing(fig, Path(sys.argv[1]) / f"{i}.png", {}))
+drawing.draw_all(made)
+"""
+
+
+def test_drawing_processes_end_with_a_killed_command(tmp_path: Path) -> None:
+    """A drawing process waits for work from the command: killed, the command leaves none of them behind."""
+    import signal
+    import time
+
+    import psutil
+
+    env = {**os.environ, "HPCTRAIN_REPORT_WORKERS": "2", "MPLBACKEND": "Agg"}
+    command = subprocess.Popen([sys.executable, "-c", SLOW_REPORT, str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(psutil.Process(command.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        children = psutil.Process(command.pid).children()
+        assert len(children) == 2
+        command.send_signal(signal.SIGKILL)
+        command.wait()
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+    finally:
+        command.kill()

@@ -68,7 +68,8 @@ def draw_all(drawings: Sequence[Drawing], done: Callable[[], None] = lambda: Non
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(count, context, _die_with, (os.getpid(),)) as pool:
                 futures = {pool.submit(_draw_one, i): i for i in range(len(drawings))}
                 for future in as_completed(futures):
                     problems[futures[future]] = future.result()
@@ -82,6 +83,20 @@ def draw_all(drawings: Sequence[Drawing], done: Callable[[], None] = lambda: Non
             problems[i] = _draw(drawing)
             done()
     return [found or [] for found in problems]
+
+
+def _die_with(parent: int) -> None:
+    """In a drawing process: end when the command ends, even killed (a drawing process otherwise waits for work
+    forever once its parent is gone). Linux: the kernel's parent-death signal; elsewhere nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        os._exit(1)
 
 
 def _draw_one(i: int) -> list[str]:
