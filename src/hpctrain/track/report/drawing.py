@@ -9,8 +9,10 @@ drawn here in turn: the files are the same either way.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -89,9 +91,6 @@ def _die_with(parent: int) -> None:
     """In a drawing process: end when the command ends, even killed (a drawing process otherwise waits for work
     forever once its parent is gone). Linux: the kernel's parent-death signal; elsewhere nothing."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
