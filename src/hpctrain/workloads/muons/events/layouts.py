@@ -67,6 +67,10 @@ _EXPECTED = (
     "6 values (legacy) or 7 values (converted from HDF5), and 'muons' list<list<float>>"
 )
 SPEED_OF_LIGHT_M_PER_NS = 0.299792458
+# Parquet pages written plain, without a dictionary: muon and primary values are floats that hardly repeat, and
+# pyarrow's default built a dictionary per column chunk before falling back. 16 chunks of 1,024 generated events
+# (1.7 M muons): 0.77 s and 31 MB with it, 0.20 s and 21 MB without (2026-11-29).
+PARQUET_WRITE: dict[str, Any] = {"use_dictionary": False}
 
 
 def _empty_convention(raw_muons: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -442,7 +446,7 @@ def write_events(
             table = events_table(events, layout)
             if metadata:
                 table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-            pq.write_table(table, str(tmp), row_group_size=row_group_size)
+            pq.write_table(table, str(tmp), row_group_size=row_group_size, **PARQUET_WRITE)
 
 
 def _write_hdf5(path: str, events: Events, metadata: dict[str, str]) -> None:

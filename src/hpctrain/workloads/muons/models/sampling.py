@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -331,21 +332,45 @@ def _ids(start: int, n: int) -> np.ndarray:
 
 def write_stream(path: str, chunks: Iterable[layouts.Events]) -> tuple[int, int]:
     """Write events chunk by chunk to one Parquet file of the current layout (a row group per chunk,
-    atomically: temporary name, then rename); returns (events, muons)."""
+    atomically: temporary name, then rename); returns (events, muons). A chunk is turned into Arrow and written
+    by a thread while the next one is generated (pyarrow and torch both release the GIL: 64 chunks of 1,024
+    events spent ~2.7 s of 14 s writing in line); at most two chunks are held."""
     events = muons = 0
-    with atomic_path(Path(path)) as tmp:
-        writer = None
+    with atomic_path(Path(path)) as tmp, ThreadPoolExecutor(1, thread_name_prefix="parquet-writer") as pool:
+        file = _ChunkWriter(str(tmp))
+        pending: Future[None] | None = None
         try:
             for part in chunks:
-                table = layouts.events_table(part, "parquet")
-                if writer is None:
-                    writer = pq.ParquetWriter(str(tmp), table.schema)
-                writer.write_table(table)
+                if pending is not None:
+                    pending.result()  # its error, if any, here
+                pending = pool.submit(file.write, part)
                 events += len(part)
                 muons += len(part.muons)
-            if writer is None:  # nothing asked: an empty file of the layout
-                pq.write_table(layouts.events_table(_no_events(), "parquet"), str(tmp))
+            if pending is not None:
+                pending.result()
+                pending = None
+            if file.writer is None:  # nothing asked: an empty file of the layout
+                file.write(_no_events())
         finally:
-            if writer is not None:
-                writer.close()
+            if pending is not None:  # unwinding: the write in flight ends before the file closes
+                wait([pending])
+            file.close()
     return events, muons
+
+
+class _ChunkWriter:
+    """The Parquet file of `write_stream`: opened with the first chunk's schema, one row group per chunk."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, part: layouts.Events) -> None:
+        table = layouts.events_table(part, "parquet")
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema, **layouts.PARQUET_WRITE)
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
