@@ -19,6 +19,7 @@ from hpctrain.workloads.muons.models.flow import (
     first_of_events,
     leading_of_events,
     rq_spline,
+    rq_spline_value,
 )
 from hpctrain.workloads.muons.models.losses import likelihood_losses
 from hpctrain.workloads.muons.models.networks import Generator, event_index, gaussian_kl
@@ -50,6 +51,21 @@ def test_spline_inverse_undoes_forward_and_log_slopes_are_exact():
         )
         > 0
     ).all()
+
+
+def test_the_value_alone_equals_the_splines_value_bit_for_bit():
+    """Sampling asks the spline for its value alone (no log-derivative): the same numbers, per row and per event,
+    in and beyond the spline's range, with the same gradient."""
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(3)) * 3
+    per_row = spline_params(3000, 16, 4).float().requires_grad_(True)
+    assert torch.equal(rq_spline_value(x, per_row), rq_spline(x, per_row)[0])
+    event = torch.sort(torch.randint(0, 40, (3000,), generator=torch.Generator().manual_seed(5))).values
+    per_event = spline_params(40, 16, 6).float().requires_grad_(True)
+    value, (full, _) = rq_spline_value(x, per_event, event), rq_spline(x, per_event, event=event)
+    assert torch.equal(value, full) and (x.abs() > TAIL).any()
+    (g_value,) = torch.autograd.grad(value.square().sum(), per_event)
+    (g_full,) = torch.autograd.grad(full.square().sum(), per_event)
+    assert torch.equal(g_value, g_full) and g_value.abs().sum() > 0
 
 
 def test_density_integrates_to_one_and_matches_samples():
@@ -96,13 +112,14 @@ def test_the_spline_runs_in_fp32_under_bf16_autocast(monkeypatch: pytest.MonkeyP
     from hpctrain.workloads.muons.models import flow as flow_module
 
     seen: list[torch.dtype] = []
-    real = flow_module.rq_spline
+    for name in ("rq_spline", "rq_spline_value"):  # scoring's, sampling's
+        real = getattr(flow_module, name)
 
-    def recording(x: torch.Tensor, params: torch.Tensor, inverse: bool = False, event=None):  # type: ignore[no-untyped-def]
-        seen.extend([x.dtype, params.dtype])
-        return real(x, params, inverse, event)
+        def recording(x: torch.Tensor, params: torch.Tensor, *args, real=real, **kwargs):  # type: ignore[no-untyped-def]
+            seen.extend([x.dtype, params.dtype])
+            return real(x, params, *args, **kwargs)
 
-    monkeypatch.setattr(flow_module, "rq_spline", recording)
+        monkeypatch.setattr(flow_module, name, recording)
     torch.manual_seed(0)
     flow = MuonFlow(context=6, hidden=16, bins=4)
     for net in (flow.event_net, flow.lateral_net):  # away from the identity start

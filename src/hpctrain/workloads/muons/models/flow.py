@@ -60,15 +60,11 @@ def _bins(locs: torch.Tensor, x: torch.Tensor, event: torch.Tensor) -> torch.Ten
     return (position - event * (k - 1)).clamp(0, k - 1)
 
 
-def rq_spline(
-    x: torch.Tensor, params: torch.Tensor, inverse: bool = False, event: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Monotone rational-quadratic spline on [-TAIL, TAIL], the identity outside.
-
-    x (N,); params (N, 3K - 1): K unnormalised widths, K heights, K - 1 interior slopes; or, with `event`
-    (N,), params (B, 3K - 1) per event and x's event of each row: the knots are made once per event (softmax,
-    cumsum, softplus on B rows) and each row gathers the six numbers of its bin. Returns (y (N,),
-    log |dy/dx| (N,)); with `inverse`, the inverse map and ITS log-derivative."""
+def _spline_rows(
+    x: torch.Tensor, params: torch.Tensor, inverse: bool, event: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
+    """Per row of x: (x clamped to the spline's range, whether x is inside it, and its bin's x0, y0, width,
+    height, slopes d0 and d1, delta = height / width, bend = d0 + d1 - 2 delta)."""
     if event is None:
         event = torch.arange(x.shape[0], device=x.device)
     k = (params.shape[-1] + 1) // 3
@@ -84,7 +80,31 @@ def rq_spline(
     w, h = widths.flatten()[bin_], heights.flatten()[bin_]
     d0, d1 = slopes.flatten()[knot], slopes.flatten()[knot + 1]
     delta = h / w
-    bend = d0 + d1 - 2.0 * delta
+    return xc, inside, x0, y0, w, h, d0, d1, delta, d0 + d1 - 2.0 * delta
+
+
+def _forward_value(
+    t: torch.Tensor,
+    y0: torch.Tensor,
+    h: torch.Tensor,
+    d0: torch.Tensor,
+    delta: torch.Tensor,
+    bend: torch.Tensor,
+) -> torch.Tensor:
+    """The forward spline's y at the position t in (0, 1) of x in its bin."""
+    return y0 + h * (delta * t * t + d0 * t * (1.0 - t)) / (delta + bend * t * (1.0 - t))
+
+
+def rq_spline(
+    x: torch.Tensor, params: torch.Tensor, inverse: bool = False, event: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monotone rational-quadratic spline on [-TAIL, TAIL], the identity outside.
+
+    x (N,); params (N, 3K - 1): K unnormalised widths, K heights, K - 1 interior slopes; or, with `event`
+    (N,), params (B, 3K - 1) per event and x's event of each row: the knots are made once per event (softmax,
+    cumsum, softplus on B rows) and each row gathers the six numbers of its bin. Returns (y (N,),
+    log |dy/dx| (N,)); with `inverse`, the inverse map and ITS log-derivative."""
+    xc, inside, x0, y0, w, h, d0, d1, delta, bend = _spline_rows(x, params, inverse, event)
     if inverse:
         dy = xc - y0
         qa = dy * bend + h * (delta - d0)
@@ -94,13 +114,20 @@ def rq_spline(
         out = t * w + x0
     else:
         t = (xc - x0) / w
-        out = y0 + h * (delta * t * t + d0 * t * (1.0 - t)) / (delta + bend * t * (1.0 - t))
+        out = _forward_value(t, y0, h, d0, delta, bend)
     tt = t * (1.0 - t)
     log_slope = 2.0 * torch.log(delta) + torch.log(d1 * t * t + 2.0 * delta * tt + d0 * (1.0 - t) ** 2)
     log_slope = log_slope - 2.0 * torch.log(delta + bend * tt)
     if inverse:
         log_slope = -log_slope
     return torch.where(inside, out, x), torch.where(inside, log_slope, torch.zeros_like(log_slope))
+
+
+def rq_spline_value(x: torch.Tensor, params: torch.Tensor, event: torch.Tensor | None = None) -> torch.Tensor:
+    """rq_spline's forward y alone, equal to it bit for bit: sampling needs no log-derivative (its three logs
+    and ten products were ~1/3 of each spline's time)."""
+    xc, inside, x0, y0, w, h, d0, _, delta, bend = _spline_rows(x, params, False, event)
+    return torch.where(inside, _forward_value((xc - x0) / w, y0, h, d0, delta, bend), x)
 
 
 def _transform(
@@ -112,7 +139,7 @@ def _transform(
 ) -> torch.Tensor:
     """Base normal z (N,) -> standardised value: loc + exp(log_scale) * spline(z) (spline per row, or per
     event with `event`, as rq_spline)."""
-    y, _ = rq_spline(z, spline, event=event)
+    y = rq_spline_value(z, spline, event=event)
     return loc + log_scale.exp() * y
 
 
