@@ -5,8 +5,10 @@ VENV ?= .venv
 # CPU wheel by default (fast, and what CI uses). On a GPU cluster, see README "Installing on a cluster (CUDA)".
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
-# pytest-xdist workers of `make test` (tests/xdist_groups.py keeps the integration tests on one of them)
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test`: one more than the usable cores, at most 6 (on 2 cores, 2 workers kept them
+# 154 % busy: the tests also wait on subprocesses, services and signals); tests/xdist_groups.py keeps the
+# integration tests on one of them
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 6 ? n + 1 : 6 )))
 STAMP := $(VENV)/.hpctrain-installed
 
 .PHONY: install run test lint bench clean-venv

@@ -41,7 +41,7 @@ _LEAKY = (
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers on 2 cores, each torch (and every `hpctrain` it starts) with 2 OpenMP threads: spinning
+    # Workers beside each other on few cores, each torch (and every `hpctrain` it starts) with 2 OpenMP threads: spinning
     # threads waiting for each other made a CPU-bound test 2x slower under load (94 s vs 46 s with PASSIVE;
     # on an idle machine spinning wins, 18 s vs 24 s, but under xdist the machine is never idle).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -25,7 +25,7 @@ SHARED = {
 
 def scope_of(nodeid: str) -> str:
     """The unit of work a test belongs to: the integration tests together, a SPREAD module's tests one by one,
-    any other module whole (its module-scoped fixtures are then made once, not on both workers)."""
+    any other module whole (its module-scoped fixtures are then made once, not on every worker)."""
     if nodeid.startswith(INTEGRATION_PREFIX):
         return "integration"
     module = nodeid.split("::", 1)[0]
@@ -35,9 +35,9 @@ def scope_of(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs the suite on 2 pytest-xdist workers (--dist loadgroup): the tests under
-    tests/integration/ share one worker, in order, as they share machines' worth of services (one SLURM cluster
-    for the session, its job ids in MASTER_PORT) and mostly wait on them; the other tests spread over both
+    """`make test` runs the suite on pytest-xdist workers (--dist loadgroup; one more than the cores): the tests
+    under tests/integration/ share one worker, in order, as they share machines' worth of services (one SLURM
+    cluster for the session, its job ids in MASTER_PORT) and mostly wait on them; the other tests spread over the
     workers, a module at a time, so the waits overlap with the CPU-bound tests. The group is decided here, from
     the test's path, not by xdist_group marks: with pytest 9.2 xdist 3.8 silently dropped the marks' groups, each
     worker started its own cluster, both numbering jobs from 1, and two jobs with one id met at one MASTER_PORT
