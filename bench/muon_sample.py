@@ -2,7 +2,7 @@
 of the default muon model against the one before it (independent muons given the primary and N).
 
     python bench/muon_sample.py [--model RUN_DIR] [--events 65536] [--batch-sizes 1024,4096,16384,65536]
-                                [--previous RUN_DIR | --no-previous]
+                                [--previous RUN_DIR | --no-previous] [--previous-src CHECKOUT]
 
 Without --model, trains configs/muons.yaml for --updates updates on fresh truth data first (realistic
 multiplicities matter: time goes with the muons), and (unless --no-previous) the previous default, the same
@@ -14,12 +14,16 @@ milliseconds per event of `Sampler.generate` at batch 1, 100 and 10,000 (the mod
 bundles/s and muons/s. Last line: one JSON object; `ratio` = the best bundles/s of the sampler / the truth
 process's bundles/s; `previous_ratio` = the model's bundles/s at batch 1,024 (or the first batch size) / the
 previous default's (higher is better: >= 1 is no slower); `ms_per_event` {batch: ms} for each model.
+`--previous-src CHECKOUT` samples the previous default with the hpctrain of another checkout (its `src/` first on
+PYTHONPATH; e.g. `git worktree add CHECKOUT <commit>`): what a user had on the day the goal was set, against
+the new default on this code (`previous_src` in the JSON names it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -38,10 +42,9 @@ sys.exit(code)
 """
 
 
-def timed(args: list[str], threads: int) -> tuple[float, int, str]:
-    """(seconds, peak kB, stdout) of one hpctrain process."""
-    env_threads = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    import os
+def timed(args: list[str], threads: int, env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """(seconds, peak kB, stdout) of one hpctrain process (`env`: added to this one's environment)."""
+    env_threads = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env or {})}
 
     start = time.perf_counter()
     proc = subprocess.run(
@@ -72,7 +75,21 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs per batch size (the median is kept)"
     )
+    parser.add_argument(
+        "--previous-src", help="checkout whose hpctrain samples the previous default (its src/ on PYTHONPATH)"
+    )
+    parser.add_argument("--per-event", help=argparse.SUPPRESS)  # internal: one model's ms per event, as JSON
     args = parser.parse_args()
+    if args.per_event:
+        print(json.dumps(per_event_ms({"previous": args.per_event}, args.threads)["previous"]))
+        return
+    if args.previous_src:
+        found = subprocess.run(
+            [sys.executable, "-c", "import hpctrain; print(hpctrain.__file__)"], capture_output=True, text=True,
+            env={**os.environ, **_code_of(args.previous_src)},
+        )  # fmt: skip
+        if not found.stdout.strip().startswith(str(Path(args.previous_src).resolve() / "src")):
+            raise SystemExit(f"--previous-src {args.previous_src}: no hpctrain of that checkout imported")
     if args.events < 1 or args.updates < 1 or args.threads < 1 or args.repeats < 1:
         raise SystemExit("--events, --updates, --threads and --repeats must be at least 1")
 
@@ -127,9 +144,18 @@ def main() -> None:
     print(f"best sampler / truth process (bundles/s, whole process incl. start-up) = {ratio:.2f}")
     figures: dict[str, object] = {"events": args.events, "model": model, "truth": truth, "sample": rows}
     figures["ratio"] = ratio
-    figures["ms_per_event"] = per_event_ms(
-        {"model": model, **({"previous": previous} if previous else {})}, args.threads
-    )
+    if previous is not None and args.previous_src:  # the previous default timed on its own code
+        figures["ms_per_event"] = per_event_ms({"model": model}, args.threads)
+        done = subprocess.run(
+            [sys.executable, __file__, "--per-event", previous, "--threads", str(args.threads)],
+            capture_output=True, text=True, env={**os.environ, **_code_of(args.previous_src)}, check=True,
+        )  # fmt: skip
+        figures["ms_per_event"]["previous"] = {int(k): v for k, v in json.loads(done.stdout).items()}  # type: ignore[index]
+        figures["previous_src"] = args.previous_src
+    else:
+        figures["ms_per_event"] = per_event_ms(
+            {"model": model, **({"previous": previous} if previous else {})}, args.threads
+        )
     if previous is not None:
         figures["previous"] = previous_rows
         figures["previous_ratio"] = rows[0]["bundles_per_s"] / previous_rows[0]["bundles_per_s"]
@@ -142,6 +168,12 @@ def main() -> None:
     print(json.dumps(figures))
 
 
+def _code_of(checkout: str) -> dict[str, str]:
+    """The environment in which `python -c/-m` imports the hpctrain of `checkout` before the installed one."""
+    src = str(Path(checkout).resolve() / "src")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)}
+
+
 def sample_rows(models: dict[str, str], work: Path, batch: int, args: argparse.Namespace) -> dict[str, dict]:
     """For each model (who -> run folder), the median of `args.repeats` `hpctrain sample` processes at this
     batch size; the models' processes interleaved, in an order that turns each repeat (ABBA...)."""
@@ -150,9 +182,10 @@ def sample_rows(models: dict[str, str], work: Path, batch: int, args: argparse.N
         order = list(models) if repeat % 2 == 0 else list(reversed(models))
         for who in order:
             out = work / f"gen_{who}_{batch}.parquet"
+            code = _code_of(args.previous_src) if who == "previous" and args.previous_src else None
             seconds, kb, text = timed(
                 ["sample", models[who], "--n-events", str(args.events), "--batch-size", str(batch), "--out",
-                 str(out), "--device", "cpu", "--seed", "1", "--overwrite"], args.threads,
+                 str(out), "--device", "cpu", "--seed", "1", "--overwrite"], args.threads, code,
             )  # fmt: skip
             match = re.search(r"wrote (\d+) events, (\d+) muons .*, ([\d.]+) s\)", text)
             assert match is not None, text
