@@ -76,10 +76,13 @@ def truncate(path: str | Path, keep: float = 0.5) -> None:
 
 
 def corrupt_row_group(path: str | Path, group: int) -> None:
-    """Garble the data pages of one row group (the footer stays valid: found only when that group is read)."""
+    """Garble the pages of one row group's muons (the footer stays valid: found only when that group is read). The
+    column chunk starts at its dictionary page where it has one (its size counts from there: from the data page
+    the garbling ran into the next row group)."""
     col = pq.ParquetFile(path).metadata.row_group(group).column(3)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
     data = bytearray(Path(path).read_bytes())
-    for i in range(col.data_page_offset + 40, col.data_page_offset + col.total_compressed_size - 40, 7):
+    for i in range(start + 40, start + col.total_compressed_size - 40, 7):
         data[i] ^= 0xFF
     Path(path).write_bytes(bytes(data))
 
