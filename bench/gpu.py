@@ -49,9 +49,10 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch  # imported by main() once the flags are checked: a mistyped flag costs no torch import
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 REPO = Path(__file__).resolve().parents[1]
@@ -428,6 +429,9 @@ def main() -> None:
     if args.merge:
         merge(args.merge, args.out)
         return
+    global torch  # the module's functions use it: imported after the flags are checked (seconds on 2 cores)
+    import torch
+
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA device visible (use --device cpu --tiny)", file=sys.stderr)
         raise SystemExit(2)
