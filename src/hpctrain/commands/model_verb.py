@@ -28,6 +28,8 @@ def run_model_verb(verb: str, description: str, argv: list[str], more_help: str 
             return 0
         raise UserError(f"hpctrain {verb}: name a run folder or a checkpoint file (`hpctrain {verb} --help`)")
 
+    if not known.help:  # the help of the model's own workload, once it loads
+        _check_flags(verb, description, argv)
     # a first line before torch's import (seconds, more on a busy machine): the verb is at work
     print(f"{verb}: reading the checkpoint of {known.model} (torch loads first)", flush=True)
     from hpctrain.train.checkpoint import locate
@@ -48,6 +50,30 @@ def run_model_verb(verb: str, description: str, argv: list[str], more_help: str 
     parser = _parser(verb, description, handler)
     args = parser.parse_args(argv)
     return handler.run(args, found)
+
+
+def _check_flags(verb: str, description: str, argv: list[str]) -> None:
+    """The flags, before the checkpoint (and torch, seconds more on a busy machine) loads: they pass where some
+    workload offering the verb takes them (its parser and its own check), as the checkpoint's workload is known
+    only once it loads. Refused by all: the line of a workload that read every flag and refused a value (its
+    check), else the first one's."""
+    refusals: list[tuple[bool, UserError]] = []
+    for name in registry.offering(verb):
+        handler = registry.workloads()[name].verbs.model_verb(verb)
+        assert handler is not None  # offering() lists only the workloads that have it
+        try:
+            args = _parser(verb, description, handler).parse_args(argv)
+        except UserError as err:
+            refusals.append((False, err))
+            continue
+        try:
+            if handler.check is not None:
+                handler.check(args)
+            return
+        except UserError as err:
+            refusals.append((True, err))
+    if refusals:
+        raise next((err for checked, err in refusals if checked), refusals[0][1])
 
 
 def _model_type(state: dict[str, Any]) -> str | None:

@@ -79,6 +79,8 @@ class ModelVerb:
 
     add_args: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, Located], int]
+    # the flags alone, before the checkpoint (and torch: seconds) loads: a mistyped flag is one line at once
+    check: Callable[[argparse.Namespace], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ VERB_SIGNATURES: dict[str, tuple[tuple[str, ...], str | None]] = {
     "inspect": (("args",), "int"),
     "add_args": (("parser",), "None"),
     "run": (("args", "found"), "int"),
+    "check": (("args",), "None"),
     "judge": (("args",), "int"),
     "report": ((), "WorkloadReport"),
     "sampler": (("trained",), None),
@@ -181,6 +184,8 @@ def check(spec: WorkloadSpec, verbs: Verbs) -> Workload:
             continue
         if isinstance(value, (DataVerbs, ModelVerb, FilesVerb)):
             for sub in fields(value):
+                if getattr(value, sub.name) is None and sub.default is None:  # optional (ModelVerb.check)
+                    continue
                 _check_callable(spec.name, f"{part.name}.{sub.name}", getattr(value, sub.name))
         else:
             _check_callable(spec.name, part.name, value)

@@ -33,9 +33,14 @@ def evaluate_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="where to write the JSON (default <run folder>/evaluate.json)")
 
 
-def evaluate(args: argparse.Namespace, found: Located) -> int:
+def check_evaluate(args: argparse.Namespace) -> None:
+    """`hpctrain evaluate`'s flags, before the model loads."""
     if args.max_maps < 0:
         raise UserError(f"--max-maps must be 0 (all) or positive, not {args.max_maps}")
+
+
+def evaluate(args: argparse.Namespace, found: Located) -> int:
+    check_evaluate(args)
     from hpctrain.workloads.fields.evaluate import evaluate_run, write_outputs
 
     result = evaluate_run(args.model, max_maps=args.max_maps, split=args.split, found=found)
@@ -79,6 +84,6 @@ def report() -> WorkloadReport:
 VERBS = Verbs(
     tasks={"field_cnn": field_task},
     data=lazy_data_verbs(_data_verbs),
-    evaluate=ModelVerb(evaluate_args, evaluate),
+    evaluate=ModelVerb(evaluate_args, evaluate, check_evaluate),
     report=report,
 )

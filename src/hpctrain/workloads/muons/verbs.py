@@ -78,23 +78,7 @@ def sample_args(parser: argparse.ArgumentParser) -> None:
 
 def sample(args: argparse.Namespace, found: Located) -> int:
     """Generate muon bundles with a muon_wgan model; writes the current Parquet layout."""
-    if args.n_events is not None and args.n_events < 1:
-        raise UserError(f"--events must be at least 1, not {args.n_events}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
-    _check_seed(args.seed)
-    out = Path(args.out).expanduser()
-    if out.is_dir():
-        raise UserError(f"--out {args.out} is a folder: name the Parquet file to write")
-    if (out.exists() or out.is_symlink()) and not args.overwrite:  # a checkpoint, a data file: kept
-        raise UserError(
-            f"--out {args.out} exists: nothing was written; choose another file, or add --overwrite to replace it"
-        )
-    folder = out.absolute().parent
-    if not folder.is_dir():  # checked before the model loads: no traceback from the writer after minutes
-        raise UserError(
-            f"--out {args.out}: no such folder {folder} (nearest existing folder: {nearest_existing_folder(folder)})"
-        )
+    check_sample(args)
 
     import torch
 
@@ -129,6 +113,27 @@ def sample(args: argparse.Namespace, found: Located) -> int:
         + sampling.cap_line(at_cap[0], events, model.cap)
     )
     return 0
+
+
+def check_sample(args: argparse.Namespace) -> None:
+    """`hpctrain sample`'s flags, before the model loads (run_model_verb: before torch's import too)."""
+    if args.n_events is not None and args.n_events < 1:
+        raise UserError(f"--events must be at least 1, not {args.n_events}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
+    _check_seed(args.seed)
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise UserError(f"--out {args.out} is a folder: name the Parquet file to write")
+    if (out.exists() or out.is_symlink()) and not args.overwrite:  # a checkpoint, a data file: kept
+        raise UserError(
+            f"--out {args.out} exists: nothing was written; choose another file, or add --overwrite to replace it"
+        )
+    folder = out.absolute().parent
+    if not folder.is_dir():  # checked before the model loads: no traceback from the writer after minutes
+        raise UserError(
+            f"--out {args.out}: no such folder {folder} (nearest existing folder: {nearest_existing_folder(folder)})"
+        )
 
 
 def evaluate_args(parser: argparse.ArgumentParser) -> None:
@@ -194,25 +199,34 @@ def _check_classifier(args: argparse.Namespace) -> None:
         raise UserError(f"--null-replicates must be non-negative, not {args.null_replicates}")
 
 
-def evaluate(args: argparse.Namespace, found: Located) -> int:
-    """A muon model's bundles against fresh samples of the synthetic truth or held-out files: W1 and KS per
-    feature and bin of primary energy x zenith, next to the floor and the baseline (quality.py). Writes
-    evaluate.json in the run folder, appends the figures to metrics.jsonl and prints the table."""
+def check_evaluate(args: argparse.Namespace) -> None:
+    """`hpctrain evaluate`'s flags, before the model loads (run_model_verb: before torch's import too)."""
     if args.n_events is not None and args.n_events < 1:
         raise UserError(f"--events must be at least 1, not {args.n_events}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     _check_seed(args.seed)
     _check_classifier(args)
+    from hpctrain.workloads.muons.truth import (
+        versions as truth_versions,
+    )  # NumPy: not on every command's path
+
+    if args.truth:
+        truth_versions.get(args.truth)  # an unknown version: one line
+    if args.truth and args.data:
+        raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
+
+
+def evaluate(args: argparse.Namespace, found: Located) -> int:
+    """A muon model's bundles against fresh samples of the synthetic truth or held-out files: W1 and KS per
+    feature and bin of primary energy x zenith, next to the floor and the baseline (quality.py). Writes
+    evaluate.json in the run folder, appends the figures to metrics.jsonl and prints the table."""
+    check_evaluate(args)
 
     from hpctrain.workloads.muons.evaluation import evaluate, two_sample
     from hpctrain.workloads.muons.models import sampling
     from hpctrain.workloads.muons.truth import versions as truth_versions
 
-    if args.truth:
-        truth_versions.get(args.truth)  # an unknown version is one line before the model loads
-    if args.truth and args.data:
-        raise UserError(f"--truth {args.truth} with --data: held-out files are their own truth; drop one")
     stages = Stages("evaluate", sys.stdout)
     stages.stage(f"loading the model of {found.file}")
     model = sampling.load_model(args.model, args.device, found)
@@ -389,8 +403,8 @@ def sampler(trained: Any) -> Any:
 VERBS = Verbs(
     tasks={"muon_wgan": wgan_task, "muon_flow": flow_task, "muon_multiplicity": multiplicity_task},
     data=lazy_data_verbs(_data_verbs),
-    sample=ModelVerb(sample_args, sample),
-    evaluate=ModelVerb(evaluate_args, evaluate),
+    sample=ModelVerb(sample_args, sample, check_sample),
+    evaluate=ModelVerb(evaluate_args, evaluate, check_evaluate),
     evaluate_files=FilesVerb(evaluate_files_args, evaluate_files),
     report=report,
     sampler=sampler,
