@@ -43,6 +43,15 @@ def _check_seed(seed: int) -> None:
         raise UserError(f"--seed must be in 0 .. 2**63-1, not {seed}")
 
 
+def _check_common(args: argparse.Namespace) -> None:
+    """--events, --batch-size and --seed, as `sample` and `evaluate` both take them."""
+    if args.n_events is not None and args.n_events < 1:
+        raise UserError(f"--events must be at least 1, not {args.n_events}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
+    _check_seed(args.seed)
+
+
 def sample_args(parser: argparse.ArgumentParser) -> None:
     """The options of `hpctrain sample` for a muon model."""
     g = parser.add_argument_group("muon models")
@@ -117,11 +126,7 @@ def sample(args: argparse.Namespace, found: Located) -> int:
 
 def check_sample(args: argparse.Namespace) -> None:
     """`hpctrain sample`'s flags, before the model loads (run_model_verb: before torch's import too)."""
-    if args.n_events is not None and args.n_events < 1:
-        raise UserError(f"--events must be at least 1, not {args.n_events}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
-    _check_seed(args.seed)
+    _check_common(args)
     out = Path(args.out).expanduser()
     if out.is_dir():
         raise UserError(f"--out {args.out} is a folder: name the Parquet file to write")
@@ -201,11 +206,7 @@ def _check_classifier(args: argparse.Namespace) -> None:
 
 def check_evaluate(args: argparse.Namespace) -> None:
     """`hpctrain evaluate`'s flags, before the model loads (run_model_verb: before torch's import too)."""
-    if args.n_events is not None and args.n_events < 1:
-        raise UserError(f"--events must be at least 1, not {args.n_events}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
-    _check_seed(args.seed)
+    _check_common(args)
     _check_classifier(args)
     from hpctrain.workloads.muons.truth import (
         versions as truth_versions,
