@@ -50,7 +50,10 @@ def test_sbatch_command_line_options_beat_the_template(slurm_cluster: SlurmClust
         "warning: SLURM does not show this job's --signal; checking with slurm.signal_lead_seconds=15 (from "
         "command line), which could not be confirmed" in log
     )
-    assert log.count("warning: SLURM does not show") == 1
+    # One warning per hop: a loaded machine may not finish 20 updates in the first minute, and the requeued hop
+    # (same job, same appended log) checks its allocation again.
+    hops = log.count("] run folder ")
+    assert hops >= 1 and log.count("warning: SLURM does not show") == hops, failure_log(project, good)
     assert "rank 0/2" in log  # --gres=gpu:2 --ntasks-per-node=2 beat the template's gpu:1 and one task
     assert "note: taken from the environment or .env: optim.lr=2e-5 (environment LR)" in log
     assert yaml.safe_load((project / "logs" / "cli" / "config.yaml").read_text())["optim"][
