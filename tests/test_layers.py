@@ -113,6 +113,8 @@ LAZY = {
     "hpctrain": LOGIN + " (hpctrain.load imports workloads.trained, torch, when called)",
     "hpctrain.cli": "stop handlers first: `hpctrain train` installs them after this module's imports, so the "
     "error line's masking and importlib.metadata (the version) come in only when they are used",
+    "hpctrain.commands.export": "--out first: a taken folder is one line in a second, before torch and the "
+    "checkpoint load",
     "hpctrain.commands.model_verb": "first line before torch: sample and evaluate say they are at work before "
     "the checkpoint reader (torch) loads",
     "hpctrain.commands.report": LOGIN,
@@ -137,6 +139,8 @@ LAZY = {
     "hpctrain.track.wandb_tracker": "heavy import: wandb only when that tracker is on",
     "hpctrain.train.entry": "stop handlers before torch: the submitit job calls run() with no torch imported, so a "
     "USR1 during torch's slow import is a requeue; the trainer, first_update and dist (torch) come after them",
+    "hpctrain.train.exported": "export's --out check imports no torch: torch only where a network is written "
+    "(state_bytes) or read (the tensor reader)",
     "hpctrain.train.compile.stats": "heavy import: torch._dynamo (seconds) only when a model is compiled",
     "hpctrain.train.profile": "torch.profiler only when train.profile is on",
     "hpctrain.train.what_ran": "heavy import: pynvml only where a GPU is used",

@@ -82,10 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 _COMPILER_VERBS = ("train", "submit", "sample", "evaluate", "export")
 
 
-# The first line of a verb whose module is slow to import (the others say theirs as they begin).
-_SAYS_FIRST = {"export": "loading torch and the checkpoint"}
-
-
 def _inductor_cache_problem() -> str | None:
     """TORCHINDUCTOR_CACHE_DIR naming a file, a path under one or a folder that cannot be made: torch's import
     of its compiler makes that folder (the optimizer's constructor imports it, compile off too), so the run ended
@@ -184,9 +180,6 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     if argv is None:
         _masked_last_resort()
-    if verb in _SAYS_FIRST and not {"-h", "--help"} & set(rest):
-        # its module imports torch (seconds; a minute on a busy machine) before the verb can say anything
-        print(f"{verb}: {_SAYS_FIRST[verb]}", flush=True)
     module = importlib.import_module(f"hpctrain.commands.{verb}")
     try:
         return int(module.main(rest))

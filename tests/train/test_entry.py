@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train import entry
 from hpctrain.train.trainer import Trainer
 from hpctrain.workloads.registry import config_model, fill_default_types, make_task, resolve, task_factory
-from tests.conftest import hpctrain
+from tests.conftest import clean_env, hpctrain
 
 
 def cfg_for(out: Path, *overrides: str):
@@ -77,6 +78,34 @@ def test_missing_inputs_are_one_line_before_any_work(tmp_path: Path) -> None:
         f"(nearest existing folder: {tmp_path}); if the data lives on a shared or scratch volume, check that it "
         "is mounted on this node"
     )
+    assert not (tmp_path / "logs").exists()
+
+
+PROBE = "import sys\nfrom hpctrain.cli import main\nprint(main(sys.argv[1:]), 'torch' in sys.modules)"
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "checkpoint.resume={tmp}/gone/step_00000010.pt",
+            "error: checkpoint.resume={tmp}/gone/step_00000010.pt: ",
+        ),
+        ("data.type=muons data.paths=[{tmp}/nope]", "error: data.paths: {tmp}/nope: no such file or folder"),
+    ],
+    ids=["resume", "data"],
+)
+def test_a_run_refused_before_the_build_ends_without_importing_torch(
+    tmp_path: Path, override: str, said: str
+) -> None:
+    """A mistake the checks find before the trainer is built costs a second, not torch's import (seconds; a
+    minute on a busy login node): the closing steps load nothing the run never used."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, "train", *override.format(tmp=tmp_path).split(), f"run.out_dir={tmp_path / 'logs'}"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-2000:])
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(said.format(tmp=tmp_path)), done.stderr
     assert not (tmp_path / "logs").exists()
 
 

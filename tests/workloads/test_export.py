@@ -374,3 +374,21 @@ def test_load_device_mistakes_are_one_user_line(run: Path) -> None:
         count = torch.cuda.device_count()
         with pytest.raises(UserError, match=rf"this machine has {count} CUDA device"):
             hpctrain.load(run, device=f"cuda:{count}")
+
+
+def test_a_taken_out_folder_is_refused_before_torch_loads(run: Path, tmp_path: Path) -> None:
+    """--out naming a folder of other files: one line, exit 2, in a second (torch never imported)."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    probe = "import sys\nfrom hpctrain.cli import main\nprint(main(sys.argv[1:]), 'torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "export", str(run), "--out", str(taken)],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-2000:])
+    assert (
+        done.stderr
+        == f"error: --out {taken}: holds other files and no earlier export; name a new or empty folder\n"
+    )
+    assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hpctrain import __version__
 from hpctrain.commands.common import ArgParser
@@ -27,7 +25,9 @@ from hpctrain.train.exported import (
     state_bytes,
     write_export,
 )
-from hpctrain.workloads.trained import Trained, load
+
+if TYPE_CHECKING:
+    from hpctrain.workloads.trained import Trained
 
 SHOWN_TENSORS = 24  # tensors listed per network in the README (all of them are in the file)
 
@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
-    earlier_export(out)  # a folder of other files is refused before the model loads
+    earlier_export(out)  # a folder of other files is refused before torch and the model load
+    print("export: loading torch and the checkpoint", flush=True)  # seconds; a minute on a busy machine
+    from hpctrain.workloads.trained import load
 
     trained = load(args.run, args.which, "cpu")
     files, meta = export_files(trained, args.which)
@@ -60,6 +62,8 @@ def main(argv: list[str]) -> int:
 def export_files(trained: Trained, which: str) -> tuple[dict[str, bytes], dict[str, Any]]:
     """The export's files (name -> bytes; the README aside) and export.json's content less the files' hashes.
     No absolute path: the run by its name, the checkpoint by its place in the run folder."""
+    import torch  # loaded with the model
+
     files: dict[str, bytes] = {}
     networks: dict[str, Any] = {}
     for name, module in trained.models.items():

@@ -380,9 +380,11 @@ def _user_mistakes(resuming: Path | None = None) -> Iterator[None]:
 
 
 def _teardown(clean: bool) -> None:
-    from hpctrain.runtime import dist  # torch: only after the stop handlers are in
-
-    dist.teardown(clean)
+    """Leave the process group, if this process ever loaded the module that joins one: a run refused before the
+    trainer was built (a config mistake, a missing checkpoint.resume) ends in a second, not after torch's import."""
+    dist = sys.modules.get("hpctrain.runtime.dist")
+    if dist is not None:
+        dist.teardown(clean)
 
 
 def _close_all(steps: list[tuple[str, Callable[[], None] | None]], error: BaseException | None) -> None:

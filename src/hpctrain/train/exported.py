@@ -27,9 +27,8 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 from pydantic import BaseModel
 
@@ -37,7 +36,9 @@ from hpctrain.config.dump import dump_config
 from hpctrain.config.yaml_file import load_yaml
 from hpctrain.errors import UserError
 from hpctrain.fsutil import atomic_write_bytes, atomic_write_json
-from hpctrain.train.tensor_file import Refused, load_tensors
+
+if TYPE_CHECKING:
+    import torch
 
 EXPORT_JSON = "export.json"
 CONFIG_FILE = "config.yaml"
@@ -151,6 +152,8 @@ def portable_config(cfg: BaseModel) -> tuple[str, list[str]]:
 
 def state_bytes(module: torch.nn.Module) -> bytes:
     """A network's state dict as the bytes of a plain `torch.save` (tensors on the CPU, nothing around them)."""
+    import torch
+
     buffer = io.BytesIO()
     torch.save({key: value.detach().cpu() for key, value in module.state_dict().items()}, buffer)
     return buffer.getvalue()
@@ -223,6 +226,8 @@ def read_export(folder: Path) -> dict[str, Any]:
     networks = meta.get("networks")
     if not isinstance(networks, dict) or not networks:
         raise UserError(f"{folder}: {EXPORT_JSON} names no networks; export the model again")
+    from hpctrain.train.tensor_file import Refused, load_tensors  # torch
+
     modules: dict[str, Any] = {}
     for name, net in networks.items():
         file = net.get("file") if isinstance(net, dict) else None
