@@ -141,6 +141,9 @@ LAZY = {
     "USR1 during torch's slow import is a requeue; the trainer, first_update and dist (torch) come after them",
     "hpctrain.train.exported": "export's --out check imports no torch: torch only where a network is written "
     "(state_bytes) or read (the tensor reader)",
+    "hpctrain.train.checkpoint": "locate says a run or step that is not there before torch: sample, evaluate and "
+    "export end in a second on a mistyped folder; torch (the writer, the tensor reader, the run lock's dist) "
+    "where a file is written or read",
     "hpctrain.train.compile.stats": "heavy import: torch._dynamo (seconds) only when a model is compiled",
     "hpctrain.train.profile": "torch.profiler only when train.profile is on",
     "hpctrain.train.what_ran": "heavy import: pynvml only where a GPU is used",

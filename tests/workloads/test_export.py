@@ -376,19 +376,29 @@ def test_load_device_mistakes_are_one_user_line(run: Path) -> None:
             hpctrain.load(run, device=f"cuda:{count}")
 
 
-def test_a_taken_out_folder_is_refused_before_torch_loads(run: Path, tmp_path: Path) -> None:
-    """--out naming a folder of other files: one line, exit 2, in a second (torch never imported)."""
+def test_a_taken_out_folder_or_a_missing_run_is_refused_before_torch_loads(run: Path, tmp_path: Path) -> None:
+    """--out naming a folder of other files, a run folder that is not there, a step the run does not hold: one
+    line, exit 2, in a second (torch never imported: seconds, a minute on a busy login node)."""
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
     probe = "import sys\nfrom hpctrain.cli import main\nprint(main(sys.argv[1:]), 'torch' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "export", str(run), "--out", str(taken)],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-2000:])
-    assert (
-        done.stderr
-        == f"error: --out {taken}: holds other files and no earlier export; name a new or empty folder\n"
-    )
+    out = str(tmp_path / "out")
+    cases = {
+        (
+            str(run),
+            "--out",
+            str(taken),
+        ): f"--out {taken}: holds other files and no earlier export; name a new",
+        (str(tmp_path / "nope"), "--out", out): f"{tmp_path / 'nope'}: no such run folder or checkpoint file",
+        (str(run), "--which", "step_7", "--out", out): f"{run}: no step_00000007.pt in",
+    }
+    for args, said in cases.items():
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "export", *args],
+            cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.stdout.split()[-2:] == ["2", "False"], (args, done.stdout, done.stderr[-2000:])
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {said}"), done.stderr
     assert sorted(p.name for p in taken.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "out").exists()

@@ -46,9 +46,14 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     earlier_export(out)  # a folder of other files is refused before torch and the model load
     print("export: loading torch and the checkpoint", flush=True)  # seconds; a minute on a busy machine
-    from hpctrain.workloads.trained import load
+    from hpctrain.train.checkpoint import locate
 
-    trained = load(args.run, args.which, "cpu")
+    found = locate(args.run, args.which)  # a run that is not there: one line before torch loads
+    import torch
+
+    from hpctrain.workloads.trained import build
+
+    trained = build(found, torch.device("cpu"))
     files, meta = export_files(trained, args.which)
     written, left = write_export(out, files, meta, lambda m: readme(m, out))
     kept = f"; left {', '.join(left)} (not as the earlier export wrote them)" if left else ""
@@ -62,7 +67,7 @@ def main(argv: list[str]) -> int:
 def export_files(trained: Trained, which: str) -> tuple[dict[str, bytes], dict[str, Any]]:
     """The export's files (name -> bytes; the README aside) and export.json's content less the files' hashes.
     No absolute path: the run by its name, the checkpoint by its place in the run folder."""
-    import torch  # loaded with the model
+    import torch  # loaded with the checkpoint
 
     files: dict[str, bytes] = {}
     networks: dict[str, Any] = {}

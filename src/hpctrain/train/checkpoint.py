@@ -27,13 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from hpctrain.errors import RunError, UserError
 from hpctrain.fsutil import atomic_write_bytes, atomic_write_text, make_folders
 from hpctrain.train.exported import is_export, read_export
-from hpctrain.train.runlock import clean_temporaries
-from hpctrain.train.tensor_file import Refused, load_tensors
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +86,15 @@ class CheckpointStore:
 
     def clean_temporaries(self) -> None:
         """Remove half-written files whose writer is dead (a killed save); a live writer's are left alone."""
+        from hpctrain.train.runlock import clean_temporaries  # torch (dist)
+
         clean_temporaries(self.folder, "checkpoint file from a killed save")
 
     def save(self, state: dict[str, Any], step: int, best: bool = False) -> Path:
         """Commit `state` as update `step` (and as best.pt): serialize and hash, [best.json + best.pt], the step
         file's sidecar + the step file, then `latest`; then prune. Returns the step file."""
+        import torch
+
         make_folders(self.folder)
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -335,6 +335,8 @@ def read_checkpoint(path: Path, named: bool = False) -> dict[str, Any]:
     # torch.save writes a zip archive: for anything else torch's own error is cryptic (a bare number)
     if not data.startswith(b"PK\x03\x04"):
         raise Unreadable("not a checkpoint: not the zip archive torch.save writes")
+    from hpctrain.train.tensor_file import Refused, load_tensors  # torch
+
     try:
         state = load_tensors(data)
     except Refused as exc:
