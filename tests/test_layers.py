@@ -138,7 +138,8 @@ LAZY = {
     "hpctrain.track.tensorboard": "heavy import: tensorboard only when that tracker is on",
     "hpctrain.track.wandb_tracker": "heavy import: wandb only when that tracker is on",
     "hpctrain.train.entry": "stop handlers before torch: the submitit job calls run() with no torch imported, so a "
-    "USR1 during torch's slow import is a requeue; the trainer, first_update and dist (torch) come after them",
+    "USR1 during torch's slow import is a requeue; the trainer and first_update (torch) come after them (the "
+    "process group is left only where dist was loaded)",
     "hpctrain.train.exported": "export's --out check imports no torch: torch only where a network is written "
     "(state_bytes) or read (the tensor reader)",
     "hpctrain.train.checkpoint": "locate says a run or step that is not there before torch: sample, evaluate and "
