@@ -130,10 +130,21 @@ def save_png(fig: Any, path: Any, metadata: dict[str, str]) -> None:
     """Write `fig` as a PNG at DPI. Log axes get minor ticks at 2 and 5 of each decade, not at every
     integer: matplotlib builds an object per tick, and 8 per decade on every log axis were a third of a muon
     report's drawing time (28 s -> 21 s for its 42 figures on one core); the gridless plots lose nothing."""
+    from matplotlib import rc_context
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() == "log":
                 _log_ticks(ax, axis)
+    engine = fig.get_layout_engine()
+    if isinstance(engine, ConstrainedLayoutEngine) and fig.dpi == DPI:
+        # Laid out here, once, and the engine taken off: savefig lays a figure that has one out in a drawing pass
+        # of its own (every artist drawn unrendered, every text measured) before the drawing that renders it.
+        # The files are byte for byte the same; a muon report's drawing costs ~5 % less (49-52 -> 46-48 CPU-s).
+        engine.execute(fig)
+        with rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)  # None, not "none": a placeholder engine still costs the extra pass
     fig.savefig(path, dpi=DPI, format="png", metadata=metadata)
 
 
