@@ -208,9 +208,8 @@ def check_evaluate(args: argparse.Namespace) -> None:
     """`hpctrain evaluate`'s flags, before the model loads (run_model_verb: before torch's import too)."""
     _check_common(args)
     _check_classifier(args)
-    from hpctrain.workloads.muons.truth import (
-        versions as truth_versions,
-    )  # NumPy: not on every command's path
+    # NumPy: not on every command's path
+    from hpctrain.workloads.muons.truth import versions as truth_versions
 
     if args.truth:
         truth_versions.get(args.truth)  # an unknown version: one line
