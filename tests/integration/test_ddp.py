@@ -151,13 +151,14 @@ def test_supervised_torchrun_restarts_its_exit_75_stops_until_done(tmp_path: Pat
     from tests.conftest import clean_env, save_pause
 
     args = [*COMMON, "data.batch_size=16", "train.total_updates=60", "checkpoint.every=5"]
-    budget = ["budget.time_limit=0:40", "budget.margin_seconds=0.5"]  # from torchrun's start
+    budget = ["budget.time_limit=1:30", "budget.margin_seconds=0.5"]  # from torchrun's start
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    # In the first hop 12 saves pausing 4 s each: more than its 40 s hold (counted from the process start),
-    # whatever the machine's speed (the build takes ~16 s of them at load 15); the next hops train at full speed
+    # In the first hop 12 saves pausing 8 s each: more than its 90 s hold (counted from the process start),
+    # whatever the machine's speed; the next hops train at full speed, and 90 s leave them a loaded machine's
+    # torchrun start (30-60 s) and still time to train (40 s did not: a hop of one update each)
     done = hpctrain(
         "supervise", "--max-idle", "4", "--", *launcher, "-m", "hpctrain", "train", *args, *budget,
-        cwd=tmp_path, env=clean_env(**save_pause(4.0, hops=1)), timeout=900,
+        cwd=tmp_path, env=clean_env(**save_pause(8.0, hops=1)), timeout=900,
     )  # fmt: skip
     assert done.code == 0, done.err[-3000:]
     hops = json.loads((tmp_path / "logs" / "d" / "chain.json").read_text())

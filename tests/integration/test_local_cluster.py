@@ -75,7 +75,7 @@ def test_requeued_job_runs_again(slurm_cluster: SlurmCluster, tmp_path: Path) ->
         slurm_cluster.scontrol("requeue", job)
         assert slurm_cluster.wait(job, timeout=120) == "COMPLETED"
         # ~6 s (AuthInfo=cred_expire=5): far below the 121 s a requeued job waits with SLURM's default
-        assert time.monotonic() - t0 < 60
+        assert time.monotonic() - t0 < 110  # a loaded machine adds its job start; still short of 121 s
         assert log.read_text().split() == ["restart=0", "restart=1"]
         assert slurm_cluster.job_info(job)["Restarts"] == "1"
     finally:

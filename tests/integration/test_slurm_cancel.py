@@ -43,7 +43,7 @@ def _start(cluster: SlurmCluster, project: Path, name: str, *extra: str) -> tupl
         cluster, project, ["slurm/single_gpu.sh", *WORK, f"run.name={name}", *extra], **save_pause(0.5)
     )
     run = project / "logs" / name
-    wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+    wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
     return job, run
 
 
@@ -59,7 +59,7 @@ def test_cancel_ends_an_afterany_chain_and_the_run_stays_resumable(
         assert said.code == 0, said.err
         assert f"job {job} (running): asked to save and stop" in said.out
         assert f"job {successors[0]} (pending): cancelled" in said.out
-        wait_done(slurm_cluster, project, job, timeout=90)
+        wait_done(slurm_cluster, project, job, timeout=300)
         assert slurm_cluster.wait_sacct(successors[0], "CANCELLED") == "CANCELLED"
     finally:
         slurm_cluster.cancel_all()
@@ -75,7 +75,7 @@ def test_cancel_by_job_id_ends_a_requeue_chain(slurm_cluster: SlurmCluster, proj
         job, run = _start(slurm_cluster, project, "cr")
         said = hpctrain("cancel", "--job", job, cwd=project, env=job_env(slurm_cluster))
         assert said.code == 0 and f"run {run}: cancelled" in said.out, said.err
-        wait_done(slurm_cluster, project, job, timeout=90)  # ended, not requeued (a requeue never ends it)
+        wait_done(slurm_cluster, project, job, timeout=300)  # ended, not requeued (a requeue never ends it)
     finally:
         slurm_cluster.cancel_all()
     hops = read_json(run / "chain.json")
@@ -89,7 +89,7 @@ def test_a_plain_scancel_under_afterany_lets_the_successor_carry_on(
     try:
         job, run = _start(slurm_cluster, project, "cs", "slurm.resubmit=afterany")
         slurm_cluster.run(["scancel", job])  # TERM to the job: the hop saves within KillWait and exits 75
-        wait_for(lambda: len(read_json(run / "chain.json", [])) >= 2, "a second hop", timeout=120)
+        wait_for(lambda: len(read_json(run / "chain.json", [])) >= 2, "a second hop", timeout=300)
     finally:
         slurm_cluster.cancel_all()
     hops = read_json(run / "chain.json")
@@ -108,12 +108,12 @@ def test_cancel_sweep_stops_the_running_element_and_cancels_the_queued_ones(
     array = re.search(r"^job array (\d+)", submitted.stdout, flags=re.M).group(1)  # type: ignore[union-attr]
     first = project / "logs" / "debug-lr0.002"
     try:
-        wait_for(lambda: (first / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        wait_for(lambda: (first / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
         said = hpctrain("cancel", str(first), "--sweep", cwd=project, env=job_env(slurm_cluster))
         assert said.code == 0, said.err
         assert f"job {array}_0 (running): asked to save and stop" in said.out
         assert said.out.count("(pending): cancelled") == 2, said.out
-        wait_for(lambda: not _queued(slurm_cluster), "an empty queue", timeout=90)
+        wait_for(lambda: not _queued(slurm_cluster), "an empty queue", timeout=300)
     finally:
         slurm_cluster.cancel_all()
     hops = read_json(first / "chain.json")

@@ -152,7 +152,7 @@ def test_killed_rank_fails_the_job_and_the_run_continues(slurm_cluster: SlurmClu
     run = project / "logs" / "killed"
     try:
         wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
-        pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=60)
+        pid = wait_for(lambda: rank_pid(job, 1), "rank 1", timeout=120)
         os.kill(pid, signal.SIGKILL)
         # Rank 0 must not hang: it leaves after distributed.timeout_seconds (plus its exit and accounting, a
         # minute at most on a loaded machine), long before the default 300 s would have let it go.

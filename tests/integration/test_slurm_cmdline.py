@@ -63,7 +63,7 @@ def test_sbatch_command_line_options_beat_the_template(slurm_cluster: SlurmClust
     cpus = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-o", "AllocCPUS", "-j", good]).stdout.split()
     assert cpus[0] == "4"  # 2 tasks x --cpus-per-task=2, not the template's 8
 
-    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", failure_log(project, bad)
+    assert wait_done(slurm_cluster, project, bad, timeout=120) == "FAILED", failure_log(project, bad)
     log = log_of(project, bad)
     assert "checking with the script's #SBATCH --signal line (120 s), which could not be confirmed" in log
     assert "slurm.signal_lead_seconds=120 is not shorter than the wall time (60 s)" in log

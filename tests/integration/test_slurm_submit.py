@@ -58,10 +58,10 @@ def test_submit_dry_run_then_submit_preempt_and_finish(slurm_cluster: SlurmClust
     job, run = match.group(1), Path(match.group(2))
     assert run == (project / "logs" / "sub").resolve()
     try:
-        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
         # submitit's signal (USR2) to every task: the trainer's stop path saves, then submitit requeues.
         slurm_cluster.run(["scancel", "--signal=USR2", job])
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", submitit_log(project, job)
+        assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", submitit_log(project, job)
     finally:
         slurm_cluster.cancel_all()
     hops = read_json(run / "chain.json", [])
@@ -94,7 +94,7 @@ def test_a_two_rank_submitit_job_ends_without_finalization(
     assert match, done.stdout
     job, run = match.group(1), Path(match.group(2))
     try:
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", submitit_log(project, job)
+        assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", submitit_log(project, job)
     finally:
         slurm_cluster.cancel_all()
     assert read_json(run / "summary.json", {}).get("status") == "finished"

@@ -48,7 +48,7 @@ def test_single_node_two_task_ddp(slurm_cluster: SlurmCluster, project: Path) ->
         project,
         ["--ntasks-per-node=2", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=ddp", *CPU, *SMALL],
     )
-    assert wait_done(slurm_cluster, project, job, timeout=90) == "COMPLETED", failure_log(project, job)
+    assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", failure_log(project, job)
     finished(project, "ddp", world=2)
     log = log_of(project, job)
     assert "rank 0/2 (local 0/2, node 0/1)" in log
@@ -72,7 +72,7 @@ def test_two_nodes_with_one_and_two_tasks_per_node(slurm_cluster: SlurmCluster, 
         for tasks in (1, 2)
     }
     for tasks, job in jobs.items():
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", failure_log(project, job)
+        assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", failure_log(project, job)
         finished(project, f"n2t{tasks}", world=2 * tasks)
         assert f"rank 0/{2 * tasks} (local 0/{tasks}, node 0/2)" in log_of(project, job)
 
@@ -94,7 +94,7 @@ def test_export_forms_both_set_the_learning_rate(slurm_cluster: SlurmCluster, pr
         ),
     }
     for (form, job), name in zip(jobs.items(), ("exp_a", "exp_b")):
-        assert wait_done(slurm_cluster, project, job, timeout=120) == "COMPLETED", (
+        assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", (
             form,
             failure_log(project, job),
         )
@@ -105,7 +105,7 @@ def test_export_forms_both_set_the_learning_rate(slurm_cluster: SlurmCluster, pr
 
 def test_bad_config_fails_with_exit_2_before_srun(slurm_cluster: SlurmCluster, project: Path) -> None:
     job = submit(slurm_cluster, project, ["slurm/single_gpu.sh", "optim.lr=-1", "run.name=bad"])
-    assert wait_done(slurm_cluster, project, job, timeout=60) == "FAILED"
+    assert wait_done(slurm_cluster, project, job, timeout=120) == "FAILED"
     log = log_of(project, job)
     assert "optim.lr" in log and "nothing was run" in log
     assert "srun" not in log and not (project / "logs" / "bad").exists()
@@ -119,7 +119,7 @@ def test_tasks_inconsistent_with_gpus_fail_before_srun(slurm_cluster: SlurmClust
         project,
         ["--ntasks-per-node=1", "--gres=gpu:2", "slurm/multi_gpu.sh", "run.name=mismatch"],
     )
-    assert wait_done(slurm_cluster, project, job, timeout=60) == "FAILED"
+    assert wait_done(slurm_cluster, project, job, timeout=120) == "FAILED"
     assert "1 tasks per node with 2 GPUs per node" in log_of(project, job)
 
 
@@ -145,9 +145,9 @@ def test_torchrun_per_node_survives_a_preemption(slurm_cluster: SlurmCluster, pr
     )
     run = project / "logs" / "trun"
     try:
-        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=90)
+        wait_for(lambda: (run / "checkpoints" / "latest").exists(), "first checkpoint", timeout=300)
         slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job])
-        assert wait_done(slurm_cluster, project, job, timeout=150) == "COMPLETED", failure_log(project, job)[
+        assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", failure_log(project, job)[
             -3000:
         ]
     finally:
@@ -183,7 +183,7 @@ def test_first_sbatch_after_make_run_starts_its_own_run(slurm_cluster: SlurmClus
             *CPU,  # no GPU here; a key that may change between hops, so not part of the run's name
         ],
     )
-    assert wait_done(slurm_cluster, project, job, timeout=180) == "COMPLETED", failure_log(project, job)[
+    assert wait_done(slurm_cluster, project, job, timeout=300) == "COMPLETED", failure_log(project, job)[
         -3000:
     ]
     assert {p.name: p.read_bytes() for p in debug.rglob("*") if p.is_file()} == before  # untouched
@@ -247,12 +247,12 @@ def test_fields_data_as_an_array_job_and_unknown_exports_refused(
     )
     bad = submit(slurm_cluster, project, ["slurm/single_gpu.sh", "--export=LRR=2e-5", *DEBUG, "run.name=bad"])
     for task in range(3):
-        assert wait_done(slurm_cluster, project, f"{array}_{task}", timeout=120) == "COMPLETED"
+        assert wait_done(slurm_cluster, project, f"{array}_{task}", timeout=300) == "COMPLETED"
     assert sorted(p.name for p in (out / "train").glob("shard-*.h5")) == [
         f"shard-{i:05d}.h5" for i in range(5)
     ]
     meta = read_json(out / "train" / "meta.json", {})
     assert meta.get("n") == 40 and sum(shard["n"] for shard in meta["shards"]) == 40, meta
-    assert wait_done(slurm_cluster, project, bad, timeout=60) == "FAILED", failure_log(project, bad)
+    assert wait_done(slurm_cluster, project, bad, timeout=120) == "FAILED", failure_log(project, bad)
     lines = [x for x in log_of(project, bad).splitlines() if "LRR" in x]
     assert lines and "LR" in lines[0] and "Traceback" not in log_of(project, bad), lines

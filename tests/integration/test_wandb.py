@@ -142,10 +142,12 @@ def test_sync_against_an_unreachable_server_fails_fast(two_hops: tuple[Path, Pat
     tmp, run_dir, _ = two_hops
     env = _wandb_env(tmp)
     start = time.monotonic()
-    done = hpctrain("sync", str(run_dir), cwd=tmp, env=env, timeout=120)
+    done = hpctrain("sync", str(run_dir), cwd=tmp, env=env, timeout=300)
     elapsed = time.monotonic() - start
     assert done.code != 0, done.out
-    assert elapsed < 60
+    # its own capped retries gave up (seconds; imports and W&B's service start take tens on a loaded machine),
+    # not the 600 s that one `wandb sync` may take
+    assert "did not finish within" not in done.out + done.err and elapsed < 180, done.out
     assert "FAILED" in done.out and "1 failed" in done.out
     assert "0 uploaded" in done.out  # stopped at the first hop: the second must not land before it
     assert not (run_dir / "wandb_sync.json").exists()

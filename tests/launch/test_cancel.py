@@ -29,7 +29,7 @@ def test_a_supervised_training_cancelled_saves_stops_and_continues_when_started_
     child = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", *args, "--until-done"],
         cwd=tmp_path,
-        env=clean_env(**save_pause(0.5)),  # 12 saves x 0.5 s: time to cancel mid-run
+        env=clean_env(**save_pause(2.0)),  # 12 saves x 2 s: time for a loaded machine's `cancel` mid-run
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -21,7 +21,7 @@ from hpctrain.config.loading import ConfigRequest
 from hpctrain.config.messages import error_line
 from hpctrain.errors import UserError
 from hpctrain.workloads.registry import resolve
-from tests.conftest import ROOT, clean_env
+from tests.conftest import ROOT, clean_env, save_pause
 
 htcondor2 = pytest.importorskip("htcondor2")
 
@@ -62,7 +62,8 @@ def test_the_executable_saves_with_85_on_eviction_and_the_next_execution_finishe
     sandbox.mkdir()
     shutil.copy(ROOT / "configs" / "debug.yaml", sandbox)  # transfer_input_files = $(config)
     venv = str(Path(sys.executable).parent)
-    env = clean_env(PATH=f"{venv}{os.pathsep}{os.environ['PATH']}")
+    # the first execution's 11 saves after the first pause 1 s each: the eviction comes mid-run however loaded
+    env = clean_env(PATH=f"{venv}{os.pathsep}{os.environ['PATH']}", **save_pause(1.0, hops=1))
     argv = ["bash", str(ROOT / "hpc/condor/train.sh"), "debug.yaml", "r", "30:00", "train.total_updates=60",
             "checkpoint.every=5", "logging.progress=lines"]  # fmt: skip
     first = subprocess.Popen(

@@ -19,9 +19,10 @@ from hpctrain.launch.chain import decide
 from hpctrain.launch.supervise import Policy, Supervisor
 from tests.conftest import clean_env, hpctrain, kill_once, save_pause
 
-# The default job made slower per save (a pause before each checkpoint's rename): 10 saves take at least 40 s
-# more than the updates, so a hop with a 40 s budget (counted from its process start) cannot do them all, and
-# one whose start-up takes 15 s (a loaded machine) still makes progress.
+# The default job made slower per save in its first hop (a pause of 8 s before each checkpoint's rename): 10 saves
+# take at least 80 s more than the updates, so a first hop with a 90 s budget (counted from its process start)
+# cannot do them all; the next hop trains at full speed, and a start-up of 30-60 s (a loaded machine) leaves it
+# time to train (pauses in every hop of 40 s left a loaded machine one update per hop).
 RUN = ["train.total_updates=200", "checkpoint.every=20", "train.eval_every=50", "logging.progress=lines"]
 
 
@@ -40,9 +41,9 @@ def _hops(run_dir: Path) -> list[dict]:
 
 def test_time_budget_stops_are_restarted_until_done_bit_exactly(reference: str, tmp_path: Path) -> None:
     done = hpctrain(
-        "train", "run.name=s", *RUN, "budget.time_limit=0:40", "budget.margin_seconds=0.5",
+        "train", "run.name=s", *RUN, "budget.time_limit=1:30", "budget.margin_seconds=0.5",
         "--until-done", "--max-idle", "4",
-        cwd=tmp_path, env=clean_env(**save_pause(4.0)), timeout=900,
+        cwd=tmp_path, env=clean_env(**save_pause(8.0, hops=1)), timeout=900,
     )  # fmt: skip
     assert done.code == 0, done.err
     hops = _hops(tmp_path / "logs" / "s")

@@ -213,13 +213,15 @@ def test_a_short_hop_never_blocks_on_a_cold_compile(tmp_path: Path) -> None:
 def test_a_helper_done_too_late_to_load_leaves_the_hop_eager_and_the_next_hop_warm(tmp_path: Path) -> None:
     """The switch's first compiled call loads the helper's code, seconds that no stop can cut: with less than
     that left before the margin the hop stays eager; the helper's code is marked, so the next hop loads it in its
-    own process. The test hook holds the trainer until the helper ends, which a 25-s margin of a 50-s limit
-    (counted from the process start) does not leave room after."""
+    own process. The test hook holds the trainer until the helper ends, which a 100-s margin of a 2-minute limit
+    (counted from the process start) does not leave room after: the helper starts when the first update comes
+    within 60 s of the start (a loaded machine's imports and build), and its code is too late to load when the
+    start and the helper took over 10 s."""
     env = clean_env(**compile_ahead("wait"))
     args = (
         *ARGS,
-        "budget.time_limit=0:50",
-        "budget.margin_seconds=25",
+        "budget.time_limit=2:00",
+        "budget.margin_seconds=100",
         "train.total_updates=100000",
         "run.name=k",
     )
