@@ -75,7 +75,7 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
         issuer.close()
 
 
-def cli(s: Setup, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+def cli(s: Setup, *args: str, timeout: float = 480, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hpctrain", *args],
         cwd=s.tmp,

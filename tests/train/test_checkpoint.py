@@ -138,7 +138,7 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
     env = clean_env(**save_pause(30))
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = tmp_path / "out" / "k" / "checkpoints"
-    deadline = time.time() + 90
+    deadline = time.time() + 240
     try:
         # The first save pauses too: let it through by waiting for a temp file, then for step 20 to commit.
         while time.time() < deadline and not list(folder.glob(".step_00000020.pt.tmp-*")):
@@ -161,7 +161,7 @@ def test_sigkill_during_save_never_becomes_latest(tmp_path: Path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 240
         while time.time() < deadline and not list(folder.glob(".step_00000040.pt.tmp-*")):
             time.sleep(0.05)
         assert list(folder.glob(".step_00000040.pt.tmp-*"))

@@ -152,13 +152,19 @@ def test_lock_under_flock_refuses_while_held_across_heartbeats(tmp_path: Path, m
     try:
         first_beat = json.loads((tmp_path / "run.lock").read_text())["heartbeat"]
         refused = 0
+
+        def beat() -> bool:
+            return json.loads((tmp_path / "run.lock").read_text())["heartbeat"] > first_beat
+
+        # refused at every try while the heartbeat renames a new locked file over run.lock, until at least 50
+        # beats' time went by (and a beat was seen: a loaded machine may not run the thread for a while)
         deadline = time.time() + 1.0
-        while time.time() < deadline:  # the heartbeat renames a new locked file over run.lock meanwhile
+        while time.time() < deadline or not beat():
             with pytest.raises(UserError, match=f"in use by pid {os.getpid()}"):
                 runlock.RunLock(tmp_path).acquire()
             refused += 1
+            assert time.time() < deadline + 30, "no heartbeat in 30 s"
         assert refused > 5
-        assert json.loads((tmp_path / "run.lock").read_text())["heartbeat"] > first_beat
     finally:
         holder.release()
     assert not (tmp_path / "run.lock").exists()

@@ -99,10 +99,11 @@ def test_a_stuck_loop_is_reported_and_ends_with_the_requeue_code(tmp_path: Path)
 def test_progress_keeps_it_quiet(tmp_path: Path) -> None:
     progress = [0]
     ended: list[int] = []
-    dog = HangWatchdog(1.0, ClusterEnv(), tmp_path, lambda: (progress[0], 0), lambda line: None, ended.append)
+    # progress every 0.1 s for 5 s under a 2-s limit (a loaded machine may hold this thread for a second)
+    dog = HangWatchdog(2.0, ClusterEnv(), tmp_path, lambda: (progress[0], 0), lambda line: None, ended.append)
     dog.start()
     try:
-        for _ in range(25):
+        for _ in range(50):
             progress[0] += 1
             time.sleep(0.1)
     finally:
