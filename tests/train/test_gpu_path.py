@@ -216,6 +216,8 @@ def _walk(tree: object, key: str = ""):  # type: ignore[no-untyped-def]
             yield from _walk(v, k)
 
 
+# its compiles took ~2 minutes on CI and 431 s beside three busy loops: the suite's 600 s per test is too near
+@pytest.mark.timeout(1200)
 def test_gpu_bench_runs_on_cpu(tmp_path: Path) -> None:
     """bench/gpu.py's code paths on CPU (so it never rots): the compiled WGAN step equals the eager one and does
     not recompile once warm; the end-to-end runs and the loader give their figures."""
