@@ -7,9 +7,11 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +201,15 @@ def _fresh_pelican_filesystems() -> Iterator[None]:
     files._SHARED.clear()
     yield
     files._SHARED.clear()
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float, poll: float = 0.2) -> Any:
+    """`predicate()`'s first true value, looked at every `poll` s; TimeoutError naming `what` after `timeout` s (a
+    bound that only stops a hang: a loaded machine may not run what is waited for for seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"no {what} after {timeout:.0f} s")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import clean_env
+from tests.conftest import wait_for as wait_for  # the SLURM tests import it from here
 from tests.integration.slurm_fixtures import REPO, SlurmCluster
 
 VENV = Path(sys.executable).parent.parent
@@ -106,16 +107,6 @@ def wait_done(
             seen, deadline = now, time.monotonic() + timeout
     what = f"made no progress ({state})" if progress else f"still {state}"
     raise TimeoutError(f"job {job} {what} for {timeout:.0f} s; log:\n{failure_log(project, job)[-6000:]}")
-
-
-def wait_for(predicate: Any, what: str, timeout: float, poll: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"no {what} after {timeout:.0f} s")
 
 
 def read_json(path: Path, default: Any = None) -> Any:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from hpctrain.runtime.env import ClusterEnv
 from hpctrain.train import runlock
 from hpctrain.train.checkpoint import read_checkpoint
 from hpctrain.workloads.registry import config_model, fill_default_types
-from tests.conftest import clean_env, hpctrain, read_jsonl
+from tests.conftest import clean_env, hpctrain, read_jsonl, wait_for
 
 SMALL = ["run.out_dir=out", "train.eval_every=0", "logging.log_every=1", "train.threads=1"]
 
@@ -202,16 +201,6 @@ def test_a_live_heartbeat_from_another_host_is_held_even_when_flock_succeeds(tmp
     assert "taking over the lock" in caplog.text
 
 
-def _within(seconds: float, condition: Callable[[], bool]) -> bool:
-    """Whether `condition` holds within `seconds` (looked at every 0.02 s)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_without_flock_the_lock_is_an_exclusive_file_with_a_heartbeat(tmp_path: Path, monkeypatch, caplog):
     def no_flock(fd: int, op: int) -> None:
         raise OSError(runlock.errno.ENOLCK, "No locks available")
@@ -226,7 +215,9 @@ def test_without_flock_the_lock_is_an_exclusive_file_with_a_heartbeat(tmp_path: 
             runlock.RunLock(tmp_path).acquire()
         before = json.loads((tmp_path / "run.lock").read_text())["heartbeat"]
         # every 0.02 s: a loaded machine may not run the thread for a while, so look for up to 10 s
-        assert _within(10, lambda: json.loads((tmp_path / "run.lock").read_text())["heartbeat"] > before)
+        wait_for(
+            lambda: json.loads((tmp_path / "run.lock").read_text())["heartbeat"] > before, "beat", 10, 0.02
+        )
     finally:
         holder.release()
     # A dead holder's record is taken over; a live one on this host is not.
@@ -246,7 +237,7 @@ def test_without_flock_the_lock_is_an_exclusive_file_with_a_heartbeat(tmp_path: 
         return False
 
     (tmp_path / "run.lock").write_text(json.dumps(record))
-    assert _within(10, overwritten)
+    wait_for(overwritten, '"is no longer ours"', 10, poll=0.02)
     lock.release()
     assert "is no longer ours" in caplog.text
     assert (tmp_path / "run.lock").exists()  # not ours: left alone
