@@ -160,6 +160,8 @@ LAZY = {
     "hpctrain.workloads.muons.events.remote_index": "heavy import: h5py only for HDF5 files",
     "hpctrain.workloads.muons.truth.versions": "heavy import: h5py/pyarrow only when a file's version is read",
     "hpctrain.workloads.muons.verbs": REGISTRATION,
+    "hpctrain.workloads.registry": "the report's types, and NumPy with them, only where a report is drawn: the "
+    "login-node verbs resolve their config through this module",
     "hpctrain.workloads.regression.verbs": REGISTRATION,
 }
 # Circles left, each with its reason (none now); none may be added.

@@ -65,7 +65,7 @@ def _verb(argv: list[str], cwd: Path, first_update: bool = False) -> tuple[int, 
     """Run `hpctrain ARGV` in a fresh interpreter; (exit code, the watched modules it had loaded at the end, or
     with `first_update` at its first update: what the start and the loader needed, before the muon judge at the
     end of a training, whose scikit-learn brings pandas), err)."""
-    watched = ("torch", *UNUSED_BY_DEFAULT)
+    watched = ("torch", "numpy", *UNUSED_BY_DEFAULT)
     code = (
         "import json, sys; first = []\n"
         "if sys.argv[1] == 'train' and '--until-done' not in sys.argv:  # the hook imports torch, as such a verb does\n"
@@ -100,7 +100,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[st
 
 def test_a_default_train_start_imports_no_feature_that_is_off(default_run: tuple[Path, list[str]]) -> None:
     project, loaded = default_run
-    assert loaded == ["torch"]  # and none of UNUSED_BY_DEFAULT
+    assert loaded == ["torch", "numpy"]  # and none of UNUSED_BY_DEFAULT
     assert (project / "logs" / "debug" / "checkpoints" / "latest").exists()  # it did train and save
 
 
@@ -117,7 +117,8 @@ def test_a_muon_train_start_imports_neither_pandas_nor_the_features_that_are_off
         [*argv, "train.total_updates=2", "train.eval_every=0"], tmp_path, first_update=True
     )
     assert rc == 0, err
-    assert loaded == ["torch"]  # pyarrow's to_numpy would bring pandas: the loader reads Arrow buffers
+    # pyarrow's to_numpy would bring pandas: the loader reads Arrow buffers
+    assert loaded == ["torch", "numpy"]
     (run,) = (tmp_path / "logs").glob(
         "muons-*"
     )  # named from the data and batch given: muons-paths-...-<hash>
@@ -142,4 +143,6 @@ def test_login_node_verbs_import_no_torch(argv: list[str], default_run: tuple[Pa
     project, _ = default_run
     rc, loaded, err = _verb(argv, project)
     assert rc == 0, err
-    assert "torch" not in loaded, f"`hpctrain {' '.join(argv)}` imported torch ({loaded})"
+    # nor numpy: the verbs that only read a config or a run's files start in ~0.9 CPU-s, not ~1.3 (the workload
+    # registry once brought in the report's figures module, and numpy with it, for a type)
+    assert not {"torch", "numpy"} & set(loaded), f"`hpctrain {' '.join(argv)}` imported {loaded}"

@@ -29,12 +29,12 @@ import hpctrain.workloads as package
 from hpctrain.config.environ import ENV_ALIASES
 from hpctrain.config.loading import resolve_config
 from hpctrain.config.schema import build_config_model
-from hpctrain.track.report.panels import NO_WORKLOAD, WorkloadReport
 
 if TYPE_CHECKING:
     from hpctrain.config.loading import ConfigRequest, Provenance
     from hpctrain.config.schema import ConfigBase
     from hpctrain.runtime.env import ClusterEnv
+    from hpctrain.track.report.panels import WorkloadReport
     from hpctrain.train.checkpoint import Located
     from hpctrain.train.task import Task, TaskFactory
 
@@ -303,6 +303,8 @@ def resolve(request: ConfigRequest) -> tuple[Any, Provenance]:
 def report_of(model_type: str | None) -> WorkloadReport:
     """The `WorkloadReport` (track/report/panels.py) of model_type's workload, or the generic report when the
     workload has none or the type is unknown."""
+    from hpctrain.track.report.panels import NO_WORKLOAD  # numpy and the report: only where a report is drawn
+
     spec = workload_of(model_type) if model_type is not None else None
     if spec is None or spec.verbs.report is None:
         return NO_WORKLOAD
