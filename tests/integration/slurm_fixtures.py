@@ -8,7 +8,8 @@ fixture into a test module: pytest would take that for a second session fixture 
         assert slurm_cluster.wait(job, timeout=30) == "COMPLETED"
 
 The cluster has 2 nodes c1, c2 (partition `debug`), 4 GPUs (gres), 16 CPUs and 64000 MB each, real
-accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Jobs inherit `slurm_cluster.env` (sbatch's
+accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Each test gets it with both nodes in service: a node an
+earlier test's job left drained ("Kill task failed") is resumed first, with a warning saying so. Jobs inherit `slurm_cluster.env` (sbatch's
 default --export=ALL), whose PATH starts with this interpreter's bin folder, so `python` and `hpctrain`
 inside a job are the venv's. Node names do not resolve: use `node_addr("c1")` (127.0.0.1).
 """
@@ -19,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,9 @@ TERMINAL_STATES = frozenset(
 )
 # States in which a job still holds (or waits for) resources; cancel_all waits for these to clear.
 ACTIVE_STATES = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING,REQUEUED,RESIZING,SIGNALING,STAGE_OUT"
+# Words of sinfo's node state (%T: drained, draining, mixed+drain, down*, failing...) for a node the scheduler
+# starts no job on.
+OUT_OF_SERVICE = ("drain", "down", "fail")
 
 
 @dataclass
@@ -100,7 +105,10 @@ class SlurmCluster:
             if state in wanted or state in TERMINAL_STATES:
                 return state
             time.sleep(poll)
-        raise TimeoutError(f"job {job_id} still {state} after {timeout:.0f} s (waiting for {sorted(wanted)})")
+        why = f"; {self.pending_reason(job_id)}" if state == "PENDING" else ""
+        raise TimeoutError(
+            f"job {job_id} still {state} after {timeout:.0f} s (waiting for {sorted(wanted)}){why}"
+        )
 
     def wait_sacct(self, job_id: str, state: str = "COMPLETED", timeout: float = 15) -> str:
         """Wait until accounting (sacct) reports a terminal state for the job; return it."""
@@ -117,6 +125,61 @@ class SlurmCluster:
         """The address a node listens on (node names like c1 do not resolve on this machine)."""
         info = self.run(["scontrol", "show", "node", "-o", node]).stdout
         return dict(tok.split("=", 1) for tok in info.split() if "=" in tok)["NodeAddr"]
+
+    def nodes_out_of_service(self) -> dict[str, str]:
+        """{node: "state (SLURM's reason)"} for each node the scheduler starts no job on."""
+        res = self.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], check=False)
+        found = {}
+        for line in res.stdout.splitlines():
+            node, state, reason = [*line.split("|", 2), "", ""][:3]
+            if any(word in state for word in OUT_OF_SERVICE):
+                found[node] = f"{state} ({reason.strip() or 'no reason given'})"
+        return found
+
+    def return_nodes_to_service(self, timeout: float = 60) -> dict[str, str]:
+        """Resume every node out of service (as an admin does after "Kill task failed": an earlier job's step
+        outlived SIGKILL for UnkillableStepTimeout), wait until the scheduler can use it again, and return what was
+        found ({} when all were in service). Raises if a node stays out (say, its slurmd died)."""
+        found = self.nodes_out_of_service()
+        for node in found:
+            self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        deadline = time.monotonic() + timeout
+        while (left := self.nodes_out_of_service()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left:
+            raise RuntimeError(f"SLURM nodes still out of service {timeout:.0f} s after a resume: {left}")
+        return found
+
+    def pending_reason(self, job_id: str) -> str:
+        """Why a job waits (squeue's reason, say Resources) and which nodes are out of service, for a failure."""
+        res = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T %r"], check=False)
+        out = self.nodes_out_of_service()
+        return f"squeue: {res.stdout.strip() or res.stderr.strip() or '-'}; nodes out of service: {out or 'none'}"
+
+    def unkillable_log(self) -> str:
+        """What hpc/local-cluster's UnkillableStepProgram wrote (a header and the machine's processes, as a forest)
+        each time a step would not die; "" if none did."""
+        path = self.state_dir / "log" / "unkillable.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def unkillable_steps(self) -> str:
+        """unkillable_log cut to what matters: each header, and each step daemon with the processes under it."""
+        kept: list[str] = []
+        command_at, depth = 0, None  # where ps's COMMAND column starts; the slurmstepd being followed
+        for line in self.unkillable_log().splitlines():
+            if line.startswith("== ") or "COMMAND" in line:
+                command_at, depth = (line.index("COMMAND") if "COMMAND" in line else command_at), None
+                kept += [line] if line.startswith("== ") else []
+                continue
+            command = line[command_at:]
+            indent = len(command) - len(command.lstrip(" \\_|"))
+            if "slurmstepd" in command:
+                depth = indent
+            elif depth is not None and indent <= depth:
+                depth = None
+            if depth is not None:
+                kept.append(line)
+        return "\n".join(kept)
 
     def active_jobs(self) -> list[str]:
         return self.run(["squeue", "-h", "-t", ACTIVE_STATES, "-o", "%A"]).stdout.split()
@@ -174,12 +237,14 @@ def stop_cluster(cluster: SlurmCluster) -> None:
 
 
 _UP: list[SlurmCluster] = []  # the session's cluster, while it is up
+_LAST: list[str] = []  # the last test that had it
 
 
-@pytest.fixture(scope="session", name="slurm_cluster")
-def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A 2-node local SLURM cluster for the whole test session; torn down at the end. A module that imports the
-    fixture registers it a second time: that one hands out the same cluster instead of starting another."""
+@pytest.fixture(scope="session")
+def slurm_session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A 2-node local SLURM cluster for the whole test session; torn down at the end. Tests take it through
+    `slurm_cluster`. A module that imports this fixture registers it a second time: that one hands out the same
+    cluster instead of starting another."""
     if _UP:
         yield _UP[0]
         return
@@ -190,6 +255,27 @@ def slurm_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         _UP.clear()
         stop_cluster(cluster)
+
+
+@pytest.fixture(name="slurm_cluster")
+def slurm_cluster_fixture(
+    slurm_session_cluster: SlurmCluster, request: pytest.FixtureRequest
+) -> Iterator[SlurmCluster]:
+    """The session's cluster for one test, every node in service. A node that an earlier test's job drained would
+    hold each later multi-node job PENDING (CI: "Kill task failed" on c1 after a sweep test on a loaded machine,
+    then two template tests failed on time): it is resumed here, and a warning names the node, SLURM's reason, the
+    test before and the processes that would not die (hpc/local-cluster's unkillable.log)."""
+    cluster = slurm_session_cluster
+    found = cluster.return_nodes_to_service()
+    if found:
+        after = f"after {_LAST[-1]}" if _LAST else "at the session's start"
+        warnings.warn(
+            f"SLURM nodes found out of service {after}, resumed: {found}; processes that would not die: "
+            f"{cluster.unkillable_steps() or 'none listed'}",
+            stacklevel=1,
+        )
+    yield cluster
+    _LAST[:] = [request.node.nodeid]
 
 
 # The same fixture under its own name, for modules written when it had to be imported (no longer needed).

@@ -106,6 +106,8 @@ def wait_done(
         if progress is not None and (now := progress()) != seen:
             seen, deadline = now, time.monotonic() + timeout
     what = f"made no progress ({state})" if progress else f"still {state}"
+    if state == "PENDING":  # never started: the log is empty, the scheduler says why
+        what += f" ({cluster.pending_reason(job)})"
     raise TimeoutError(f"job {job} {what} for {timeout:.0f} s; log:\n{failure_log(project, job)[-6000:]}")
 
 

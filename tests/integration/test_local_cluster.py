@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.slurm_fixtures import (
     LOCAL_CLUSTER,
     SlurmCluster,
@@ -47,6 +48,50 @@ def test_two_node_step_completes_and_is_accounted(slurm_cluster: SlurmCluster, t
     lines = sorted((tmp_path / "out.txt").read_text().split("\n"))
     assert [line for line in lines if line] == ["c1 0", "c2 1"]
     assert slurm_cluster.wait_sacct(job, timeout=60) == "COMPLETED"
+
+
+def test_a_drained_node_is_named_and_returned_to_service(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """What the fixture does before each test: a node left drained ("Kill task failed" after a step outlived
+    SIGKILL) holds a 2-node job PENDING, the wait's error says why, and the resume lets the job run."""
+    slurm_cluster.scontrol("update", "nodename=c2", "state=drain", "reason=Kill task failed (test)")
+    try:
+        assert slurm_cluster.nodes_out_of_service() == {"c2": "drained (Kill task failed (test))"}
+        job = slurm_cluster.sbatch(["-N2", "--wrap", "srun true"], cwd=tmp_path)
+        with pytest.raises(TimeoutError, match=r"still PENDING .*c2.*Kill task failed \(test\)"):
+            slurm_cluster.wait(job, timeout=5)
+    finally:
+        found = slurm_cluster.return_nodes_to_service()
+    assert found == {"c2": "drained (Kill task failed (test))"}
+    assert slurm_cluster.nodes_out_of_service() == {}
+    assert slurm_cluster.wait(job, timeout=120) == "COMPLETED"
+
+
+def test_an_unkillable_step_is_given_time_and_listed(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A loaded machine's dying process may wait on its disk writes: 180 s before a node drains, not SLURM's 60 s,
+    and the program SLURM then runs lists the machine's processes (here run by hand, as slurmstepd would, while a
+    step runs); what a warning quotes of it is each step daemon with the processes under it."""
+    config = slurm_cluster.scontrol("show", "config")
+    assert re.search(r"^UnkillableStepTimeout\s*=\s*180 sec", config, re.M), config
+    program = re.search(r"^UnkillableStepProgram\s*=\s*(\S+)", config, re.M)
+    assert program, config
+    marker = tmp_path / "started"
+    job = slurm_cluster.sbatch(
+        ["-o", "/dev/null", "--wrap", f"srun bash -c 'touch {marker}; exec sleep 271'"]
+    )
+    try:
+        wait_for(marker.exists, "the step's start", timeout=120)
+        env = dict(slurm_cluster.env, SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURMD_NODENAME="c1")
+        subprocess.run([program[1]], env=env, check=True, timeout=30)
+    finally:
+        slurm_cluster.cancel_all()
+    listing = slurm_cluster.unkillable_log()
+    assert f"unkillable step {job}.0 on c1" in listing
+    assert re.search(rf"^\s*{os.getpid()}\s+\d+ ", listing, re.M), listing[-3000:]  # this process, among all
+    steps = slurm_cluster.unkillable_steps().splitlines()
+    assert steps[0].endswith(f"unkillable step {job}.0 on c1")
+    assert any("sleep 271" in line for line in steps), steps  # the step's task, under its step daemon
+    assert all("slurmstepd" in line or "\\_ " in line for line in steps[1:]), steps  # nothing else
+    (slurm_cluster.state_dir / "log" / "unkillable.log").unlink()  # no step of this session's was unkillable
 
 
 def test_gpu_gres_sets_cuda_visible_devices(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
