@@ -8,8 +8,9 @@ fixture into a test module: pytest would take that for a second session fixture 
         assert slurm_cluster.wait(job, timeout=30) == "COMPLETED"
 
 The cluster has 2 nodes c1, c2 (partition `debug`), 4 GPUs (gres), 16 CPUs and 64000 MB each, real
-accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Each test gets it with both nodes in service: a node an
-earlier test's job left drained ("Kill task failed") is resumed first, with a warning saying so. Jobs inherit `slurm_cluster.env` (sbatch's
+accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Each test gets it with both nodes in service: a
+NodeKeeper thread resumes a node SLURM drains because a job's step outlived SIGKILL ("Kill task failed"), as a
+site's admin would, and the test after it warns, naming the node and the processes that would not die. Jobs inherit `slurm_cluster.env` (sbatch's
 default --export=ALL), whose PATH starts with this interpreter's bin folder, so `python` and `hpctrain`
 inside a job are the venv's. Node names do not resolve: use `node_addr("c1")` (127.0.0.1).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -137,9 +139,8 @@ class SlurmCluster:
         return found
 
     def return_nodes_to_service(self, timeout: float = 60) -> dict[str, str]:
-        """Resume every node out of service (as an admin does after "Kill task failed": an earlier job's step
-        outlived SIGKILL for UnkillableStepTimeout), wait until the scheduler can use it again, and return what was
-        found ({} when all were in service). Raises if a node stays out (say, its slurmd died)."""
+        """Resume every node out of service (drained, down), wait until the scheduler can use it again, and return
+        what was found ({} when all were in service). Raises if a node stays out (say, its slurmd died)."""
         found = self.nodes_out_of_service()
         for node in found:
             self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
@@ -162,11 +163,12 @@ class SlurmCluster:
         path = self.state_dir / "log" / "unkillable.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def unkillable_steps(self) -> str:
-        """unkillable_log cut to what matters: each header, and each step daemon with the processes under it."""
+    def unkillable_steps(self, text: str | None = None) -> str:
+        """unkillable_log (or a part of it) cut to what matters: each header, and each step daemon with the
+        processes under it."""
         kept: list[str] = []
         command_at, depth = 0, None  # where ps's COMMAND column starts; the slurmstepd being followed
-        for line in self.unkillable_log().splitlines():
+        for line in (self.unkillable_log() if text is None else text).splitlines():
             if line.startswith("== ") or "COMMAND" in line:
                 command_at, depth = (line.index("COMMAND") if "COMMAND" in line else command_at), None
                 kept += [line] if line.startswith("== ") else []
@@ -236,46 +238,106 @@ def stop_cluster(cluster: SlurmCluster) -> None:
         local_cluster("down", "--state-dir", str(cluster.state_dir), timeout=60)
 
 
-_UP: list[SlurmCluster] = []  # the session's cluster, while it is up
+KILL_TASK_FAILED = "Kill task failed"  # SLURM's reason for a node whose job step outlived SIGKILL
+
+
+class NodeKeeper(threading.Thread):
+    """What a site's admin (or its node health check) does, every `every` s while the session's cluster runs: a node
+    SLURM drained because a job's step outlived SIGKILL ("Kill task failed") is resumed. One step stuck on a loaded
+    machine's disk then never holds every later multi-node job PENDING (CI, once: c1 drained during a sweep test,
+    and two template tests later waited 300 s for it). What it did is kept for the tests' warnings (`take_notes`)."""
+
+    def __init__(self, cluster: SlurmCluster, every: float = 5.0) -> None:
+        super().__init__(name="slurm-node-keeper", daemon=True)
+        self.cluster, self.every = cluster, every
+        self.halt = threading.Event()
+        self._notes: list[str] = []
+        self._lock = threading.Lock()
+        self._log_seen = 0  # how much of unkillable.log earlier notes quoted
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            try:
+                self.keep()
+            except (OSError, subprocess.SubprocessError):  # a loaded machine's slow sinfo: the next round
+                continue
+
+    def keep(self) -> None:
+        drained = {
+            n: why for n, why in self.cluster.nodes_out_of_service().items() if KILL_TASK_FAILED in why
+        }
+        if not drained:
+            return
+        time.sleep(2)  # slurmstepd runs UnkillableStepProgram as it gives up: let it write its listing
+        for node in drained:
+            self.cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        log = self.cluster.unkillable_log()
+        steps = self.cluster.unkillable_steps(log[self._log_seen :]) or "none listed"
+        self._log_seen = len(log)
+        with self._lock:
+            self._notes.append(
+                f"{time.strftime('%H:%M:%S')} resumed {drained}; processes that would not die: {steps}"
+            )
+
+    def take_notes(self) -> list[str]:
+        """What was done since the last call."""
+        with self._lock:
+            notes, self._notes = self._notes, []
+        return notes
+
+
+_UP: list[tuple[SlurmCluster, NodeKeeper]] = []  # the session's cluster and its keeper, while it is up
 _LAST: list[str] = []  # the last test that had it
+
+
+def node_keeper() -> NodeKeeper:
+    """The session cluster's keeper (for the test of it)."""
+    return _UP[0][1]
 
 
 @pytest.fixture(scope="session")
 def slurm_session_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A 2-node local SLURM cluster for the whole test session; torn down at the end. Tests take it through
-    `slurm_cluster`. A module that imports this fixture registers it a second time: that one hands out the same
-    cluster instead of starting another."""
+    """A 2-node local SLURM cluster for the whole test session, with its NodeKeeper; torn down at the end. Tests
+    take it through `slurm_cluster`. A module that imports this fixture registers it a second time: that one hands
+    out the same cluster instead of starting another."""
     if _UP:
-        yield _UP[0]
+        yield _UP[0][0]
         return
     cluster = start_cluster(tmp_path_factory.mktemp("slurm"), "--nodes", "2")
-    _UP.append(cluster)
+    keeper = NodeKeeper(cluster)
+    keeper.start()
+    _UP.append((cluster, keeper))
     try:
         yield cluster
     finally:
         _UP.clear()
+        keeper.halt.set()
+        keeper.join(timeout=60)
         stop_cluster(cluster)
+
+
+def _warn_of(notes: list[str], when: str) -> None:
+    if notes:
+        warnings.warn(f"SLURM nodes drained {when}: {' | '.join(notes)}", stacklevel=2)
 
 
 @pytest.fixture(name="slurm_cluster")
 def slurm_cluster_fixture(
     slurm_session_cluster: SlurmCluster, request: pytest.FixtureRequest
 ) -> Iterator[SlurmCluster]:
-    """The session's cluster for one test, every node in service. A node that an earlier test's job drained would
-    hold each later multi-node job PENDING (CI: "Kill task failed" on c1 after a sweep test on a loaded machine,
-    then two template tests failed on time): it is resumed here, and a warning names the node, SLURM's reason, the
-    test before and the processes that would not die (hpc/local-cluster's unkillable.log)."""
+    """The session's cluster for one test, every node in service (a node out of service for another reason than
+    the keeper's, say a slurmd that died, fails the test here, naming it). A warning tells what the keeper did
+    since the last test, and during this one."""
     cluster = slurm_session_cluster
-    found = cluster.return_nodes_to_service()
-    if found:
-        after = f"after {_LAST[-1]}" if _LAST else "at the session's start"
+    _warn_of(node_keeper().take_notes(), f"after {_LAST[-1]}" if _LAST else "before the first SLURM test")
+    if found := cluster.return_nodes_to_service():
         warnings.warn(
-            f"SLURM nodes found out of service {after}, resumed: {found}; processes that would not die: "
-            f"{cluster.unkillable_steps() or 'none listed'}",
+            f"SLURM nodes out of service at the start of {request.node.nodeid}, resumed: {found}",
             stacklevel=1,
         )
     yield cluster
     _LAST[:] = [request.node.nodeid]
+    _warn_of(node_keeper().take_notes(), f"during {request.node.nodeid}")
 
 
 # The same fixture under its own name, for modules written when it had to be imported (no longer needed).

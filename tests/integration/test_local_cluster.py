@@ -14,9 +14,11 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.integration.slurm_fixtures import (
+    KILL_TASK_FAILED,
     LOCAL_CLUSTER,
     SlurmCluster,
     local_cluster,
+    node_keeper,
     start_cluster,
     stop_cluster,
 )
@@ -51,27 +53,43 @@ def test_two_node_step_completes_and_is_accounted(slurm_cluster: SlurmCluster, t
 
 
 def test_a_drained_node_is_named_and_returned_to_service(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """What the fixture does before each test: a node left drained ("Kill task failed" after a step outlived
-    SIGKILL) holds a 2-node job PENDING, the wait's error says why, and the resume lets the job run."""
-    slurm_cluster.scontrol("update", "nodename=c2", "state=drain", "reason=Kill task failed (test)")
+    """A drained node holds a 2-node job PENDING: the wait's error says why, and a resume lets the job run (what
+    the fixture does to a node found out of service at a test's start)."""
+    slurm_cluster.scontrol("update", "nodename=c2", "state=drain", "reason=drained by a test")
     try:
-        assert slurm_cluster.nodes_out_of_service() == {"c2": "drained (Kill task failed (test))"}
+        assert slurm_cluster.nodes_out_of_service() == {"c2": "drained (drained by a test)"}
         job = slurm_cluster.sbatch(["-N2", "--wrap", "srun true"], cwd=tmp_path)
-        with pytest.raises(TimeoutError, match=r"still PENDING .*c2.*Kill task failed \(test\)"):
+        with pytest.raises(TimeoutError, match=r"still PENDING .*c2.*drained by a test"):
             slurm_cluster.wait(job, timeout=5)
     finally:
         found = slurm_cluster.return_nodes_to_service()
-    assert found == {"c2": "drained (Kill task failed (test))"}
+    assert found == {"c2": "drained (drained by a test)"}
     assert slurm_cluster.nodes_out_of_service() == {}
     assert slurm_cluster.wait(job, timeout=120) == "COMPLETED"
 
 
-def test_an_unkillable_step_is_given_time_and_listed(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    """A loaded machine's dying process may wait on its disk writes: 180 s before a node drains, not SLURM's 60 s,
-    and the program SLURM then runs lists the machine's processes (here run by hand, as slurmstepd would, while a
-    step runs); what a warning quotes of it is each step daemon with the processes under it."""
+def test_the_keeper_resumes_a_node_drained_for_a_step_that_would_not_die(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """SLURM drains a node whose job step outlived SIGKILL ("Kill task failed"; a loaded machine's disk, CI once):
+    the session's NodeKeeper resumes it within seconds, as an admin would, so the next 2-node job runs, and notes
+    it for the tests' warnings."""
+    keeper = node_keeper()
+    keeper.take_notes()
+    slurm_cluster.scontrol("update", "nodename=c1", "state=drain", f"reason={KILL_TASK_FAILED}")
+    job = slurm_cluster.sbatch(["-N2", "--wrap", "srun true"], cwd=tmp_path)
+    assert slurm_cluster.wait(job, timeout=120) == "COMPLETED"  # without a resume it would wait forever
+    assert slurm_cluster.nodes_out_of_service() == {}
+    notes = wait_for(keeper.take_notes, "the keeper's note", timeout=30)
+    assert len(notes) == 1 and f"'c1': 'drained ({KILL_TASK_FAILED})'" in notes[0], notes
+
+
+def test_an_unkillable_step_is_listed(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A step whose processes outlive SIGKILL for 60 s drains its node; the program SLURM then runs lists the
+    machine's processes (here run by hand, as slurmstepd would, while a step runs), and what a warning quotes of
+    it is each step daemon with the processes under it."""
     config = slurm_cluster.scontrol("show", "config")
-    assert re.search(r"^UnkillableStepTimeout\s*=\s*180 sec", config, re.M), config
+    assert re.search(r"^UnkillableStepTimeout\s*=\s*60 sec", config, re.M), config
     program = re.search(r"^UnkillableStepProgram\s*=\s*(\S+)", config, re.M)
     assert program, config
     marker = tmp_path / "started"
