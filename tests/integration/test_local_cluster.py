@@ -262,3 +262,15 @@ def test_install_is_a_quick_noop_when_installed(slurm_cluster: SlurmCluster, tmp
     )
     assert res.returncode == 0, res.stderr
     assert not calls.exists(), calls.read_text()
+
+
+@pytest.mark.parametrize("name", ["with space", "with#hash"])
+def test_a_state_dir_slurm_conf_cannot_hold_is_refused_in_one_line(tmp_path: Path, name: str) -> None:
+    """slurm.conf's paths are unquoted words: such a folder made slurmctld print a parse error per path, then die."""
+    state = tmp_path / name
+    res = local_cluster("up", "--state-dir", str(state), "--nodes", "1", "--no-accounting", check_rc=False)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"local-cluster: error: --state-dir '{state}' holds a space or '#', which slurm.conf cannot take"
+    ]
+    assert not state.exists()  # nothing made, nothing started
