@@ -10,9 +10,9 @@ fixture into a test module: pytest would take that for a second session fixture 
 The cluster has 2 nodes c1, c2 (partition `debug`), 4 GPUs (gres), 16 CPUs and 64000 MB each, real
 accounting (slurmdbd), KillWait=5 s, a requeue hop of ~6 s. Each test gets it with both nodes in service: a
 NodeKeeper thread resumes a node SLURM drains because a job's step outlived SIGKILL ("Kill task failed"), as a
-site's admin would, and the test after it warns, naming the node and the processes that would not die. Jobs inherit `slurm_cluster.env` (sbatch's
-default --export=ALL), whose PATH starts with this interpreter's bin folder, so `python` and `hpctrain`
-inside a job are the venv's. Node names do not resolve: use `node_addr("c1")` (127.0.0.1).
+site's admin would, and a warning names the node and the processes that would not die. Jobs inherit
+`slurm_cluster.env` (sbatch's default --export=ALL), whose PATH starts with this interpreter's bin folder, so
+`python` and `hpctrain` inside a job are the venv's. Node names do not resolve: use `node_addr("c1")` (127.0.0.1).
 """
 
 from __future__ import annotations
@@ -325,9 +325,9 @@ def _warn_of(notes: list[str], when: str) -> None:
 def slurm_cluster_fixture(
     slurm_session_cluster: SlurmCluster, request: pytest.FixtureRequest
 ) -> Iterator[SlurmCluster]:
-    """The session's cluster for one test, every node in service (a node out of service for another reason than
-    the keeper's, say a slurmd that died, fails the test here, naming it). A warning tells what the keeper did
-    since the last test, and during this one."""
+    """The session's cluster for one test, every node in service: a node still out of service at the start (drained
+    by hand, down) is resumed with a warning, and one that stays out (say, its slurmd died) fails the test here,
+    naming it. A warning also tells what the keeper did since the last test, and during this one."""
     cluster = slurm_session_cluster
     _warn_of(node_keeper().take_notes(), f"after {_LAST[-1]}" if _LAST else "before the first SLURM test")
     if found := cluster.return_nodes_to_service():
